@@ -1,0 +1,330 @@
+"""Corpus → tokens, end to end: fingerprint, tokenizer sample, parallel encoding, merge, manifest.
+
+Each worker reads, cleans, encodes and writes whole chunks of the input (Megatron's ``--partitions``
+idea): no text or token lists travel between processes, only small per-chunk statistics. Shards are
+merged in chunk order, so the output is byte-for-byte the same for any worker count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from train_deploy import __version__
+from train_deploy.atomic import fsync_dir, fsync_file, write_json
+from train_deploy.corpus.cleaning import Cleaner
+from train_deploy.corpus.config import CorpusConfig
+from train_deploy.corpus.indexed import ShardWriter, merge_shards, token_dtype
+from train_deploy.corpus.readers import Chunk, CorpusError, CorpusPlan, ReadStats, iter_documents
+from train_deploy.corpus.tokenizer import TokenEncoder, TokenizerInfo
+
+logger = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+SPLITS = ("train", "valid")
+FORMAT = "paddlenlp-mmap-indexed-v1"
+
+
+def tokenizer_fingerprint(config: CorpusConfig, plan: CorpusPlan) -> str:
+    """Hash of everything a trained tokenizer depends on (or of the folder a loaded one comes from)."""
+    t = config.tokenizer
+    if t.mode == "load":
+        return _digest({"load_path": str(Path(t.load_path).resolve())})
+    relevant = {k: v for k, v in asdict(t).items() if k not in ("output_dir", "num_threads", "load_path")}
+    return _digest({"input": plan.input_hash, "reader": asdict(config.reader), "cleaning": asdict(config.cleaning),
+                    "tokenizer": relevant})
+
+
+def corpus_fingerprint(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo) -> str:
+    """Hash of the inputs, reading, cleaning, split and tokenizer: equal fingerprints, equal outputs."""
+    e = config.encoding
+    return _digest({"format": FORMAT, "version": __version__, "input": plan.input_hash, "reader": asdict(config.reader),
+                    "cleaning": asdict(config.cleaning), "tokenizer": tokenizer.hash,
+                    "split": {"validation_fraction": e.validation_fraction, "split_seed": e.split_seed}})
+
+
+def sample_documents(config: CorpusConfig, plan: CorpusPlan) -> Iterator[str]:
+    """Cleaned documents for tokenizer training: about ``sample_bytes``, spread evenly over all chunks."""
+    cleaner = Cleaner(config.cleaning)
+    sizes = [c.end - c.start if not c.compressed else Path(c.path).stat().st_size for c in plan.chunks]
+    total = max(1, sum(sizes))
+    for chunk, size in zip(plan.chunks, sizes, strict=True):
+        budget = config.tokenizer.sample_bytes * size / total
+        taken = 0
+        for raw in iter_documents(chunk, config.reader, ReadStats()):
+            text = cleaner(raw)
+            if len(text) < config.cleaning.min_chars:
+                continue
+            yield text
+            taken += len(text.encode("utf-8"))
+            if taken >= budget:
+                break
+
+
+def existing_manifest(output_dir: Path, fingerprint: str) -> dict[str, Any] | None:
+    """The manifest in ``output_dir`` if it has this fingerprint and all its files are intact."""
+    path = output_dir / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if manifest.get("fingerprint") != fingerprint:
+        return None
+    for split in manifest.get("splits", {}).values():
+        for suffix, size in (("bin", split["bin_bytes"]), ("idx", split["idx_bytes"])):
+            file = output_dir / f"{split['prefix']}.{suffix}"
+            if not file.is_file() or file.stat().st_size != size:
+                return None
+    return manifest
+
+
+def encode_corpus(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo) -> dict[str, Any]:
+    """Encode the planned corpus into ``<output_dir>/{train,valid}.{bin,idx}`` and write the manifest.
+
+    Reuses the existing outputs when their fingerprint matches (and ``encoding.reuse`` is on).
+    """
+    output_dir = Path(config.encoding.output_dir)
+    fingerprint = corpus_fingerprint(config, plan, tokenizer)
+    if config.encoding.reuse and (manifest := existing_manifest(output_dir, fingerprint)):
+        logger.info("Corpus unchanged (fingerprint %s): reusing the token files in %s", fingerprint[:12], output_dir)
+        return {**manifest, "reused": True}
+    if not plan.chunks:
+        raise CorpusError(f"corpus is empty: nothing to read in {', '.join(plan.files) or 'the configured paths'}")
+    started = time.perf_counter()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".encode-", dir=output_dir))
+    try:
+        results = _run_workers(config, plan, tokenizer, work)
+        stats = _combine(results)
+        if stats["documents_kept"] == 0:
+            raise CorpusError(f"corpus is empty: no document left after cleaning in {', '.join(plan.files)} "
+                              f"(read {stats['documents_read']}, dropped {dict(stats['dropped'])})")
+        splits = _merge(config, plan, tokenizer, work, stats)
+        wall = time.perf_counter() - started
+        manifest = _manifest(config, plan, tokenizer, fingerprint, stats, splits, wall)
+        _publish(work, output_dir, splits, manifest)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    logger.info("Encoded %d documents, %d tokens (train %d / valid %d) in %.1f s, %.2f M tokens/s → %s",
+                manifest["documents"]["kept"], manifest["tokens"]["total"], splits["train"]["tokens"],
+                splits["valid"]["tokens"], wall, manifest["throughput"]["tokens_per_second"] / 1e6, output_dir)
+    for message in stats["warnings"]:
+        logger.warning("skipped: %s", message)
+    return manifest
+
+
+# --- workers ---------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ChunkResult:
+    """Per-chunk statistics sent back to the parent (the tokens stay on disk)."""
+
+    index: int
+    documents_read: int = 0
+    dropped: Counter[str] = field(default_factory=Counter)
+    read: ReadStats = field(default_factory=ReadStats)
+    tokens_encoded: int = 0
+
+
+@dataclass(slots=True)
+class _Worker:
+    config: CorpusConfig
+    encoder: TokenEncoder
+    cleaner: Cleaner
+    work: Path
+    dtype: np.dtype
+    progress: tuple[Any, Any] | None
+
+
+_WORKER: _Worker | None = None
+
+
+def _init_worker(config: CorpusConfig, tokenizer: TokenizerInfo, work: Path, progress) -> None:
+    global _WORKER
+    _WORKER = _Worker(config, TokenEncoder(tokenizer), Cleaner(config.cleaning), work,
+                      token_dtype(tokenizer.vocab_size), progress)
+
+
+def _encode_chunk(chunk: Chunk) -> ChunkResult:
+    """Read, clean, hash, split, encode and write one chunk; return its statistics."""
+    w = _WORKER
+    assert w is not None, "worker not initialised"
+    result = ChunkResult(chunk.index)
+    eos = w.encoder.info.eos_id
+    key = w.config.encoding.split_seed.to_bytes(8, "little", signed=True)
+    threshold = int(w.config.encoding.validation_fraction * 2**64)
+    writers = {s: ShardWriter(w.work / f"{chunk.index:06d}.{s}", w.dtype) for s in SPLITS}
+    batch_size = w.config.encoding.batch_documents
+    pending: dict[str, list[tuple[str, int]]] = {s: [] for s in SPLITS}
+
+    def flush(split: str) -> None:
+        docs = pending[split]
+        if not docs:
+            return
+        ids = w.encoder.encode([text for text, _ in docs])
+        sizes = [len(x) + 1 for x in ids]
+        tokens = np.fromiter(chain.from_iterable(chain(x, (eos,)) for x in ids), dtype=w.dtype, count=sum(sizes))
+        writers[split].add(tokens, sizes, [h for _, h in docs])
+        result.tokens_encoded += len(tokens)
+        docs.clear()
+        if w.progress is not None:
+            _bump(w.progress, len(sizes), len(tokens))
+
+    for raw in iter_documents(chunk, w.config.reader, result.read):
+        result.documents_read += 1
+        text = w.cleaner(raw)
+        if len(text) < w.config.cleaning.min_chars:
+            result.dropped["too_short"] += 1
+            continue
+        digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16, key=key).digest()
+        split = "valid" if int.from_bytes(digest[8:], "little") < threshold else "train"
+        pending[split].append((text, int.from_bytes(digest[:8], "little")))
+        if len(pending[split]) >= batch_size:
+            flush(split)
+    for split in SPLITS:
+        flush(split)
+        writers[split].close()
+    return result
+
+
+def _bump(progress: tuple[Any, Any], documents: int, tokens: int) -> None:
+    docs_counter, tokens_counter = progress
+    with docs_counter.get_lock():
+        docs_counter.value += documents
+    with tokens_counter.get_lock():
+        tokens_counter.value += tokens
+
+
+def _run_workers(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, work: Path) -> list[ChunkResult]:
+    workers = min(config.workers, len(plan.chunks))
+    ctx = mp.get_context("spawn")  # no fork: the parent may hold MLflow threads and Paddle state
+    progress = (ctx.Value("q", 0), ctx.Value("q", 0))
+    bar = _ProgressBar(config.encoding.progress, plan)
+    init_args = (config, tokenizer, work, progress)
+    if workers <= 1:
+        _init_worker(*init_args)
+        results = []
+        for chunk in plan.chunks:
+            results.append(_encode_chunk(chunk))
+            bar.update(progress)
+        bar.close(progress)
+        return results
+    with ctx.Pool(workers, initializer=_init_worker, initargs=init_args) as pool:
+        pending = pool.map_async(_encode_chunk, plan.chunks, chunksize=1)
+        while not pending.ready():
+            pending.wait(0.25)
+            bar.update(progress)
+        bar.close(progress)
+        return pending.get()  # re-raises a worker's CorpusError with its message
+
+
+class _ProgressBar:
+    def __init__(self, enabled: bool, plan: CorpusPlan) -> None:
+        self._bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(desc="encoding", unit=" docs", dynamic_ncols=True, mininterval=0.5)
+        self._started = time.perf_counter()
+
+    def update(self, progress: tuple[Any, Any]) -> None:
+        if self._bar is None:
+            return
+        documents, tokens = progress[0].value, progress[1].value
+        self._bar.update(documents - self._bar.n)
+        rate = tokens / max(time.perf_counter() - self._started, 1e-9)
+        self._bar.set_postfix_str(f"{tokens / 1e6:.1f} M tokens, {rate / 1e6:.2f} M tokens/s", refresh=False)
+
+    def close(self, progress: tuple[Any, Any]) -> None:
+        self.update(progress)
+        if self._bar is not None:
+            self._bar.close()
+
+
+# --- merge and publish -----------------------------------------------------------------------------
+
+
+def _combine(results: list[ChunkResult]) -> dict[str, Any]:
+    read = ReadStats()
+    dropped: Counter[str] = Counter()
+    documents = tokens = 0
+    for r in sorted(results, key=lambda r: r.index):
+        documents += r.documents_read
+        tokens += r.tokens_encoded
+        dropped.update(r.dropped)
+        read.merge(r.read)
+    kept = documents - sum(dropped.values())
+    return {"documents_read": documents, "documents_kept": kept, "tokens_encoded": tokens, "dropped": dropped,
+            "skipped": read.skipped, "warnings": read.warnings}
+
+
+def _merge(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, work: Path,
+           stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    dtype = token_dtype(tokenizer.vocab_size)
+    splits = {}
+    for split in SPLITS:
+        seen: set[int] | None = set() if config.cleaning.deduplicate else None
+        prefixes = [work / f"{c.index:06d}.{split}" for c in plan.chunks]
+        documents, tokens, duplicates = merge_shards(prefixes, work / split, dtype, seen)
+        stats["dropped"]["duplicate"] += duplicates
+        splits[split] = {"prefix": split, "documents": documents, "tokens": tokens}
+    stats["documents_kept"] -= stats["dropped"]["duplicate"]
+    return splits
+
+
+def _manifest(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, fingerprint: str,
+              stats: dict[str, Any], splits: dict[str, dict[str, Any]], wall: float) -> dict[str, Any]:
+    total_tokens = sum(s["tokens"] for s in splits.values())
+    return {
+        "format": FORMAT,
+        "fingerprint": fingerprint,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "reused": False,
+        "input": {"source": config.reader.source, "files": plan.files, "content_hash": plan.input_hash,
+                  "bytes": plan.input_bytes, "chunks": len(plan.chunks), "skipped_files": plan.skipped_files},
+        "config": {"reader": asdict(config.reader), "cleaning": asdict(config.cleaning),
+                   "encoding": asdict(config.encoding)},
+        "tokenizer": {**tokenizer.to_dict(), "dtype": token_dtype(tokenizer.vocab_size).name},
+        "splits": splits,
+        "documents": {"read": stats["documents_read"], "kept": stats["documents_kept"],
+                      "dropped": dict(stats["dropped"]), "skipped_bad_input": dict(stats["skipped"])},
+        "tokens": {"total": total_tokens, "encoded_before_dedup": stats["tokens_encoded"]},
+        "warnings": stats["warnings"],
+        "workers": min(config.workers, len(plan.chunks)),
+        "wall_time_seconds": round(wall, 3),
+        "throughput": {"tokens_per_second": round(stats["tokens_encoded"] / wall, 1),
+                       "input_megabytes_per_second": round(plan.input_bytes / 1e6 / wall, 3),
+                       "documents_per_second": round(stats["documents_read"] / wall, 1)},
+    }
+
+
+def _publish(work: Path, output_dir: Path, splits: dict[str, dict[str, Any]], manifest: dict[str, Any]) -> None:
+    """Move the finished files into place; the manifest goes last and marks the set complete."""
+    (output_dir / MANIFEST).unlink(missing_ok=True)  # an interrupted publish never looks complete
+    for split, info in splits.items():
+        for suffix in ("bin", "idx"):
+            src = work / f"{split}.{suffix}"
+            fsync_file(src)
+            info[f"{suffix}_bytes"] = src.stat().st_size
+            os.replace(src, output_dir / f"{info['prefix']}.{suffix}")
+    fsync_dir(output_dir)
+    write_json(output_dir / MANIFEST, manifest)
+
+
+def _digest(payload: dict[str, Any]) -> str:
+    return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()

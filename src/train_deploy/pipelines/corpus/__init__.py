@@ -1,0 +1,5 @@
+"""Corpus → tokens stage."""
+
+from .pipeline import create_pipeline
+
+__all__ = ["create_pipeline"]
