@@ -3,6 +3,10 @@
 from kedro.config import OmegaConfigLoader
 from omegaconf.resolvers import oc
 
+from train_deploy.hooks import CloseMlflowRun
+
+HOOKS = (CloseMlflowRun(),)
+
 # kedro-telemetry is a dependency of kedro itself; its hooks never run in this project.
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro-telemetry",)
 

@@ -121,8 +121,8 @@ class CorpusConfig:
         check(t.mode == "train" or bool(t.load_path), "corpus.tokenizer.load_path",
               "mode 'load' needs the directory of an existing tokenizer")
         check(32 <= t.vocab_size <= 1_000_000, "corpus.tokenizer.vocab_size", "must be between 32 and 1000000")
-        check(0.9 <= t.character_coverage <= 1.0, "corpus.tokenizer.character_coverage",
-              "must be between 0.9 and 1.0")
+        check(0.98 <= t.character_coverage <= 1.0, "corpus.tokenizer.character_coverage",
+              "must be between 0.98 and 1.0 (SentencePiece's range)")
         check(t.sample_bytes >= 1024, "corpus.tokenizer.sample_bytes", "must be at least 1024")
         check(e.workers >= 0, "corpus.encoding.workers", "must be 0 (all cores) or more")
         check(0.0 <= e.validation_fraction < 1.0, "corpus.encoding.validation_fraction", "must be in [0, 1)")

@@ -84,7 +84,10 @@ def train_tokenizer(sentences: Iterable[str], config: TokenizerConfig, output_di
             # identity rule makes decode(encode(doc)) == doc exact.
             normalization_rule_name="identity",
             remove_extra_whitespaces=False,
-            user_defined_symbols=["\n"],  # paragraph breaks inside documents: one token, not three bytes
+            user_defined_symbols=["\n"],  # paragraph breaks inside documents: one token, not a byte
+            # The space symbol must be a piece even when the sample has almost no spaces; a byte-encoded
+            # "▁" would decode as "▁", not as a space.
+            required_chars="▁",
             split_digits=True,
             allow_whitespace_only_pieces=True,
             unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
@@ -96,8 +99,9 @@ def train_tokenizer(sentences: Iterable[str], config: TokenizerConfig, output_di
     except RuntimeError as exc:
         if counted.count == 0:
             raise CorpusError("corpus is empty: no document left after cleaning to train the tokenizer on") from None
-        raise CorpusError(f"SentencePiece training failed on {counted.count} sentences: {exc} "
-                          "(corpus.tokenizer.vocab_size may be too large for this corpus)") from None
+        reason = str(exc).split("] ", 1)[-1].strip()  # drop SentencePiece's source location and assertion
+        raise CorpusError(f"SentencePiece training failed on {counted.count} sentences (corpus.tokenizer): "
+                          f"{reason}") from None
     with _staging(output_dir) as staging:
         sp_file = staging / SP_MODEL_FILE
         sp_file.write_bytes(model.getvalue())

@@ -46,17 +46,17 @@ def encode_tokens(corpus_plan: dict[str, Any], tokenizer: dict[str, Any]) -> dic
 
 
 def corpus_metrics(token_manifest: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Return the manifest's counts and throughput as MLflow metrics."""
+    """Return the manifest's counts and throughput as MLflow metrics (logged with the prefix `corpus.`)."""
     m = token_manifest
     values = {
-        "corpus.documents_read": m["documents"]["read"],
-        "corpus.documents_kept": m["documents"]["kept"],
-        "corpus.train_tokens": m["splits"]["train"]["tokens"],
-        "corpus.valid_tokens": m["splits"]["valid"]["tokens"],
-        "corpus.tokens_per_second": m["throughput"]["tokens_per_second"],
-        "corpus.wall_time_seconds": m["wall_time_seconds"],
-        "corpus.reused": float(bool(m.get("reused"))),
+        "documents_read": m["documents"]["read"],
+        "documents_kept": m["documents"]["kept"],
+        "train_tokens": m["splits"]["train"]["tokens"],
+        "valid_tokens": m["splits"]["valid"]["tokens"],
+        "tokens_per_second": m["throughput"]["tokens_per_second"],
+        "wall_time_seconds": m["wall_time_seconds"],
+        "reused": float(bool(m.get("reused"))),
     }
-    values.update({f"corpus.dropped.{k}": v for k, v in m["documents"]["dropped"].items()})
-    values.update({f"corpus.skipped.{k}": v for k, v in m["documents"]["skipped_bad_input"].items()})
+    values.update({f"dropped.{k}": v for k, v in m["documents"]["dropped"].items()})
+    values.update({f"skipped.{k}": v for k, v in m["documents"]["skipped_bad_input"].items()})
     return {key: {"value": float(value), "step": 0} for key, value in values.items()}

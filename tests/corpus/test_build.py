@@ -1,0 +1,147 @@
+"""Encoding: determinism across worker counts, round trip, PaddleNLP compatibility, manifest, reuse."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import corpus_params
+from train_deploy.corpus.build import encode_corpus, sample_documents
+from train_deploy.corpus.cleaning import Cleaner
+from train_deploy.corpus.config import CorpusConfig
+from train_deploy.corpus.readers import ReadStats, iter_documents, plan_corpus
+from train_deploy.corpus.tokenizer import TokenEncoder, TokenizerInfo
+
+
+def encode(tmp_path: Path, tokenizer: dict, **blocks) -> tuple[CorpusConfig, dict]:
+    config = CorpusConfig.from_params(corpus_params(tmp_path, **blocks))
+    return config, encode_corpus(config, plan_corpus(config.reader), TokenizerInfo(**tokenizer))
+
+
+def output_bytes(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix in (".bin", ".idx")}
+
+
+def test_output_is_byte_identical_with_one_and_two_workers(tmp_path, tiny_tokenizer):
+    _, one = encode(tmp_path / "w1", tiny_tokenizer, encoding={"workers": 1})
+    _, two = encode(tmp_path / "w2", tiny_tokenizer, encoding={"workers": 2})
+    assert one["input"]["chunks"] > 2 and two["workers"] == 2
+    first, second = output_bytes(tmp_path / "w1" / "tokens"), output_bytes(tmp_path / "w2" / "tokens")
+    assert set(first) == {"train.bin", "train.idx", "valid.bin", "valid.idx"}
+    assert first == second
+    assert one["fingerprint"] == two["fingerprint"]
+
+
+def test_paddlenlp_reads_the_token_files_and_they_decode_to_the_cleaned_documents(tmp_path, tiny_tokenizer):
+    from paddlenlp.data.indexed_dataset import MMapIndexedDataset, make_dataset
+
+    config, manifest = encode(tmp_path, tiny_tokenizer, cleaning={"deduplicate": False},
+                              encoding={"validation_fraction": 0.0})
+    dataset = MMapIndexedDataset(str(tmp_path / "tokens" / "train"))
+    assert make_dataset(str(tmp_path / "tokens" / "train"), "mmap").sizes.sum() == manifest["tokens"]["total"]
+    cleaner = Cleaner(config.cleaning)
+    plan = plan_corpus(config.reader)
+    expected = [t for c in plan.chunks for raw in iter_documents(c, config.reader, ReadStats())
+                if len(t := cleaner(raw)) >= config.cleaning.min_chars]
+    assert len(dataset) == len(expected) == manifest["splits"]["train"]["documents"]
+    assert list(dataset.doc_idx[:3]) == [0, 1, 2]
+    encoder = TokenEncoder(TokenizerInfo(**tiny_tokenizer))
+    eos = tiny_tokenizer["eos_id"]
+    for i in random.Random(0).sample(range(len(expected)), 50):
+        ids = dataset[i].tolist()
+        assert ids[-1] == eos and eos not in ids[:-1]
+        assert encoder.decode(ids[:-1]) == expected[i]
+
+
+def test_round_trip_holds_for_unseen_characters_through_byte_fallback(tiny_tokenizer):
+    encoder = TokenEncoder(TokenizerInfo(**tiny_tokenizer))
+    for text in ["罕见字：龘靐齉爩，emoji 😀，English words, 1234567。\n第二段"]:
+        assert encoder.decode(encoder.encode([text])[0]) == text
+
+
+def test_saved_tokenizer_loads_in_paddlenlp_with_the_same_ids(tiny_tokenizer):
+    from paddlenlp.transformers import AutoTokenizer, LlamaTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer["path"])
+    assert isinstance(tokenizer, LlamaTokenizer)
+    text = "中共中央总书记发表1998年新年讲话。\n同胞们、朋友们"
+    ids = TokenEncoder(TokenizerInfo(**tiny_tokenizer)).encode([text])[0]
+    assert tokenizer(text, add_special_tokens=False)["input_ids"] == ids
+    assert tokenizer.eos_token_id == tiny_tokenizer["eos_id"] and len(tokenizer) == tiny_tokenizer["vocab_size"]
+    assert tokenizer.convert_ids_to_tokens(ids[0]) != "▁"  # no dummy prefix wasted on Chinese
+
+
+def test_duplicates_are_dropped_and_counted(tmp_path, tiny_tokenizer):
+    path = tmp_path / "dup.txt"
+    docs = [f"第{i}号文档，内容各不相同。" for i in range(40)]
+    path.write_text("\n\n".join(docs + docs[:10] + ["短"]) + "\n", encoding="utf-8")
+    _, manifest = encode(tmp_path, tiny_tokenizer, reader={"source": "text", "paths": [str(path)], "chunk_bytes": 4096},
+                         encoding={"validation_fraction": 0.2})
+    assert manifest["documents"]["read"] == 51
+    assert manifest["documents"]["dropped"] == {"too_short": 1, "duplicate": 10}
+    assert manifest["documents"]["kept"] == 40
+    assert sum(s["documents"] for s in manifest["splits"].values()) == 40
+    assert 0 < manifest["splits"]["valid"]["documents"] < 40
+
+
+def test_validation_split_is_chosen_by_document_hash_and_seed(tmp_path, tiny_tokenizer):
+    _, a = encode(tmp_path / "a", tiny_tokenizer, encoding={"validation_fraction": 0.1})
+    _, b = encode(tmp_path / "b", tiny_tokenizer, encoding={"validation_fraction": 0.1, "split_seed": 7})
+    assert 0.05 < a["splits"]["valid"]["documents"] / a["documents"]["kept"] < 0.15
+    assert (tmp_path / "a/tokens/valid.bin").read_bytes() != (tmp_path / "b/tokens/valid.bin").read_bytes()
+
+
+def test_manifest_records_fingerprint_counts_and_throughput(tmp_path, tiny_tokenizer):
+    _, manifest = encode(tmp_path, tiny_tokenizer)
+    on_disk = json.loads((tmp_path / "tokens" / "manifest.json").read_text(encoding="utf-8"))
+    assert on_disk == manifest
+    for key in ("fingerprint", "input", "tokenizer", "splits", "documents", "tokens", "throughput",
+                "wall_time_seconds"):
+        assert key in manifest
+    assert manifest["tokenizer"]["hash"] == manifest_tokenizer_hash(manifest)
+    assert manifest["throughput"]["tokens_per_second"] > 0
+    assert manifest["splits"]["train"]["bin_bytes"] == (tmp_path / "tokens/train.bin").stat().st_size
+    assert manifest["tokens"]["total"] * 2 == sum(s["bin_bytes"] for s in manifest["splits"].values())
+
+
+def manifest_tokenizer_hash(manifest: dict) -> str:
+    from train_deploy.corpus.tokenizer import _hash_folder
+
+    return _hash_folder(Path(manifest["tokenizer"]["path"]))
+
+
+def test_unchanged_corpus_reuses_outputs_and_a_changed_one_is_rebuilt(tmp_path, tiny_tokenizer, caplog):
+    source = tmp_path / "c.txt"
+    source.write_text("\n\n".join(f"第{i}篇：春天来了，万物复苏。" for i in range(30)), encoding="utf-8")
+    blocks = {"reader": {"source": "text", "paths": [str(source)]}}
+    _, first = encode(tmp_path, tiny_tokenizer, **blocks)
+    mtime = (tmp_path / "tokens/train.bin").stat().st_mtime_ns
+    with caplog.at_level("INFO"):
+        _, again = encode(tmp_path, tiny_tokenizer, **blocks)
+    assert again["reused"] and again["fingerprint"] == first["fingerprint"]
+    assert "reusing the token files" in caplog.text
+    assert (tmp_path / "tokens/train.bin").stat().st_mtime_ns == mtime
+    source.write_text(source.read_text(encoding="utf-8") + "\n\n新的一篇文章加入了语料。", encoding="utf-8")
+    _, changed = encode(tmp_path, tiny_tokenizer, **blocks)
+    assert not changed["reused"] and changed["fingerprint"] != first["fingerprint"]
+    assert changed["documents"]["kept"] == first["documents"]["kept"] + 1
+
+
+def test_tokenizer_sample_is_spread_over_all_chunks(tmp_path):
+    config = CorpusConfig.from_params(corpus_params(tmp_path, tokenizer={"sample_bytes": 20_000}))
+    plan = plan_corpus(config.reader)
+    sample = list(sample_documents(config, plan))
+    size = sum(len(d.encode()) for d in sample)
+    assert 20_000 <= size < 20_000 + 4 * len(plan.chunks) * 2000
+    assert len(plan.chunks) > 3
+
+
+@pytest.mark.parametrize("vocab,dtype", [(8000, np.uint16), (70000, np.int32)])
+def test_token_dtype_follows_paddlenlp(vocab, dtype):
+    from train_deploy.corpus.indexed import token_dtype
+
+    assert token_dtype(vocab) == np.dtype(dtype)

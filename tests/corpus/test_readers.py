@@ -1,0 +1,135 @@
+"""Readers: every source, chunking at document boundaries, and streaming."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import zstandard
+
+from train_deploy.corpus.config import ReaderConfig
+from train_deploy.corpus.readers import ReadStats, iter_documents, people_daily_path, plan_corpus
+
+
+def read_all(reader: ReaderConfig) -> list[str]:
+    plan = plan_corpus(reader)
+    return [doc for chunk in plan.chunks for doc in iter_documents(chunk, reader, ReadStats())]
+
+
+def blank_line_corpus(n: int) -> str:
+    return "".join(f"第{i}篇文章的第一行。\n  第二行 line {i}\n\n\n" for i in range(n))
+
+
+def test_text_blank_line_documents_are_blocks_between_blank_lines(tmp_path):
+    (tmp_path / "a.txt").write_text("甲一\n甲二\n\n乙一\n   \n\n丙一\r\n丙二\r\n", encoding="utf-8")
+    docs = read_all(ReaderConfig(source="text", paths=[str(tmp_path / "a.txt")]))
+    assert docs == ["甲一\n甲二", "乙一", "丙一\n丙二"]
+
+
+@pytest.mark.parametrize("split", ["blank_line", "line"])
+def test_small_chunks_read_the_same_documents_as_one_chunk(tmp_path, split):
+    path = tmp_path / "big.txt"
+    path.write_text(blank_line_corpus(3000), encoding="utf-8")
+    whole = read_all(ReaderConfig(source="text", paths=[str(path)], document_split=split, chunk_bytes=1 << 30))
+    reader = ReaderConfig(source="text", paths=[str(path)], document_split=split, chunk_bytes=4096)
+    plan = plan_corpus(reader)
+    assert len(plan.chunks) > 10
+    assert [c.start for c in plan.chunks[1:]] == [c.end for c in plan.chunks[:-1]]
+    assert read_all(reader) == whole
+    assert len(whole) == (3000 if split == "blank_line" else 6000)
+
+
+def test_text_line_and_file_modes(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "1.txt").write_text("第一行\n\n第二行\n", encoding="utf-8")
+    (tmp_path / "d" / "2.txt").write_text("另一个文件\n", encoding="utf-8")
+    lines = read_all(ReaderConfig(source="text", paths=[str(tmp_path / "d")], document_split="line"))
+    assert lines == ["第一行", "第二行", "另一个文件"]
+    files = read_all(ReaderConfig(source="text", paths=[str(tmp_path / "d" / "*.txt")], document_split="file"))
+    assert files == ["第一行\n\n第二行\n", "另一个文件\n"]
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz", ".bz2", ".zst"])
+def test_jsonl_reads_the_configured_field_plain_and_compressed(tmp_path, suffix):
+    records = [{"id": i, "content": f"文档{i}：今天天气很好。"} for i in range(50)]
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+    path = tmp_path / f"corpus.jsonl{suffix}"
+    opener = {"": lambda b: b, ".gz": gzip.compress, ".bz2": bz2.compress,
+              ".zst": lambda b: zstandard.ZstdCompressor().compress(b)}[suffix]
+    path.write_bytes(opener(data))
+    docs = read_all(ReaderConfig(source="jsonl", paths=[str(path)], text_field="content", chunk_bytes=4096))
+    assert docs == [r["content"] for r in records]
+
+
+def wiki_dump(pages: list[tuple[int, str, str]]) -> bytes:
+    body = "".join(
+        f"<page><title>{title}</title><ns>{ns}</ns><id>{i}</id><revision><id>{i}</id>"
+        f"<text xml:space=\"preserve\">{text}</text></revision></page>"
+        for i, (ns, title, text) in enumerate(pages)
+    )
+    xml = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" xml:lang="zh">'
+           f"<siteinfo><sitename>维基百科</sitename></siteinfo>{body}</mediawiki>")
+    return xml.encode("utf-8")
+
+
+WIKI_ARTICLE = (
+    "{{Infobox 城市|名称=北京}}'''北京市'''是[[中华人民共和国]]的[[首都|首都城市]]。"
+    "&lt;ref&gt;来源&lt;/ref&gt;\n== 历史 ==\n北京有三千多年历史。[[File:Beijing.jpg|thumb|天安门]]\n"
+    "* -{zh-hans:简体;zh-hant:繁體}-名称\n[[Category:城市]]"
+)
+
+
+def test_wiki_dump_is_streamed_and_stripped_to_plain_text(tmp_path):
+    path = tmp_path / "zhwiki-pages-articles.xml.bz2"
+    path.write_bytes(bz2.compress(wiki_dump([
+        (0, "北京市", WIKI_ARTICLE),
+        (0, "北平", "#REDIRECT [[北京市]]"),
+        (4, "Wikipedia:关于", "项目页面不是条目。"),
+        (0, "上海市", "'''上海市'''，简称'''沪'''。"),
+    ])))
+    docs = read_all(ReaderConfig(source="wiki_xml", paths=[str(path)]))
+    assert docs == ["北京市是中华人民共和国的首都城市。\n历史\n北京有三千多年历史。\n简体名称\n", "上海市，简称沪。"]
+
+
+def test_people_daily_strips_pos_tags_and_groups_lines():
+    head = people_daily_path().read_text(encoding="utf-8").splitlines()[:4]
+    single = read_all(ReaderConfig(max_bytes=2000))
+    assert single[0] == "迈向充满希望的新世纪——一九九八年新年讲话（附图片１张）"  # cleaning (NFKC) comes later
+    assert "/" not in "".join(single) and "  " not in "".join(single)
+    assert len(single) >= 4 and head[1].startswith("中共中央/nt")
+    grouped = read_all(ReaderConfig(max_bytes=2000, lines_per_document=2))
+    assert grouped[0] == single[0] + "\n" + single[1]
+
+
+def test_people_daily_keeps_a_space_between_latin_words(tmp_path):
+    from train_deploy.corpus.readers import _strip_pos_tags
+
+    assert _strip_pos_tags("加入/v  WTO/nx  Internet/nx  网络/n  2/m  个/q") == "加入WTO Internet网络2个"
+
+
+def test_max_bytes_limits_what_is_read(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text(blank_line_corpus(2000), encoding="utf-8")
+    full = read_all(ReaderConfig(source="text", paths=[str(path)]))
+    part = read_all(ReaderConfig(source="text", paths=[str(path)], max_bytes=10_000, chunk_bytes=4096))
+    assert 0 < len(part) < len(full) and full[: len(part)] == part
+
+
+def test_fingerprint_changes_with_content(tmp_path):
+    path = tmp_path / "c.txt"
+    path.write_text("一些文字\n", encoding="utf-8")
+    reader = ReaderConfig(source="text", paths=[str(path)])
+    first = plan_corpus(reader).input_hash
+    assert plan_corpus(reader).input_hash == first
+    path.write_text("另一些文字\n", encoding="utf-8")
+    assert plan_corpus(reader).input_hash != first
+
+
+def test_glob_and_folder_inputs_are_sorted_and_deduplicated(tmp_path):
+    for name in ("b.txt", "a.txt"):
+        (tmp_path / name).write_text(f"{name}\n", encoding="utf-8")
+    plan = plan_corpus(ReaderConfig(source="text", paths=[str(tmp_path), str(tmp_path / "*.txt")]))
+    assert [Path(f).name for f in plan.files] == ["a.txt", "b.txt"]
