@@ -96,8 +96,6 @@ def test_random_bytes_without_nul_fail_as_invalid_utf8(tmp_path, tiny_tokenizer)
 
 
 def test_a_single_100_mb_line_is_refused_or_skipped_with_bounded_memory(tmp_path, tiny_tokenizer):
-    import resource
-
     huge = tmp_path / "one_line.txt"
     with open(huge, "wb") as f:
         f.write(GOOD.encode())
@@ -108,12 +106,32 @@ def test_a_single_100_mb_line_is_refused_or_skipped_with_bounded_memory(tmp_path
     with pytest.raises(CorpusError) as exc:
         run(tmp_path, tiny_tokenizer, [huge])
     assert assert_one_line(exc) == f"{huge} line 61: line longer than 8388608 bytes (corpus.reader.max_line_bytes)"
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    manifest = run(tmp_path, tiny_tokenizer, [huge], on_error="skip")
-    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    small = tmp_path / "small.txt"
+    small.write_text(GOOD + "\n\n" + GOOD, encoding="utf-8")
+    peak_small, manifest_small = _skip_run_in_fresh_process(tmp_path / "a", tiny_tokenizer, small)
+    peak_huge, manifest = _skip_run_in_fresh_process(tmp_path / "b", tiny_tokenizer, huge)
     assert manifest["documents"]["skipped_bad_input"] == {"line_too_long": 1}
-    assert manifest["documents"]["kept"] == 30  # the 30 documents after it duplicate the 30 before
-    assert grown_mb < 60
+    assert manifest["documents"]["kept"] == manifest_small["documents"]["kept"] == 30  # the rest are duplicates
+    assert peak_huge - peak_small < 40, f"peak RSS grew by {peak_huge - peak_small:.0f} MB for a 100 MB line"
+
+
+def _skip_run_in_fresh_process(tmp_path: Path, tokenizer: dict, path: Path) -> tuple[float, dict]:
+    """Peak RSS (MB) of a process that encodes ``path`` with ``on_error: skip``, and the manifest."""
+    import subprocess
+    import sys
+
+    script = f"""
+import json, resource
+from tests.corpus.test_bad_input import run
+from pathlib import Path
+manifest = run(Path({str(tmp_path)!r}), json.loads({json.dumps(json.dumps(tokenizer))}), [Path({str(path)!r})],
+               on_error="skip")
+print(json.dumps([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, manifest]))
+"""
+    out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2])
+    peak, manifest = json.loads(out.stdout.strip().splitlines()[-1])
+    return peak, manifest
 
 
 def test_jsonl_line_without_the_text_field(tmp_path, tiny_tokenizer):

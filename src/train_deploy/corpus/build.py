@@ -165,41 +165,45 @@ def _encode_chunk(chunk: Chunk) -> ChunkResult:
     w = _WORKER
     assert w is not None, "worker not initialised"
     result = ChunkResult(chunk.index)
-    eos = w.encoder.info.eos_id
+    writers = {s: ShardWriter(w.work / f"{chunk.index:06d}.{s}", w.dtype) for s in SPLITS}
+    batch: list[str] = []
+    for raw in iter_documents(chunk, w.config.reader, result.read):
+        batch.append(raw)
+        if len(batch) == w.config.encoding.batch_documents:
+            _encode_batch(w, batch, writers, result)
+            batch = []
+    _encode_batch(w, batch, writers, result)
+    for writer in writers.values():
+        writer.close()
+    return result
+
+
+def _encode_batch(w: _Worker, raw: list[str], writers: dict[str, ShardWriter], result: ChunkResult) -> None:
+    """Clean a batch of documents, drop short ones, split them by hash, encode and append them."""
+    if not raw:
+        return
+    result.documents_read += len(raw)
     key = w.config.encoding.split_seed.to_bytes(8, "little", signed=True)
     threshold = int(w.config.encoding.validation_fraction * 2**64)
-    writers = {s: ShardWriter(w.work / f"{chunk.index:06d}.{s}", w.dtype) for s in SPLITS}
-    batch_size = w.config.encoding.batch_documents
-    pending: dict[str, list[tuple[str, int]]] = {s: [] for s in SPLITS}
-
-    def flush(split: str) -> None:
-        docs = pending[split]
-        if not docs:
-            return
-        ids = w.encoder.encode([text for text, _ in docs])
-        sizes = [len(x) + 1 for x in ids]
-        tokens = np.fromiter(chain.from_iterable(chain(x, (eos,)) for x in ids), dtype=w.dtype, count=sum(sizes))
-        writers[split].add(tokens, sizes, [h for _, h in docs])
-        result.tokens_encoded += len(tokens)
-        docs.clear()
-        if w.progress is not None:
-            _bump(w.progress, len(sizes), len(tokens))
-
-    for raw in iter_documents(chunk, w.config.reader, result.read):
-        result.documents_read += 1
-        text = w.cleaner(raw)
+    docs: dict[str, tuple[list[str], list[int]]] = {s: ([], []) for s in SPLITS}
+    for text in w.cleaner.clean_batch(raw):
         if len(text) < w.config.cleaning.min_chars:
             result.dropped["too_short"] += 1
             continue
         digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16, key=key).digest()
-        split = "valid" if int.from_bytes(digest[8:], "little") < threshold else "train"
-        pending[split].append((text, int.from_bytes(digest[:8], "little")))
-        if len(pending[split]) >= batch_size:
-            flush(split)
-    for split in SPLITS:
-        flush(split)
-        writers[split].close()
-    return result
+        texts, hashes = docs["valid" if int.from_bytes(digest[8:], "little") < threshold else "train"]
+        texts.append(text)
+        hashes.append(int.from_bytes(digest[:8], "little"))
+    for split, (texts, hashes) in docs.items():
+        if not texts:
+            continue
+        ids = w.encoder.encode_documents(texts)
+        sizes = [len(x) for x in ids]
+        tokens = np.fromiter(chain.from_iterable(ids), dtype=w.dtype, count=sum(sizes))
+        writers[split].add(tokens, sizes, hashes)
+        result.tokens_encoded += len(tokens)
+        if w.progress is not None:
+            _bump(w.progress, len(sizes), len(tokens))
 
 
 def _bump(progress: tuple[Any, Any], documents: int, tokens: int) -> None:

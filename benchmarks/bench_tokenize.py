@@ -1,0 +1,178 @@
+"""Corpus → tokens throughput and memory, side by side, in one run.
+
+    .venv/bin/python benchmarks/bench_tokenize.py            # 50 MB and 200 MB corpora
+    .venv/bin/python benchmarks/bench_tokenize.py --sizes 20  # quicker
+
+Builds corpora by repeating the embedded People's Daily corpus (word/POS format) to about each size,
+trains one tokenizer with the default settings, then measures on the same files:
+
+- raw SentencePiece ``encode`` of the already cleaned documents, one process, one thread: the limit;
+- the corpus stage end to end (read, strip POS tags, clean, hash, split, encode, write shards, merge
+  into .bin/.idx) with 1 and with 2 workers, each run in a fresh process.
+
+De-duplication is off, since the repeated corpus is all duplicates; every token read is written.
+Peak RSS is sampled every 20 ms over the stage process and its workers: the largest sum over the
+process tree ("all") and the largest single process ("per process").
+Every process runs with one thread (OMP/MKL/OPENBLAS_NUM_THREADS=1, SentencePiece num_threads=1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+logger = logging.getLogger("bench_tokenize")
+WORK = Path(__file__).resolve().parent / ".work" / "tokenize"
+
+
+def build_corpus(size_mb: int) -> Path:
+    from train_deploy.corpus.readers import people_daily_path
+
+    path = WORK / f"people_daily_{size_mb}MB.txt"
+    source = people_daily_path().read_bytes()
+    copies = max(1, round(size_mb * 1e6 / len(source)))
+    if not path.exists() or path.stat().st_size != copies * len(source):
+        with open(path, "wb") as f:
+            for _ in range(copies):
+                f.write(source)
+    return path
+
+
+def params(corpus: Path, workers: int, out: Path) -> dict:
+    return {
+        "reader": {"source": "people_daily", "paths": [str(corpus)]},
+        "cleaning": {"deduplicate": False},
+        "tokenizer": {"output_dir": str(WORK / "tokenizer")},
+        "encoding": {"output_dir": str(out), "workers": workers, "reuse": False, "progress": False},
+    }
+
+
+def train_tokenizer() -> dict:
+    from train_deploy.pipelines.corpus.nodes import plan_inputs, prepare_tokenizer
+
+    return prepare_tokenizer(plan_inputs({"tokenizer": {"output_dir": str(WORK / "tokenizer")}}))
+
+
+def raw_encode(corpus: Path, tokenizer: dict) -> dict:
+    """Tokens/s of SentencePiece alone on the cleaned documents, held in memory."""
+    from train_deploy.corpus.cleaning import Cleaner
+    from train_deploy.corpus.config import CorpusConfig
+    from train_deploy.corpus.readers import ReadStats, iter_documents, plan_corpus
+    from train_deploy.corpus.tokenizer import TokenEncoder, TokenizerInfo
+
+    config = CorpusConfig.from_params(params(corpus, 1, WORK / "unused"))
+    cleaner = Cleaner(config.cleaning)
+    plan = plan_corpus(config.reader)
+    raw = [d for c in plan.chunks for d in iter_documents(c, config.reader, ReadStats())]
+    docs = [t for i in range(0, len(raw), 512) for t in cleaner.clean_batch(raw[i : i + 512])
+            if len(t) >= config.cleaning.min_chars]
+    del raw
+    encoder = TokenEncoder(TokenizerInfo(**tokenizer))
+    started = time.perf_counter()
+    tokens = sum(len(ids) + 1 for i in range(0, len(docs), 512) for ids in encoder.encode(docs[i : i + 512]))
+    wall = time.perf_counter() - started
+    return {"tokens": tokens, "wall": wall}
+
+
+def stage(corpus: Path, workers: int, tokenizer: dict) -> dict:
+    """One run of the stage's encoding (the tokenizer already exists) in this process."""
+    from train_deploy.corpus.build import encode_corpus
+    from train_deploy.corpus.config import CorpusConfig
+    from train_deploy.corpus.readers import plan_corpus
+    from train_deploy.corpus.tokenizer import TokenizerInfo
+
+    out = WORK / f"out_{corpus.stem}_{workers}"
+    shutil.rmtree(out, ignore_errors=True)
+    config = CorpusConfig.from_params(params(corpus, workers, out))
+    started = time.perf_counter()
+    manifest = encode_corpus(config, plan_corpus(config.reader), TokenizerInfo(**tokenizer))
+    wall = time.perf_counter() - started
+    shutil.rmtree(out, ignore_errors=True)
+    return {"tokens": manifest["tokens"]["total"], "wall": wall, "workers": manifest["workers"],
+            "chunks": manifest["input"]["chunks"]}
+
+
+def run_stage_process(corpus: Path, workers: int, tokenizer: dict) -> dict:
+    """Run :func:`stage` in a fresh process, sampling the RSS of its process tree."""
+    import psutil
+
+    command = [sys.executable, __file__, "--stage", str(corpus), "--workers", str(workers),
+               "--tokenizer", json.dumps(tokenizer)]
+    child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = psutil.Process(child.pid)
+    peak_total = peak_single = 0
+    while child.poll() is None:
+        try:
+            sizes = [p.memory_info().rss for p in [process, *process.children(recursive=True)]]
+        except psutil.Error:
+            sizes = []
+        if sizes:
+            peak_total, peak_single = max(peak_total, sum(sizes)), max(peak_single, max(sizes))
+        time.sleep(0.02)
+    stdout, stderr = child.communicate()
+    if child.returncode:
+        raise RuntimeError(f"stage run failed: {stderr[-2000:]}")
+    result = json.loads(stdout.strip().splitlines()[-1])
+    return {**result, "rss_mb": peak_total / 2**20, "rss_single_mb": peak_single / 2**20}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[50, 200], help="corpus sizes in MB")
+    parser.add_argument("--stage", help=argparse.SUPPRESS)
+    parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.stage:  # child process: one measurement, JSON on the last line
+        print(json.dumps(stage(Path(args.stage), args.workers, json.loads(args.tokenizer))))  # noqa: T201
+        return
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    WORK.mkdir(parents=True, exist_ok=True)
+    tokenizer = train_tokenizer()
+    rows = []
+    limit = None
+    for size in args.sizes:
+        corpus = build_corpus(size)
+        if limit is None:
+            raw = raw_encode(corpus, tokenizer)
+            limit = raw["tokens"] / raw["wall"]
+            rows.append((f"{corpus.stat().st_size / 1e6:.0f} MB", "raw SentencePiece encode (limit)", 1,
+                         raw["tokens"], raw["wall"], limit, None))
+        for workers in (1, 2):
+            r = run_stage_process(corpus, workers, tokenizer)
+            rows.append((f"{corpus.stat().st_size / 1e6:.0f} MB", "corpus stage end to end", r["workers"],
+                         r["tokens"], r["wall"], r["tokens"] / r["wall"], (r["rss_mb"], r["rss_single_mb"])))
+
+    header = ("| corpus | what | processes | tokens | wall s | M tokens/s | × raw limit | "
+              "peak RSS MB, all (per process) |")
+    lines = [header, "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for corpus, what, workers, tokens, wall, rate, rss in rows:
+        rss_text = f"{rss[0]:.0f} ({rss[1]:.0f})" if rss is not None else "–"
+        lines.append(f"| {corpus} | {what} | {workers} | {tokens:,} | {wall:.2f} | {rate / 1e6:.2f} | "
+                     f"{rate / limit:.2f} | {rss_text} |")
+    stage_rows = [r for r in rows if r[6] is not None]
+    lines.append("")
+    for corpus in dict.fromkeys(r[0] for r in stage_rows):
+        one, two = (next(r for r in stage_rows if r[0] == corpus and r[2] == n) for n in (1, 2))
+        lines.append(f"{corpus}: 2 workers / 1 worker = {two[5] / one[5]:.2f}× (target ≥ 1.6); "
+                     f"1 worker / raw limit = {one[5] / limit:.2f} (target ≥ 0.5)")
+    for workers in (1, 2):
+        rss = [r[6][0] for r in stage_rows if r[2] == workers]
+        lines.append(f"peak RSS with {workers} worker(s) across sizes: {min(rss):.0f}–{max(rss):.0f} MB "
+                     "(target: the same at every size)")
+    sys.stdout.write("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
