@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CleaningConfig
 
@@ -28,3 +32,32 @@ def test_whitespace_is_normalised_but_paragraphs_are_kept():
 def test_traditional_to_simplified_is_optional():
     assert clean("漢語的資訊") == "漢語的資訊"
     assert clean("漢語的資訊", traditional_to_simplified=True) == "汉语的资讯"
+
+
+@pytest.mark.parametrize("flags", [(True, True, True), (True, False, True), (False, True, False), (True, True, False),
+                                   (False, False, True)])
+def test_vectorised_batch_cleaning_equals_the_regular_expression_rules(flags):
+    nfkc, control, whitespace = flags
+    cleaner = Cleaner(CleaningConfig(nfkc=nfkc, strip_control=control, normalize_whitespace=whitespace))
+    rng = random.Random(sum(flags))
+    # Characters the tables handle, and ones that send a document to the exact slow path.
+    simple = list("中文，。（）ＡＢ１２ \t\n\r\u3000\xa0\x0b\x0c\x1c\x85\u2028\u2029\u200b\ufeff\x00\x07\x7f"
+                  "\x9f①\ue001abc") + ["\r\n", "\n\n\n", "  ", " \n \n "]
+    tricky = list("e\u0301\u1100\u1161가ﬁ㈱😀𝐀")
+
+    def doc() -> str:
+        chars = [rng.choice(simple) for _ in range(rng.randrange(0, 40))]
+        if chars and rng.random() < 0.05:
+            chars[rng.randrange(len(chars))] = rng.choice(tricky)
+        return "".join(chars)
+
+    docs = [doc() for _ in range(3000)] + people_daily_docs()
+    assert cleaner.clean_batch(docs) == [cleaner.clean_one(d) for d in docs]
+    with_escape = ["\x1b[31m红色\x1b[0m 文字", "普通  文字"]
+    assert cleaner.clean_batch(with_escape) == [cleaner.clean_one(d) for d in with_escape]
+
+
+def people_daily_docs() -> list[str]:
+    from train_deploy.corpus.readers import people_daily_path, strip_pos_tags
+
+    return strip_pos_tags(people_daily_path().read_text(encoding="utf-8").splitlines()[:3000])

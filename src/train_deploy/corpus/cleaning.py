@@ -1,10 +1,11 @@
 """Document cleaning: NFKC, control and ANSI removal, whitespace normalisation, optional t2s.
 
-Cleaning runs on batches: the documents are joined with a separator and every rule is one pass over
-the joined text. NFKC, the costliest rule, is a table lookup on the UTF-32 code points for characters
-whose NFKC form is one character and that cannot interact with their neighbours (no combining marks,
-no canonical composition partners); a document holding any other character gets CPython's full
-``unicodedata.normalize``. Both paths give identical results (tested).
+Cleaning runs on batches: the documents are joined with a separator and every rule is a vectorised
+pass over the UTF-32 code points of the joined text. NFKC is a table lookup for characters whose NFKC
+form is one character and that cannot interact with their neighbours (no combining marks, no canonical
+composition partners); a document holding any other character, or an ANSI escape, is cleaned by
+``Cleaner.clean_one``, the same rules as regular expressions and ``unicodedata.normalize``. Both paths
+give identical results (tested).
 """
 
 from __future__ import annotations
@@ -46,18 +47,38 @@ class Cleaner:
         return self.clean_batch([text])[0]
 
     def clean_batch(self, texts: list[str]) -> list[str]:
-        """Return the cleaned text of every document, in order (possibly empty strings)."""
-        joined = _SEPARATOR.join(texts)
-        if joined.count(_SEPARATOR) != len(texts) - 1:  # a document holds the separator itself
-            return [self._clean(text) for text in texts]
-        if self.config.nfkc:
-            joined = nfkc(joined, _SEPARATOR)
-        return [text.strip() if self.config.normalize_whitespace else text
-                for text in self._clean(joined, normalized=True).split(_SEPARATOR)]
+        """Return the cleaned text of every document, in order (possibly empty strings).
 
-    def _clean(self, text: str, normalized: bool = False) -> str:
+        Vectorised over the UTF-32 code points of the joined batch; documents that the tables cannot
+        handle exactly (characters with context-dependent NFKC, ANSI escapes) take :meth:`clean_one`.
+        """
         c = self.config
-        if c.nfkc and not normalized:
+        joined = _SEPARATOR.join(texts)
+        if joined.count(_SEPARATOR) != len(texts) - 1 or (c.strip_control and "\x1b" in joined):
+            return [self.clean_one(text) for text in texts]
+        codes = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32)
+        slow: np.ndarray = np.zeros(0, dtype=np.int64)
+        if c.nfkc:
+            simple, mapping = _nfkc_tables()
+            bmp = np.minimum(codes, 0xFFFF)
+            ok = simple[bmp] & (codes <= 0xFFFF)
+            if not ok.all():
+                slow = np.unique(np.searchsorted(np.flatnonzero(codes == ord(_SEPARATOR)), np.flatnonzero(~ok)))
+            codes = np.where(ok, mapping[bmp], codes)
+        codes = _clean_codes(codes, strip_control=c.strip_control, normalize_whitespace=c.normalize_whitespace)
+        docs = codes.tobytes().decode("utf-32-le").split(_SEPARATOR)
+        if c.normalize_whitespace:
+            docs = [doc.strip() for doc in docs]
+        if self._t2s is not None:
+            docs = [self._t2s(doc) for doc in docs]
+        for index in slow.tolist():
+            docs[index] = self.clean_one(texts[index])
+        return docs
+
+    def clean_one(self, text: str) -> str:
+        """The cleaning rules as regular expressions, one document: the reference for ``clean_batch``."""
+        c = self.config
+        if c.nfkc:
             text = unicodedata.normalize("NFKC", text)
         if c.strip_control or c.normalize_whitespace:
             text = _NEWLINES.sub("\n", text)
@@ -72,32 +93,49 @@ class Cleaner:
         return text
 
 
+def _clean_codes(codes: np.ndarray, *, strip_control: bool, normalize_whitespace: bool) -> np.ndarray:
+    """The regular-expression rules of :meth:`Cleaner.clean_one` (after NFKC) on code points."""
+    control, space = _class_tables()
+    if strip_control or normalize_whitespace:
+        codes = codes[~((codes == 0x0D) & (np.append(codes[1:], 0) == 0x0A))]  # \r\n → \n
+        line_end = (codes == 0x0D) | (codes == 0x2028) | (codes == 0x2029) | (codes == 0x85)
+        codes = np.where(line_end, 0x0A, codes)
+    bmp = np.minimum(codes, 0xFFFF)
+    if strip_control:
+        codes = codes[~(control[bmp] & (codes <= 0xFFFF))]
+        bmp = np.minimum(codes, 0xFFFF)
+    if normalize_whitespace:
+        codes = np.where(space[bmp] & (codes <= 0xFFFF), 0x20, codes)
+        blank = codes == 0x20
+        codes = codes[~(blank & _shifted(blank, 1))]  # runs of spaces → one space
+        newline, blank = codes == 0x0A, codes == 0x20
+        codes = codes[~(blank & (_shifted(newline, 1) | _shifted(newline, -1)))]  # no space beside a line break
+        newline = codes == 0x0A
+        codes = codes[~(newline & _shifted(newline, 1) & _shifted(newline, 2))]  # at most one blank line
+    return codes
+
+
+def _shifted(flags: np.ndarray, by: int) -> np.ndarray:
+    """``flags`` moved ``by`` places to the right (left when negative), padded with False."""
+    out = np.zeros_like(flags)
+    if by > 0:
+        out[by:] = flags[:-by]
+    else:
+        out[:by] = flags[-by:]
+    return out
+
+
+@functools.cache
+def _class_tables() -> tuple[np.ndarray, np.ndarray]:
+    """BMP tables: characters `_CONTROL` removes, and whitespace other than the newline."""
+    chars = [chr(cp) for cp in range(0x10000)]
+    control = np.array([bool(_CONTROL.match(ch)) for ch in chars])
+    space = np.array([ch.isspace() and ch != "\n" for ch in chars])
+    return control, space
+
+
 def _line_break(match: re.Match[str]) -> str:
     return "\n\n" if match.group().count("\n") > 1 else "\n"
-
-
-def nfkc(text: str, separator: str | None = None) -> str:
-    """``unicodedata.normalize("NFKC", text)``, fast for text made of simple characters.
-
-    With ``separator``, ``text`` is several documents joined by it; only the documents holding a
-    character outside the table are normalised the slow way.
-    """
-    simple, mapping = _nfkc_tables()
-    codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-    in_table = codes < len(simple)
-    ok = np.zeros(len(codes), dtype=bool)
-    ok[in_table] = simple[codes[in_table]]
-    if ok.all():
-        return mapping[codes].tobytes().decode("utf-32-le")
-    if separator is None:
-        return unicodedata.normalize("NFKC", text)
-    mapped = np.where(ok, mapping[np.minimum(codes, len(simple) - 1)], codes)
-    parts = mapped.tobytes().decode("utf-32-le").split(separator)
-    originals = text.split(separator)
-    boundaries = np.flatnonzero(codes == ord(separator))
-    for index in np.unique(np.searchsorted(boundaries, np.flatnonzero(~ok))):
-        parts[index] = unicodedata.normalize("NFKC", originals[index])
-    return separator.join(parts)
 
 
 @functools.cache
