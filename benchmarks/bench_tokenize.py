@@ -11,7 +11,7 @@ trains one tokenizer with the default settings, then measures on the same files:
   into .bin/.idx) with 1 and with 2 workers, each run in a fresh process.
 
 De-duplication is off, since the repeated corpus is all duplicates; every token read is written.
-Peak RSS is sampled every 20 ms over the stage process and its workers: the largest sum over the
+Peak RSS is sampled every 200 ms over the stage process and its workers: the largest sum over the
 process tree ("all") and the largest single process ("per process").
 Every process runs with one thread (OMP/MKL/OPENBLAS_NUM_THREADS=1, SentencePiece num_threads=1).
 """
@@ -118,7 +118,7 @@ def run_stage_process(corpus: Path, workers: int, tokenizer: dict) -> dict:
             sizes = []
         if sizes:
             peak_total, peak_single = max(peak_total, sum(sizes)), max(peak_single, max(sizes))
-        time.sleep(0.02)
+        time.sleep(0.2)  # sampling costs CPU that the workers compete for; memory here is steady
     stdout, stderr = child.communicate()
     if child.returncode:
         raise RuntimeError(f"stage run failed: {stderr[-2000:]}")

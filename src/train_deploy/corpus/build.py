@@ -149,15 +149,17 @@ class _Worker:
     work: Path
     dtype: np.dtype
     progress: tuple[Any, Any] | None
+    cursor: Any
+    """Shared index of the next unclaimed chunk."""
 
 
 _WORKER: _Worker | None = None
 
 
-def _init_worker(config: CorpusConfig, tokenizer: TokenizerInfo, work: Path, progress) -> None:
+def _init_worker(config: CorpusConfig, tokenizer: TokenizerInfo, work: Path, progress, cursor) -> None:
     global _WORKER
     _WORKER = _Worker(config, TokenEncoder(tokenizer), Cleaner(config.cleaning), work,
-                      token_dtype(tokenizer.vocab_size), progress)
+                      token_dtype(tokenizer.vocab_size), progress, cursor)
 
 
 def _encode_chunk(chunk: Chunk) -> ChunkResult:
@@ -215,26 +217,53 @@ def _bump(progress: tuple[Any, Any], documents: int, tokens: int) -> None:
 
 
 def _run_workers(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, work: Path) -> list[ChunkResult]:
+    """Encode every chunk with ``workers`` processes: this one and ``workers - 1`` spawned helpers.
+
+    All of them take the next unclaimed chunk from a shared cursor, so the load balances itself and
+    this process starts encoding at once while the helpers are still starting up.
+    """
     workers = min(config.workers, len(plan.chunks))
     ctx = mp.get_context("spawn")  # no fork: the parent may hold MLflow threads and Paddle state
     progress = (ctx.Value("q", 0), ctx.Value("q", 0))
+    cursor = ctx.Value("q", 0)
+    init_args = (config, tokenizer, work, progress, cursor)
+    _init_worker(*init_args)
     bar = _ProgressBar(config.encoding.progress, plan)
-    init_args = (config, tokenizer, work, progress)
-    if workers <= 1:
-        _init_worker(*init_args)
-        results = []
-        for chunk in plan.chunks:
-            results.append(_encode_chunk(chunk))
+    pool = ctx.Pool(workers - 1, initializer=_init_worker, initargs=init_args) if workers > 1 else None
+    try:
+        helpers = [pool.apply_async(_drain, (plan.chunks,)) for _ in range(workers - 1)] if pool else []
+
+        def between_chunks() -> None:
             bar.update(progress)
-        bar.close(progress)
-        return results
-    with ctx.Pool(workers, initializer=_init_worker, initargs=init_args) as pool:
-        pending = pool.map_async(_encode_chunk, plan.chunks, chunksize=1)
-        while not pending.ready():
-            pending.wait(0.25)
-            bar.update(progress)
-        bar.close(progress)
-        return pending.get()  # re-raises a worker's CorpusError with its message
+            for helper in helpers:
+                if helper.ready() and not helper.successful():
+                    helper.get()  # re-raises the helper's error (a CorpusError keeps its message)
+
+        results = _drain(plan.chunks, between_chunks)
+        for helper in helpers:
+            results.extend(helper.get())
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    bar.close(progress)
+    return results
+
+
+def _drain(chunks: list[Chunk], between_chunks=None) -> list[ChunkResult]:
+    """Encode chunks until none is left unclaimed."""
+    assert _WORKER is not None, "worker not initialised"
+    cursor = _WORKER.cursor
+    results = []
+    while True:
+        with cursor.get_lock():
+            index = cursor.value
+            cursor.value += 1
+        if index >= len(chunks):
+            return results
+        results.append(_encode_chunk(chunks[index]))
+        if between_chunks is not None:
+            between_chunks()
 
 
 class _ProgressBar:
