@@ -100,8 +100,9 @@ def test_manifest_records_fingerprint_counts_and_throughput(tmp_path, tiny_token
     on_disk = json.loads((tmp_path / "tokens" / "manifest.json").read_text(encoding="utf-8"))
     assert on_disk == manifest
     for key in ("fingerprint", "input", "tokenizer", "splits", "documents", "tokens", "throughput",
-                "wall_time_seconds"):
+                "wall_time_seconds", "peak_rss_mb"):
         assert key in manifest
+    assert 10 < manifest["peak_rss_mb"]["this_process"] < 10_000 and manifest["peak_rss_mb"]["helpers"] == []
     assert manifest["tokenizer"]["hash"] == manifest_tokenizer_hash(manifest)
     assert manifest["throughput"]["tokens_per_second"] > 0
     assert manifest["splits"]["train"]["bin_bytes"] == (tmp_path / "tokens/train.bin").stat().st_size

@@ -139,6 +139,10 @@ class ChunkResult:
     dropped: Counter[str] = field(default_factory=Counter)
     read: ReadStats = field(default_factory=ReadStats)
     tokens_encoded: int = 0
+    process: int = 0
+    """Process id of the worker that encoded the chunk."""
+    peak_rss_mb: float = 0.0
+    """That worker's peak resident memory so far."""
 
 
 @dataclass(slots=True)
@@ -261,7 +265,9 @@ def _drain(chunks: list[Chunk], between_chunks=None) -> list[ChunkResult]:
             cursor.value += 1
         if index >= len(chunks):
             return results
-        results.append(_encode_chunk(chunks[index]))
+        result = _encode_chunk(chunks[index])
+        result.process, result.peak_rss_mb = os.getpid(), peak_rss_mb()
+        results.append(result)
         if between_chunks is not None:
             between_chunks()
 
@@ -302,8 +308,13 @@ def _combine(results: list[ChunkResult]) -> dict[str, Any]:
         dropped.update(r.dropped)
         read.merge(r.read)
     kept = documents - sum(dropped.values())
+    peaks: dict[int, float] = {}
+    for r in results:
+        peaks[r.process] = max(peaks.get(r.process, 0.0), r.peak_rss_mb)
     return {"documents_read": documents, "documents_kept": kept, "tokens_encoded": tokens, "dropped": dropped,
-            "skipped": read.skipped, "warnings": read.warnings}
+            "skipped": read.skipped, "warnings": read.warnings,
+            "peak_rss_mb": {"this_process": peaks.pop(os.getpid(), peak_rss_mb()),
+                            "helpers": [round(v, 1) for v in peaks.values()]}}
 
 
 def _merge(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, work: Path,
@@ -339,6 +350,7 @@ def _manifest(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, 
         "tokens": {"total": total_tokens, "encoded_before_dedup": stats["tokens_encoded"]},
         "warnings": stats["warnings"],
         "workers": min(config.workers, len(plan.chunks)),
+        "peak_rss_mb": stats["peak_rss_mb"],
         "wall_time_seconds": round(wall, 3),
         "throughput": {"tokens_per_second": round(stats["tokens_encoded"] / wall, 1),
                        "input_megabytes_per_second": round(plan.input_bytes / 1e6 / wall, 3),
@@ -357,6 +369,20 @@ def _publish(work: Path, output_dir: Path, splits: dict[str, dict[str, Any]], ma
             os.replace(src, output_dir / f"{info['prefix']}.{suffix}")
     fsync_dir(output_dir)
     write_json(output_dir / MANIFEST, manifest)
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process in MB (VmHWM: unlike ru_maxrss, not inherited across exec)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _digest(payload: dict[str, Any]) -> str:

@@ -169,7 +169,10 @@ def iter_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iter
     lines = _iter_lines(chunk, reader, stats)
     if reader.source == "jsonl":
         yield from _jsonl_documents(chunk, reader, lines, stats)
-    elif reader.document_split == "line":
+        return
+    if reader.document_split != "file" and (text := _clean_chunk_text(chunk, reader)) is not None:
+        lines = ((line.rstrip("\r"), 0) for line in text.split("\n"))  # the fast path: no bad input here
+    if reader.document_split == "line":
         yield from (text for text, _ in lines if text.strip())
     elif reader.document_split == "file":
         doc = "".join(text + "\n" for text, _ in lines)
@@ -370,20 +373,30 @@ def _people_daily_paragraphs(chunk: Chunk, reader: ReaderConfig, stats: ReadStat
     Fast path: the whole chunk at once (a few MB at most), stripped as bytes, decoded once. Chunks with
     bad input take the line-by-line path, which names the line or skips it.
     """
-    if not chunk.compressed and chunk.end - chunk.start <= 4 * max(reader.chunk_bytes, reader.max_line_bytes):
-        with open(chunk.path, "rb") as f:
-            f.seek(chunk.start)
-            data = f.read(chunk.end - chunk.start)
-        if max(map(len, data.split(b"\n"))) <= reader.max_line_bytes:
-            try:
-                text = _strip_pos_tag_bytes(data).decode("utf-8")
-            except UnicodeDecodeError:  # stripping only removes ASCII, so the input was not UTF-8
-                pass
-            else:
-                yield from (line.strip() for line in text.split("\n"))
-                return
+    text = _clean_chunk_text(chunk, reader, _strip_pos_tag_bytes)
+    if text is not None:
+        yield from (line.strip() for line in text.split("\n"))
+        return
     lines = (text for text, _ in _iter_lines(chunk, reader, stats))
     yield from (paragraph for batch in _batched(lines, _POS_BATCH) for paragraph in strip_pos_tags(batch))
+
+
+def _clean_chunk_text(chunk: Chunk, reader: ReaderConfig, transform=None) -> str | None:
+    """The whole chunk decoded at once, when it is a plain file of a few MB with no line too long and
+    valid UTF-8 (after ``transform`` of its bytes); otherwise None, and the caller reads line by line,
+    naming or skipping the bad line."""
+    if chunk.compressed or chunk.end - chunk.start > 4 * max(reader.chunk_bytes, reader.max_line_bytes):
+        return None
+    with open(chunk.path, "rb") as f:
+        f.seek(chunk.start)
+        data = f.read(chunk.end - chunk.start)
+    if max(map(len, data.split(b"\n"))) > reader.max_line_bytes:
+        return None
+    try:
+        # A transform that only removes ASCII (the POS tags) cannot make invalid UTF-8 valid.
+        return (transform(data) if transform else data).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def strip_pos_tags(lines: list[str]) -> list[str]:
