@@ -337,6 +337,7 @@ def _manifest(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, 
     return {
         "format": FORMAT,
         "fingerprint": fingerprint,
+        "directory": config.encoding.output_dir,
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "reused": False,
         "input": {"source": config.reader.source, "files": plan.files, "content_hash": plan.input_hash,

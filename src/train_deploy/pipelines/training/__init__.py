@@ -1,0 +1,5 @@
+"""Distributed hybrid-parallel training stage."""
+
+from .pipeline import create_pipeline
+
+__all__ = ["create_pipeline"]

@@ -1,0 +1,11 @@
+"""Training: launch the distributed workers on the token files and the tokenizer of the corpus stage."""
+
+from kedro.pipeline import Node, Pipeline
+
+from .nodes import train_model
+
+
+def create_pipeline(**kwargs) -> Pipeline:
+    return Pipeline([
+        Node(train_model, ["params:training", "token_manifest", "tokenizer"], "training_result", name="train_model"),
+    ])

@@ -1,0 +1,224 @@
+"""Typed configuration of the training stage (``conf/base/parameters_training.yml``, block ``training``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from train_deploy.config import ConfigError, check, from_mapping
+
+# Llama shapes; the vocabulary size always comes from the tokenizer.
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "num_key_value_heads": 4, "max_position_embeddings": 128},
+    "small": {"hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 4, "num_attention_heads": 4,
+              "num_key_value_heads": 4, "max_position_embeddings": 256},
+    "350m": {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 24, "num_attention_heads": 16,
+             "num_key_value_heads": 16, "max_position_embeddings": 2048},
+    "1.3b": {"hidden_size": 2048, "intermediate_size": 5504, "num_hidden_layers": 24, "num_attention_heads": 16,
+             "num_key_value_heads": 16, "max_position_embeddings": 2048},
+}
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelConfig:
+    preset: str = "small"
+    """One of tiny (tests), small (CPU demo), 350m, 1.3b (GPU)."""
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Any LlamaConfig field over the preset, e.g. {num_hidden_layers: 8}."""
+
+    def shape(self) -> dict[str, Any]:
+        check(self.preset in PRESETS, "training.model.preset", f"{self.preset!r} is not one of {', '.join(PRESETS)}")
+        return {**PRESETS[self.preset], **self.overrides}
+
+
+@dataclass(kw_only=True, slots=True)
+class ParallelConfig:
+    dp: int = -1
+    """Data-parallel degree; -1 = world size / (mp × pp)."""
+    mp: int = 1
+    """Tensor-parallel degree (heads, hidden and vocabulary split over mp ranks)."""
+    pp: int = 1
+    """Pipeline-parallel degree (layers split over pp stages); GPU only."""
+    sharding_stage: int = 0
+    """ZeRO stage over the data-parallel group: 0 none, 1 optimizer states, 2 + gradients, 3 + weights."""
+
+
+@dataclass(kw_only=True, slots=True)
+class BatchConfig:
+    micro_batch_size: int = 8
+    """Sequences per data-parallel rank per forward/backward."""
+    global_batch_size: int = 16
+    """Sequences per optimizer step: micro_batch_size × dp × gradient-accumulation steps."""
+    seq_length: int = 128
+
+
+@dataclass(kw_only=True, slots=True)
+class OptimizerConfig:
+    learning_rate: float = 3e-4
+    """Peak learning rate at reference_batch_size; scaled to the global batch by lr_scaling."""
+    reference_batch_size: int = 16
+    lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
+    """linear: twice the global batch, twice the rate (the usual rule of thumb); sqrt: √ of the ratio."""
+    min_lr_ratio: float = 0.1
+    """Cosine decay ends at this fraction of the peak rate."""
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    epsilon: float = 1e-8
+    grad_clip: float = 1.0
+    """Clip gradients by global norm (0 = off)."""
+
+    def scaled_learning_rate(self, global_batch_size: int) -> float:
+        ratio = global_batch_size / self.reference_batch_size
+        return self.learning_rate * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[self.lr_scaling]
+
+
+@dataclass(kw_only=True, slots=True)
+class PrecisionConfig:
+    amp: bool = False
+    """Mixed precision; needs a GPU."""
+    dtype: Literal["bfloat16", "float16"] = "bfloat16"
+    level: Literal["O1", "O2"] = "O1"
+    recompute: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% more compute)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ScheduleConfig:
+    max_steps: int = 100
+    log_every: int = 10
+    eval_every: int = 50
+    eval_batches: int = 4
+    checkpoint_every: int = 50
+    keep_last: int = 3
+    resume: Literal["auto", "never"] = "auto"
+    """auto: continue from the latest complete checkpoint in output_dir."""
+    seed: int = 1234
+    stop_after: int | None = None
+    """Stop (with a checkpoint) after this step without finishing the schedule: tests and time-boxed jobs."""
+
+
+@dataclass(kw_only=True, slots=True)
+class DeviceConfig:
+    type: Literal["cpu", "gpu"] = "cpu"
+    peak_tflops: float | None = None
+    """Peak dense TFLOP/s of one device in the training dtype, for MFU; null = a short matmul calibration."""
+
+
+@dataclass(kw_only=True, slots=True)
+class LaunchConfig:
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    master: str | None = None
+    """host:port of node 0; needed when nnodes > 1."""
+    node_rank: int = 0
+    max_restart: int = 0
+    """Paddle's launcher restarts failed workers this many times; they resume from the last checkpoint."""
+    log_dir: str = "data/07_model_output/train_logs"
+    job_id: str = "train_deploy"
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainingConfig:
+    """The whole ``training`` parameter block."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    output_dir: str = "data/06_models/checkpoints"
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> TrainingConfig:
+        config = from_mapping(cls, params, "training")
+        config.model.shape()
+        b, s, la = config.batch, config.schedule, config.launch
+        check(b.micro_batch_size >= 1 and b.global_batch_size >= 1 and b.seq_length >= 2, "training.batch",
+              "sizes must be positive and seq_length at least 2")
+        check(s.max_steps >= 1, "training.schedule.max_steps", "must be at least 1")
+        check(config.parallel.sharding_stage in (0, 1, 2, 3), "training.parallel.sharding_stage", "must be 0, 1, 2 or 3")
+        check(la.nnodes == 1 or bool(la.master), "training.launch.master",
+              "a multi-node job needs host:port of node 0 (the same on every node)")
+        return config
+
+    @property
+    def world_size(self) -> int:
+        return self.launch.nproc_per_node * self.launch.nnodes
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Resolved parallel degrees and batch split."""
+
+    dp: int
+    mp: int
+    pp: int
+    sharding_stage: int
+    accumulation_steps: int
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.mp * self.pp
+
+
+def resolve_layout(config: TrainingConfig, world_size: int, vocab_size: int) -> Layout:
+    """Check every invariant of the parallel layout at start-up; each error says what to change."""
+    p, b, shape = config.parallel, config.batch, config.model.shape()
+    for key in ("dp", "mp", "pp"):
+        value = getattr(p, key)
+        if value == 0 or value < -1:
+            raise ConfigError(f"training.parallel.{key}: {value} is not a degree (use a positive number or -1)")
+    if [p.dp, p.mp, p.pp].count(-1) > 1:
+        raise ConfigError("training.parallel: only one of dp, mp, pp may be -1 (inferred from the world size)")
+    known = math.prod(v for v in (p.dp, p.mp, p.pp) if v != -1)
+    if world_size % known:
+        raise ConfigError(f"training.parallel: dp × mp × pp = {known} does not divide the world size {world_size} "
+                          "(launch.nproc_per_node × launch.nnodes)")
+    dp, mp, pp = (world_size // known if v == -1 else v for v in (p.dp, p.mp, p.pp))
+    if dp * mp * pp != world_size:
+        raise ConfigError(f"training.parallel: dp × mp × pp = {dp} × {mp} × {pp} = {dp * mp * pp} but the world size "
+                          f"is {world_size}; change the degrees or launch.nproc_per_node × launch.nnodes")
+    heads, kv_heads = shape["num_attention_heads"], shape["num_key_value_heads"]
+    for key, value in (("num_attention_heads", heads), ("num_key_value_heads", kv_heads),
+                       ("hidden_size", shape["hidden_size"]), ("intermediate_size", shape["intermediate_size"])):
+        if value % mp:
+            raise ConfigError(f"training.model: {key} = {value} is not divisible by mp = {mp}; choose mp among the "
+                              f"divisors of {value}")
+    if vocab_size % mp:
+        raise ConfigError(f"training.parallel.mp: the tokenizer's vocabulary ({vocab_size}) is not divisible by "
+                          f"mp = {mp}; retrain the tokenizer with a vocab_size that is")
+    if shape["num_hidden_layers"] % pp:
+        raise ConfigError(f"training.parallel.pp: num_hidden_layers = {shape['num_hidden_layers']} is not divisible "
+                          f"by pp = {pp}")
+    if pp > 1 and config.device.type == "cpu":
+        raise ConfigError("training.parallel.pp: pipeline parallelism needs GPUs: Paddle's CPU backend (gloo) has "
+                          "no point-to-point send/recv between stages; set pp: 1 on CPU")
+    if config.parallel.sharding_stage and dp == 1:
+        raise ConfigError("training.parallel.sharding_stage: sharding splits state over the data-parallel group, "
+                          "which has one rank here; set sharding_stage: 0 or dp > 1")
+    if b.seq_length > shape["max_position_embeddings"]:
+        raise ConfigError(f"training.batch.seq_length: {b.seq_length} exceeds the model's max_position_embeddings "
+                          f"({shape['max_position_embeddings']}); shorten it or raise the model's")
+    if config.precision.amp and config.device.type == "cpu":
+        raise ConfigError("training.precision.amp: mixed precision needs a GPU (Paddle's CPU kernels do not cover "
+                          "bfloat16/float16 training); set amp: false on CPU")
+    per_step = b.micro_batch_size * dp
+    if b.global_batch_size % per_step:
+        raise ConfigError(f"training.batch.global_batch_size: {b.global_batch_size} is not a multiple of "
+                          f"micro_batch_size × dp = {b.micro_batch_size} × {dp} = {per_step}")
+    return Layout(dp=dp, mp=mp, pp=pp, sharding_stage=config.parallel.sharding_stage,
+                  accumulation_steps=b.global_batch_size // per_step)
+
+
+def check_vocabulary(tokenizer_vocab: int, model_vocab: int) -> None:
+    """The model must have an embedding row for every id the tokenizer produces."""
+    if tokenizer_vocab > model_vocab:
+        raise ConfigError(f"training.model.overrides.vocab_size: the model has {model_vocab} embeddings but the "
+                          f"tokenizer produces {tokenizer_vocab} ids; remove the override to use the tokenizer's")

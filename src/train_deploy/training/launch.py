@@ -1,0 +1,126 @@
+"""Start the training workers with Paddle's own launcher, stream their progress, and wait.
+
+The node writes ``run.json`` (the resolved job) and runs::
+
+    python -m paddle.distributed.launch --nproc_per_node G [--nnodes N --master HOST:PORT --rank R]
+        --log_dir LOG_DIR --max_restart K .../worker.py --run run.json
+
+The other machines of a multi-node job join with ``train-deploy-join --run run.json --node-rank R``
+(``run.json`` on storage every node sees): the same launcher command with their own rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from train_deploy.training import worker
+from train_deploy.training.config import TrainingConfig
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingFailed(RuntimeError):
+    """A worker died or raised; the message names the rank and ends with the tail of its log."""
+
+
+def launcher_command(config: TrainingConfig, run_file: Path, node_rank: int | None = None) -> list[str]:
+    la = config.launch
+    command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(la.nproc_per_node),
+               "--log_dir", str(Path(la.log_dir) / f"node{la.node_rank if node_rank is None else node_rank}"),
+               "--job_id", la.job_id, "--max_restart", str(la.max_restart)]
+    if la.nnodes > 1:
+        command += ["--nnodes", str(la.nnodes), "--master", str(la.master),
+                    "--rank", str(la.node_rank if node_rank is None else node_rank)]
+    return command + [worker.__file__, "--run", str(run_file)]
+
+
+def worker_environment(config: TrainingConfig) -> dict[str, str]:
+    env = dict(os.environ)
+    if config.device.type == "cpu":
+        # One BLAS/OpenMP pool per worker sized to its share of the cores, unless the user chose.
+        share = max(1, (os.cpu_count() or 1) // config.launch.nproc_per_node)
+        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+            env.setdefault(var, str(share))
+    env.setdefault("GLOG_minloglevel", "2")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def run_launcher(config: TrainingConfig, run_file: Path, node_rank: int | None = None) -> None:
+    """Run the launcher for this node, echoing rank 0's progress; raise :class:`TrainingFailed` on failure."""
+    command = launcher_command(config, run_file, node_rank)
+    log_dir = Path(command[command.index("--log_dir") + 1])
+    if log_dir.exists():  # logs of an earlier attempt would be mistaken for this one's
+        shutil.rmtree(log_dir)
+    log_dir.mkdir(parents=True)
+    logger.info("Launching: %s", " ".join(command))
+    with open(log_dir / "launcher.log", "w", encoding="utf-8") as launcher_log:
+        process = subprocess.Popen(command, stdout=launcher_log, stderr=subprocess.STDOUT, text=True,
+                                   env=worker_environment(config))
+        progress = _LogFollower(log_dir / "workerlog.0")
+        while process.poll() is None:
+            time.sleep(0.5)
+            progress.echo()
+        progress.echo()
+    if process.returncode != 0:
+        raise TrainingFailed(_failure_message(log_dir, process.returncode))
+
+
+class _LogFollower:
+    """Echo rank 0's progress lines (steps, evaluations, checkpoints) from its log as they appear."""
+
+    _INTERESTING = re.compile(r"step \d+ |Checkpoint|Resumed|Model:|No validation")
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+
+    def echo(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, encoding="utf-8", errors="replace") as f:
+            f.seek(self.offset)
+            text = f.read()
+        complete = text[: text.rfind("\n") + 1]
+        self.offset += len(complete.encode("utf-8"))
+        for line in complete.splitlines():
+            if self._INTERESTING.search(line):
+                logger.info("%s", line.split(" - ", 1)[-1].strip())
+
+
+def _failure_message(log_dir: Path, code: int) -> str:
+    """Name the first worker whose log shows an error, with the last lines of that log."""
+    for log in sorted(log_dir.glob("workerlog.*"), key=lambda p: int(p.suffix[1:]) if p.suffix[1:].isdigit() else 0):
+        text = log.read_text(encoding="utf-8", errors="replace")
+        if re.search(r"Traceback|Error|Killed|Signal", text):
+            tail = " | ".join(line.strip() for line in text.strip().splitlines()[-6:])
+            return f"training worker rank {log.suffix[1:]} failed (launcher exit code {code}); {log}: {tail}"
+    launcher = (log_dir / "launcher.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    tail = " | ".join(line.strip() for line in launcher[-4:])
+    return f"training failed (launcher exit code {code}) with no error in the worker logs in {log_dir}: {tail}"
+
+
+def write_run_file(path: Path, payload: dict[str, Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
+    return path
+
+
+def join_main(argv: list[str] | None = None) -> None:
+    """``train-deploy-join``: run this machine's share of a multi-node job started by ``kedro run``."""
+    parser = argparse.ArgumentParser(description=join_main.__doc__)
+    parser.add_argument("--run", required=True, help="run.json of the job (shared storage)")
+    parser.add_argument("--node-rank", type=int, required=True, help="this machine's rank, 1 .. nnodes - 1")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    run = json.loads(Path(args.run).read_text(encoding="utf-8"))
+    run_launcher(TrainingConfig.from_params(run["training"]), Path(args.run), node_rank=args.node_rank)
