@@ -70,3 +70,30 @@ def test_kedro_run_corpus_pipeline_records_params_manifest_and_metrics_in_mlflow
         session.run(pipeline_names=["corpus"])
     runs = mlflow.search_runs(experiment_names=["train_deploy"], output_format="list", order_by=["start_time DESC"])
     assert len(runs) == 2 and runs[0].data.metrics["corpus.reused"] == 1.0
+
+
+@pytest.mark.slow
+def test_kedro_run_corpus_then_training_logs_step_history_and_resolved_layout(project, tmp_path):
+    params = tiny_runtime_params()
+    params["corpus"]["encoding"]["validation_fraction"] = 0.05
+    params["training"] = {
+        "model": {"preset": "tiny"},
+        "batch": {"micro_batch_size": 4, "global_batch_size": 8, "seq_length": 32},
+        "schedule": {"max_steps": 4, "log_every": 1, "eval_every": 2, "checkpoint_every": 2},
+        "launch": {"nproc_per_node": 2},
+    }
+    with KedroSession.create(project_path=project, runtime_params=params) as session:
+        session.run(pipeline_names=["train_deploy"])
+
+    result = json.loads((project / "data/08_reporting/training_result.json").read_text(encoding="utf-8"))
+    assert result["finished"] and result["step"] == 4 and result["layout"]["dp"] == 2
+    assert (project / result["checkpoint"] / "model.safetensors").is_file()
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns.db'}")
+    (run,) = mlflow.search_runs(experiment_names=["train_deploy"], output_format="list")
+    history = mlflow.tracking.MlflowClient().get_metric_history(run.info.run_id, "train.loss")
+    assert [m.step for m in history] == [1, 2, 3, 4]
+    assert "train.val_loss" in run.data.metrics and "train.mfu" in run.data.metrics
+    assert run.data.params["training.resolved.dp"] == "2"
+    assert run.data.params["training.resolved.accumulation_steps"] == "1"
+    assert run.data.params["training.model.preset"] == "tiny"

@@ -97,16 +97,33 @@ class _LogFollower:
                 logger.info("%s", line.split(" - ", 1)[-1].strip())
 
 
+_COMMUNICATION = re.compile(r"gloo|IoException|Connection reset|NCCL|Broken pipe|socket", re.IGNORECASE)
+
+
 def _failure_message(log_dir: Path, code: int) -> str:
-    """Name the first worker whose log shows an error, with the last lines of that log."""
-    for log in sorted(log_dir.glob("workerlog.*"), key=lambda p: int(p.suffix[1:]) if p.suffix[1:].isdigit() else 0):
-        text = log.read_text(encoding="utf-8", errors="replace")
-        if re.search(r"Traceback|Error|Killed|Signal", text):
-            tail = " | ".join(line.strip() for line in text.strip().splitlines()[-6:])
-            return f"training worker rank {log.suffix[1:]} failed (launcher exit code {code}); {log}: {tail}"
-    launcher = (log_dir / "launcher.log").read_text(encoding="utf-8", errors="replace").strip().splitlines()
-    tail = " | ".join(line.strip() for line in launcher[-4:])
-    return f"training failed (launcher exit code {code}) with no error in the worker logs in {log_dir}: {tail}"
+    """Name the worker that failed first, with the last lines of its log.
+
+    A worker that raised has a traceback that is not about lost connections; a worker that was killed
+    (SIGKILL, out of memory) leaves no error at all while its peers report the broken connection.
+    """
+    logs = {int(p.suffix[1:]): p.read_text(encoding="utf-8", errors="replace")
+            for p in log_dir.glob("workerlog.*") if p.suffix[1:].isdigit()}
+    for rank, text in sorted(logs.items()):
+        trace = text[text.find("Traceback"):] if "Traceback" in text else ""
+        if trace and not _COMMUNICATION.search(trace):
+            return f"training worker rank {rank} failed (launcher exit code {code}): {_tail(text)}"
+    silent = [rank for rank, text in sorted(logs.items()) if not _COMMUNICATION.search(text)
+              and "Traceback" not in text]
+    if silent and len(silent) < len(logs):
+        return (f"training worker rank {silent[0]} died without an error (killed, out of memory or crashed; "
+                f"launcher exit code {code}); the other ranks lost their connection to it. "
+                f"{log_dir / f'workerlog.{silent[0]}'}: {_tail(logs[silent[0]])}")
+    launcher = (log_dir / "launcher.log").read_text(encoding="utf-8", errors="replace")
+    return f"training failed (launcher exit code {code}); logs in {log_dir}: {_tail(launcher)}"
+
+
+def _tail(text: str, lines: int = 5) -> str:
+    return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
 
 
 def write_run_file(path: Path, payload: dict[str, Any]) -> Path:

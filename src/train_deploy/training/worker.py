@@ -88,6 +88,11 @@ def main(argv: list[str] | None = None) -> None:
 
     train = TokenWindows(Path(data["train_prefix"]), b.seq_length, s.seed, data["dtype"])
     valid = _validation_windows(data, b.seq_length, s.seed)
+    if valid is not None and len(valid) < b.micro_batch_size * layout.dp:
+        logger.warning("No validation: the validation split holds %d windows of %d tokens, fewer than one "
+                       "evaluation batch (micro_batch_size × dp = %d); raise corpus.encoding.validation_fraction",
+                       len(valid), b.seq_length, b.micro_batch_size * layout.dp)
+        valid = None
     my_dp = data_rank(rank, layout)
     tokens_per_step = b.global_batch_size * b.seq_length
     flops = flops_per_token(config.model.shape(), parameters, embedding, b.seq_length)
