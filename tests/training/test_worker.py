@@ -55,3 +55,8 @@ def test_tensor_parallel_checkpoint_resumes_with_data_parallel(tmp_path, tiny_to
     assert "saved with dp=1 mp=2, now dp=2 mp=1" in log
     # Adam amplifies last-bit differences between layouts, so the weights are close, not identical.
     assert_losses_match(tmp_path, reference, rtol=1e-3)
+
+
+def test_activation_recompute_gives_the_same_loss(tmp_path, tiny_tokens, reference):
+    launch(tmp_path, tiny_tokens, training_params(1, precision={"recompute": True}))
+    assert_losses_match(tmp_path, reference, rtol=1e-6)

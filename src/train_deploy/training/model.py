@@ -31,7 +31,10 @@ def llama_config(config: TrainingConfig, vocab_size: int, eos_id: int):
 def build_model(config: TrainingConfig, vocab_size: int, eos_id: int):
     from paddlenlp.transformers.llama.modeling_network import LlamaForCausalLMNet
 
-    return LlamaForCausalLMNet(llama_config(config, vocab_size, eos_id))
+    model = LlamaForCausalLMNet(llama_config(config, vocab_size, eos_id))
+    # PaddleNLP's Trainer switches this on; whole decoder layers are recomputed in the backward pass.
+    model.llama.enable_recompute = config.precision.recompute
+    return model
 
 
 def flops_per_token(shape: dict[str, Any], parameters: int, embedding: int, seq_length: int) -> float:

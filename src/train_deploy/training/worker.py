@@ -70,6 +70,12 @@ def main(argv: list[str] | None = None) -> None:
         weight_decay=o.weight_decay, apply_decay_param_fun=lambda name: name not in no_decay,
         grad_clip=paddle.nn.ClipGradByGlobalNorm(o.grad_clip) if o.grad_clip > 0 else None,
     )
+    amp = config.precision
+    if amp.amp and amp.level == "O2":  # low-precision weights with float32 master copies in the optimizer
+        model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2", dtype=amp.dtype,
+                                               master_weight=True)
+    # float16 needs a dynamic loss scale to keep small gradients representable; bfloat16 does not.
+    scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15) if amp.amp and amp.dtype == "float16" else None
     model, optimizer, mesh = parallelize(model, optimizer, layout=layout)
     placements = [dist.Shard(0)] + [dist.Replicate()] * (len(mesh.shape) - 1)
     if layout.pp > 1:
@@ -106,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         return dist.auto_parallel.api.dtensor_from_local(paddle.to_tensor(array), mesh, placements)
 
     def batch_loss(windows: np.ndarray):
-        logits = model(input_ids=to_dist(windows[:, :-1]))
+        with paddle.amp.auto_cast(enable=amp.amp, level=amp.level, dtype=amp.dtype):
+            logits = model(input_ids=to_dist(windows[:, :-1]))
         return paddle.nn.functional.cross_entropy(logits.astype("float32"), to_dist(windows[:, 1:]).unsqueeze(-1))
 
     def evaluate() -> float | None:
@@ -149,10 +156,16 @@ def main(argv: list[str] | None = None) -> None:
         for k in range(layout.accumulation_steps):
             first = consumed + (k * layout.dp + my_dp) * b.micro_batch_size
             loss = batch_loss(train.batch(first, b.micro_batch_size)) / layout.accumulation_steps
-            loss.backward()
+            (scaler.scale(loss) if scaler else loss).backward()
             loss_sum += float(loss)
+        if scaler is not None:
+            scaler.unscale_(optimizer)  # clip and report the true gradient norm
         grad_norm = _grad_norm(model) if (step + 1) % s.log_every == 0 else None
-        optimizer.step()
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
         optimizer.clear_grad()
         lr = schedule.get_lr()
         schedule.step()
