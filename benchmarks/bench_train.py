@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_train.py              # small preset, 30 steps per row
     .venv/bin/python benchmarks/bench_train.py --steps 20
 
-Same model (the `small` preset), same data (the embedded corpus), same global batch (16 × 128 tokens):
+Same model (the `small` preset), same data (the embedded corpus), same global batch (32 × 128 tokens,
+micro-batches of 8: 4 accumulation steps in one process, 2 per rank with dp=2):
 
   (a) a plain single-process Paddle loop: the model, AdamW, forward/backward/step, nothing else;
   (b) this stage with 1 process (Paddle's launcher, auto-parallel mesh of one, metrics, checkpoints);
@@ -32,7 +33,7 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 WORK = Path(__file__).resolve().parent / ".work" / "train"
 PARAMS = {
     "model": {"preset": "small"},
-    "batch": {"micro_batch_size": 8, "global_batch_size": 16, "seq_length": 128},
+    "batch": {"micro_batch_size": 8, "global_batch_size": 32, "seq_length": 128},
     "schedule": {"max_steps": 30, "log_every": 5, "eval_every": 10_000, "checkpoint_every": 10_000, "resume": "never"},
 }
 
@@ -68,17 +69,17 @@ def plain_loop(data: dict, steps: int) -> dict:
     timings = []
     for step in range(steps):
         started = time.perf_counter()
-        for k in range(2):  # 2 × 8 sequences = the global batch of 16
-            batch = paddle.to_tensor(windows.batch(step * 16 + k * 8, 8))
+        for k in range(4):  # 4 × 8 sequences = the global batch of 32
+            batch = paddle.to_tensor(windows.batch(step * 32 + k * 8, 8))
             logits = model(input_ids=batch[:, :-1])
-            loss = paddle.nn.functional.cross_entropy(logits.astype("float32"), batch[:, 1:].unsqueeze(-1)) / 2
+            loss = paddle.nn.functional.cross_entropy(logits.astype("float32"), batch[:, 1:].unsqueeze(-1)) / 4
             loss.backward()
         optimizer.step()
         optimizer.clear_grad()
         float(loss)
         timings.append(time.perf_counter() - started)
     steady = timings[5:]
-    return {"tokens_per_second": 16 * 128 * len(steady) / sum(steady), "loss": float(loss) * 2}
+    return {"tokens_per_second": 32 * 128 * len(steady) / sum(steady), "loss": float(loss) * 4}
 
 
 def stage(data: dict, nproc: int, parallel: dict, steps: int) -> dict:

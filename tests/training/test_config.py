@@ -36,6 +36,7 @@ def test_degrees_are_inferred_from_the_world_size():
         (2, 2000, {"parallel": {"pp": 2, "dp": 1}}, "pipeline parallelism needs GPUs: Paddle's CPU backend (gloo) "
                                                      "has no point-to-point send/recv"),
         (1, 2000, {"parallel": {"sharding_stage": 1}}, "which has one rank here"),
+        (2, 2000, {"parallel": {"sharding_stage": 2}}, "stage 2 needs GPUs: it reduce-scatters gradients"),
         (1, 2000, {"batch": {"seq_length": 512}}, "seq_length: 512 exceeds the model's max_position_embeddings (128)"),
         (2, 2000, {"batch": {"global_batch_size": 6}}, "6 is not a multiple of micro_batch_size × dp = 2 × 2 = 4"),
         (1, 2000, {"precision": {"amp": True}}, "mixed precision needs a GPU"),

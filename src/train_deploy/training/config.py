@@ -200,6 +200,9 @@ def resolve_layout(config: TrainingConfig, world_size: int, vocab_size: int) -> 
     if pp > 1 and config.device.type == "cpu":
         raise ConfigError("training.parallel.pp: pipeline parallelism needs GPUs: Paddle's CPU backend (gloo) has "
                           "no point-to-point send/recv between stages; set pp: 1 on CPU")
+    if config.parallel.sharding_stage >= 2 and config.device.type == "cpu":
+        raise ConfigError(f"training.parallel.sharding_stage: stage {config.parallel.sharding_stage} needs GPUs: it "
+                          "reduce-scatters gradients, which Paddle's CPU backend lacks; use sharding_stage 1 on CPU")
     if config.parallel.sharding_stage and dp == 1:
         raise ConfigError("training.parallel.sharding_stage: sharding splits state over the data-parallel group, "
                           "which has one rank here; set sharding_stage: 0 or dp > 1")

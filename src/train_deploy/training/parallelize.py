@@ -18,7 +18,7 @@ def build_mesh(layout: Layout):
     return dist.ProcessMesh(ranks.reshape(layout.dp, layout.mp).tolist(), dim_names=["dp", "mp"])
 
 
-def parallelize(model, optimizer, *, layout: Layout):
+def parallelize(model, optimizer, *, layout: Layout, device: str = "cpu"):
     """Shard ``model`` and ``optimizer`` over the mesh; return them with the mesh.
 
     Order: (1) tensor parallel, the model's own ``auto_dist_config()['mp_config']`` plan (attention and
@@ -36,7 +36,21 @@ def parallelize(model, optimizer, *, layout: Layout):
     if layout.pp > 1:
         config["pp_config"] = plan["pp_config"]
     model, optimizer = dist.parallelize(model, optimizer, mesh=mesh, config=config)
+    if layout.sharding_stage and device == "cpu":
+        # ZeRO turns partial gradients into dp-shards with reduce-scatter, which Paddle's CPU backend lacks.
+        # All-reducing them first (twice the traffic) leaves sharding a local slice: same numbers, CPU-able.
+        for param in model.parameters():
+            param.register_hook(_all_reduce_partial)
     return model, optimizer, mesh
+
+
+def _all_reduce_partial(grad):
+    import paddle.distributed as dist
+
+    if grad.is_dist() and any(isinstance(p, dist.Partial) for p in grad.placements):
+        placements = [dist.Replicate() if isinstance(p, dist.Partial) else p for p in grad.placements]
+        return dist.reshard(grad, grad.process_mesh, placements)
+    return grad
 
 
 def data_rank(rank: int, layout: Layout) -> int:

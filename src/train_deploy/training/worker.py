@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
                                                master_weight=True)
     # float16 needs a dynamic loss scale to keep small gradients representable; bfloat16 does not.
     scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15) if amp.amp and amp.dtype == "float16" else None
-    model, optimizer, mesh = parallelize(model, optimizer, layout=layout)
+    model, optimizer, mesh = parallelize(model, optimizer, layout=layout, device=config.device.type)
     placements = [dist.Shard(0)] + [dist.Replicate()] * (len(mesh.shape) - 1)
     if layout.pp > 1:
         placements = [dist.Replicate(), dist.Shard(0), dist.Replicate()]
@@ -263,15 +263,17 @@ def _load_checkpoint(model, optimizer, folder: Path) -> dict[str, Any]:
             raise ckpt.CheckpointError(f"{folder / ckpt.MODEL_FILE}: {name} has shape {list(weights[name].shape)}, "
                                        f"the model expects {list(param.shape)}")
         param.set_value(dist.shard_tensor(weights[name].astype(param.dtype), param.process_mesh, param.placements))
-    restored = {}
+    current = optimizer.state_dict()
+    restored = {k: v for k, v in current.items() if not isinstance(v, paddle.Tensor)}
     for key, value in moments.items():
         structured, suffix = key.split("/", 1)
-        param = params[structured]
-        same_shape = list(value.shape) == list(param.shape)
-        placements = param.placements if same_shape else [dist.Replicate()] * len(param.placements)
-        restored[f"{param.name}_{suffix}"] = dist.shard_tensor(paddle.to_tensor(value), param.process_mesh, placements)
-    current = optimizer.state_dict()
-    restored.update({k: v for k, v in current.items() if not isinstance(v, paddle.Tensor)})
+        target = f"{params[structured].name}_{suffix}"
+        if target not in current:
+            raise ckpt.CheckpointError(f"{folder / ckpt.OPTIMIZER_FILE}: {key} has no counterpart in this optimizer")
+        like = current[target]  # sharded as this layout and ZeRO stage want it
+        placements = like.placements if like.is_dist() else [dist.Replicate()] * len(params[structured].placements)
+        mesh = like.process_mesh if like.is_dist() else params[structured].process_mesh
+        restored[target] = dist.shard_tensor(paddle.to_tensor(value).astype(like.dtype), mesh, placements)
     optimizer.set_state_dict(restored)
     return state
 
