@@ -111,3 +111,19 @@ def test_a_worker_that_raises_is_named_with_its_error(tmp_path, tiny_tokens):
     message = str(exc.value)
     assert message.startswith("training worker rank 0 failed (launcher exit code")
     assert "nothing.bin" in message
+
+
+def test_with_max_restart_the_launcher_restarts_workers_and_they_resume(tmp_path, tiny_tokens):
+    params = training_params(2, parallel={"dp": 2},
+                             schedule={"max_steps": 40, "checkpoint_every": 2}, launch={"max_restart": 1})
+    outcome: dict = {}
+    thread = threading.Thread(target=lambda: outcome.update(result=launch(tmp_path, tiny_tokens, params)))
+    thread.start()
+    victim = _worker(1)
+    while not any((tmp_path / "checkpoints").glob("step_*")) if (tmp_path / "checkpoints").exists() else True:
+        time.sleep(0.2)
+    os.kill(victim.pid, signal.SIGKILL)
+    thread.join(timeout=240)
+    assert not thread.is_alive()
+    assert outcome["result"]["finished"] and outcome["result"]["step"] == 40
+    assert "Resumed from" in (tmp_path / "logs" / "node0" / "workerlog.0").read_text()

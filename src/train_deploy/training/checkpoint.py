@@ -1,9 +1,9 @@
 """Unified checkpoints: full tensors in safetensors, independent of the parallel layout.
 
 A checkpoint is a folder ``step_00000042/`` holding ``model.safetensors`` (parameters by their
-structured names), ``optimizer.safetensors`` (AdamW moments as ``<parameter>/<state>``) and
-``state.json`` (step, consumed samples, learning-rate schedule position, resolved configuration,
-metrics). It is written under a temporary name and renamed when complete, so a folder named
+structured names), ``optimizer.safetensors`` (AdamW moments as ``<parameter>/<state>``),
+``rng_state.pdstates`` (Paddle's generator state) and ``state.json`` (step, consumed samples,
+learning-rate position, resolved configuration, metrics). It is written under a temporary name and renamed when complete, so a folder named
 ``step_*`` is always whole; only the last ``keep_last`` are kept.
 """
 
@@ -20,6 +20,7 @@ from typing import Any
 from train_deploy.atomic import fsync_dir, fsync_file
 
 MODEL_FILE, OPTIMIZER_FILE, STATE_FILE = "model.safetensors", "optimizer.safetensors", "state.json"
+RNG_FILE = "rng_state.pdstates"  # Paddle generator state: pickled, written and read only by this project
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
@@ -48,6 +49,7 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
 def write_checkpoint(output_dir: Path, step: int, model: dict[str, Any], optimizer: dict[str, Any],
                      state: dict[str, Any], keep_last: int) -> Path:
     """Write a checkpoint atomically (tensors are paddle Tensors or numpy arrays) and prune old ones."""
+    import paddle
     from safetensors.paddle import save_file
 
     output_dir = Path(output_dir)
@@ -57,8 +59,9 @@ def write_checkpoint(output_dir: Path, step: int, model: dict[str, Any], optimiz
     try:
         save_file(model, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)})
         save_file(optimizer, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt", "step": str(step)})
+        paddle.save(paddle.get_rng_state(), str(tmp / RNG_FILE))
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
-        for name in (MODEL_FILE, OPTIMIZER_FILE, STATE_FILE):
+        for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE):
             fsync_file(tmp / name)
         if final.exists():  # a rerun of the same step: replace it whole
             shutil.rmtree(final)

@@ -116,7 +116,8 @@ class LaunchConfig:
     """host:port of node 0; needed when nnodes > 1."""
     node_rank: int = 0
     max_restart: int = 0
-    """Paddle's launcher restarts failed workers this many times; they resume from the last checkpoint."""
+    """Failed workers are relaunched this many times and resume from the last complete checkpoint (Paddle's
+    launcher does it itself in elastic mode, with an etcd:// master; otherwise the training node does)."""
     log_dir: str = "data/07_model_output/train_logs"
     job_id: str = "train_deploy"
 

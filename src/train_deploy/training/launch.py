@@ -57,11 +57,30 @@ def worker_environment(config: TrainingConfig) -> dict[str, str]:
 
 
 def run_launcher(config: TrainingConfig, run_file: Path, node_rank: int | None = None) -> None:
-    """Run the launcher for this node, echoing rank 0's progress; raise :class:`TrainingFailed` on failure."""
+    """Run the launcher for this node, echoing rank 0's progress; raise :class:`TrainingFailed` on failure.
+
+    Paddle's launcher honours ``--max_restart`` only in elastic mode (an etcd master); otherwise this
+    function relaunches failed workers up to ``launch.max_restart`` times, and they resume from the
+    last complete checkpoint on their own (``resume: auto``).
+    """
+    for attempt in range(config.launch.max_restart + 1):
+        try:
+            _launch_once(config, run_file, node_rank)
+            return
+        except TrainingFailed as exc:
+            if attempt == config.launch.max_restart:
+                raise
+            logger.warning("%s; restarting the workers (%d of %d), they resume from the last checkpoint",
+                           exc, attempt + 1, config.launch.max_restart)
+
+
+def _launch_once(config: TrainingConfig, run_file: Path, node_rank: int | None) -> None:
     command = launcher_command(config, run_file, node_rank)
     log_dir = Path(command[command.index("--log_dir") + 1])
-    if log_dir.exists():  # logs of an earlier attempt would be mistaken for this one's
-        shutil.rmtree(log_dir)
+    if log_dir.exists():  # keep an earlier attempt's logs beside, not mixed with, this one's
+        previous = log_dir.with_name(f"{log_dir.name}.previous")
+        shutil.rmtree(previous, ignore_errors=True)
+        os.replace(log_dir, previous)
     log_dir.mkdir(parents=True)
     logger.info("Launching: %s", " ".join(command))
     with open(log_dir / "launcher.log", "w", encoding="utf-8") as launcher_log:

@@ -275,6 +275,8 @@ def _load_checkpoint(model, optimizer, folder: Path) -> dict[str, Any]:
         mesh = like.process_mesh if like.is_dist() else params[structured].process_mesh
         restored[target] = dist.shard_tensor(paddle.to_tensor(value).astype(like.dtype), mesh, placements)
     optimizer.set_state_dict(restored)
+    if (folder / ckpt.RNG_FILE).is_file():  # written by this project's own run, so unpickling it is safe
+        paddle.set_rng_state(paddle.load(str(folder / ckpt.RNG_FILE)))
     return state
 
 
