@@ -194,6 +194,11 @@ def main(argv: list[str] | None = None) -> None:
                   "checkpoint": str(ckpt.step_dir(output_dir, step)), "val_loss": last_val,
                   "parameters": parameters, "layout": {"dp": layout.dp, "mp": layout.mp, "pp": layout.pp}}
         Path(run["result_path"]).write_text(json.dumps(result, indent=2), encoding="utf-8")
+    if world > 1:
+        # Leave together: a rank that exits while a peer still holds open connections makes gloo abort the
+        # peer at shutdown ("Connection reset by peer"), failing a finished job.
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 # --- helpers ---------------------------------------------------------------------------------------
