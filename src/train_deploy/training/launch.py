@@ -86,11 +86,14 @@ def _launch_once(config: TrainingConfig, run_file: Path, node_rank: int | None) 
     with open(log_dir / "launcher.log", "w", encoding="utf-8") as launcher_log:
         process = subprocess.Popen(command, stdout=launcher_log, stderr=subprocess.STDOUT, text=True,
                                    env=worker_environment(config))
-        progress = _LogFollower(log_dir / "workerlog.0")
-        while process.poll() is None:
-            time.sleep(0.5)
+        progress = _LogFollower(log_dir / "workerlog.0", total=config.schedule.max_steps)
+        try:
+            while process.poll() is None:
+                time.sleep(0.5)
+                progress.echo()
             progress.echo()
-        progress.echo()
+        finally:
+            progress.close()
     if process.returncode != 0:
         raise TrainingFailed(_failure_message(log_dir, process.returncode))
 
@@ -99,9 +102,16 @@ class _LogFollower:
     """Echo rank 0's progress lines (steps, evaluations, checkpoints) from its log as they appear."""
 
     _INTERESTING = re.compile(r"step \d+ |Checkpoint|Resumed|Model:|No validation")
+    _STEP = re.compile(r"step (\d+) ")
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, total: int) -> None:
+        from tqdm.auto import tqdm
+
         self.path, self.offset = path, 0
+        self.bar = tqdm(total=total, desc="training", unit="step", dynamic_ncols=True, mininterval=1.0)
+
+    def close(self) -> None:
+        self.bar.close()
 
     def echo(self) -> None:
         if not self.path.exists():
@@ -114,6 +124,8 @@ class _LogFollower:
         for line in complete.splitlines():
             if self._INTERESTING.search(line):
                 logger.info("%s", line.split(" - ", 1)[-1].strip())
+            if (step := self._STEP.search(line)) and int(step.group(1)) > self.bar.n:
+                self.bar.update(int(step.group(1)) - self.bar.n)
 
 
 _COMMUNICATION = re.compile(r"gloo|IoException|Connection reset|NCCL|Broken pipe|socket", re.IGNORECASE)
