@@ -1,0 +1,37 @@
+"""Typed configuration of the averaging stage (``conf/base/parameters_averaging.yml``, block ``averaging``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from train_deploy.config import check, from_mapping
+
+
+@dataclass(kw_only=True, slots=True)
+class AveragingConfig:
+    select: Literal["last_k", "steps", "up_to_step", "best_k"] = "last_k"
+    """last_k: the K newest; steps: exactly `steps`; up_to_step: the K newest at or below `max_step`;
+    best_k: the K with the lowest validation loss recorded in their state.json."""
+    k: int = 3
+    steps: list[int] = field(default_factory=list)
+    max_step: int | None = None
+    method: Literal["uniform", "ema"] = "uniform"
+    """uniform: plain mean; ema: the i-th newest checkpoint weighs decay**i (normalised)."""
+    decay: float = 0.5
+    too_few: Literal["raise", "warn"] = "raise"
+    """Fewer checkpoints than k: stop with an error, or warn and average what exists."""
+    choose: Literal["better", "averaged", "last"] = "better"
+    """Which checkpoint the evaluation node passes on to export."""
+    output_dir: str = "data/06_models/averaged"
+
+    def __post_init__(self) -> None:
+        check(self.k >= 1, "averaging.k", "must be at least 1")
+        check(0.0 < self.decay <= 1.0, "averaging.decay", "must be in (0, 1]")
+        check(self.select != "steps" or bool(self.steps), "averaging.steps", "select: steps needs a list of steps")
+        check(self.select != "up_to_step" or self.max_step is not None, "averaging.max_step",
+              "select: up_to_step needs max_step")
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> AveragingConfig:
+        return from_mapping(cls, params, "averaging")

@@ -1,0 +1,125 @@
+"""Averaging: numerics against numpy, selection, and every mismatch by its message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from train_deploy.averaging.average import (
+    average_checkpoints,
+    averaging_weights,
+    check_compatible,
+    select_checkpoints,
+)
+from train_deploy.averaging.config import AveragingConfig
+from train_deploy.training.checkpoint import CheckpointError
+
+MODEL_CONFIG = {"hidden_size": 8, "vocab_size": 16}
+
+
+def make_checkpoint(folder: Path, step: int, seed: int, val_loss: float | None = None, **changes) -> Path:
+    rng = np.random.RandomState(seed)
+    tensors = {"a.weight": rng.randn(4, 8).astype(np.float32), "b.bias": rng.randn(8).astype(np.float32),
+               "counter": np.array([step, step * 2], dtype=np.int64)}
+    tensors.update(changes.pop("tensors", {}))
+    for key in changes.pop("drop", []):
+        tensors.pop(key)
+    path = folder / f"step_{step:08d}"
+    path.mkdir(parents=True)
+    save_file(tensors, str(path / "model.safetensors"))
+    state = {"step": step, "val_loss": val_loss, "model_config": changes.pop("model_config", MODEL_CONFIG)}
+    (path / "state.json").write_text(json.dumps(state))
+    return path
+
+
+@pytest.fixture
+def run(tmp_path) -> Path:
+    folder = tmp_path / "checkpoints"
+    for i, loss in zip(range(1, 6), [5.0, 4.0, 3.5, 3.6, 3.55], strict=True):
+        make_checkpoint(folder, step=10 * i, seed=i, val_loss=loss)
+    return folder
+
+
+def test_uniform_average_equals_the_numpy_mean_tensor_by_tensor(run, tmp_path):
+    config = AveragingConfig(k=3)
+    chosen = select_checkpoints(run, config)
+    assert [p.name for p in chosen] == ["step_00000030", "step_00000040", "step_00000050"]
+    out = average_checkpoints(chosen, config, tmp_path / "out")
+    averaged = load_file(str(out / "model.safetensors"))
+    sources = [load_file(str(p / "model.safetensors")) for p in chosen]
+    for key in ("a.weight", "b.bias"):
+        np.testing.assert_allclose(averaged[key], np.mean([s[key] for s in sources], axis=0), rtol=1e-6, atol=1e-7)
+        assert averaged[key].dtype == np.float32
+    assert (averaged["counter"] == sources[-1]["counter"]).all()  # integers: from the newest
+    state = json.loads((out / "state.json").read_text())
+    assert state["step"] == 50 and state["averaged"]["copied_from_newest"] == ["counter"]
+    assert [s["step"] for s in state["averaged"]["sources"]] == [30, 40, 50]
+    assert all(len(s["blake2b"]) == 32 for s in state["averaged"]["sources"])
+
+
+def test_exponential_average_follows_its_formula(run, tmp_path):
+    config = AveragingConfig(k=3, method="ema", decay=0.5)
+    weights = averaging_weights(3, config)
+    np.testing.assert_allclose(weights, np.array([0.25, 0.5, 1.0]) / 1.75)
+    chosen = select_checkpoints(run, config)
+    averaged = load_file(str(average_checkpoints(chosen, config, tmp_path / "out") / "model.safetensors"))
+    sources = [load_file(str(p / "model.safetensors"))["a.weight"] for p in chosen]
+    np.testing.assert_allclose(averaged["a.weight"], sum(w * s for w, s in zip(weights, sources, strict=True)),
+                               rtol=1e-6, atol=1e-7)
+
+
+def test_one_checkpoint_is_the_identity(run, tmp_path):
+    config = AveragingConfig(k=1)
+    (chosen,) = select_checkpoints(run, config)
+    averaged = load_file(str(average_checkpoints([chosen], config, tmp_path / "out") / "model.safetensors"))
+    original = load_file(str(chosen / "model.safetensors"))
+    assert all((averaged[k] == original[k]).all() for k in original)
+
+
+def test_selection_by_steps_range_and_best_validation_loss(run):
+    names = lambda paths: [p.name[-2:] for p in paths]  # noqa: E731
+    assert names(select_checkpoints(run, AveragingConfig(select="steps", steps=[20, 40]))) == ["20", "40"]
+    assert names(select_checkpoints(run, AveragingConfig(select="up_to_step", max_step=35, k=2))) == ["20", "30"]
+    assert names(select_checkpoints(run, AveragingConfig(select="best_k", k=3))) == ["30", "40", "50"]
+    assert names(select_checkpoints(run, AveragingConfig(select="best_k", k=2))) == ["30", "50"]
+
+
+def test_too_few_checkpoints_is_an_error_or_a_warning(run, caplog):
+    with pytest.raises(CheckpointError, match=r"5 checkpoint\(s\) fit averaging.select=last_k, fewer than k=8"):
+        select_checkpoints(run, AveragingConfig(k=8))
+    assert len(select_checkpoints(run, AveragingConfig(k=8, too_few="warn"))) == 5
+    assert "fewer than k=8" in caplog.text
+    with pytest.raises(CheckpointError, match=r"no complete checkpoint for step 35"):
+        select_checkpoints(run, AveragingConfig(select="steps", steps=[30, 35]))
+
+
+def test_mismatched_keys_shapes_dtypes_and_configs_name_the_key_and_both_files(tmp_path):
+    base = make_checkpoint(tmp_path / "x", 1, seed=1)
+    cases = [
+        (dict(drop=["b.bias"]), r"tensor 'b.bias' is in .*step_00000001/model.safetensors but not in "
+                                r".*step_00000002/model.safetensors"),
+        (dict(tensors={"a.weight": np.zeros((4, 9), np.float32)}), r"tensor 'a.weight': shape \[4, 8\] in .*step_00000001"
+                                                                   r".* but \[4, 9\] in .*step_00000002"),
+        (dict(tensors={"b.bias": np.zeros(8, np.float16)}), r"tensor 'b.bias': dtype F32 in .* but F16 in"),
+        (dict(model_config={"hidden_size": 16}), r"model configuration differs between .*step_00000001/state.json and"),
+    ]
+    for i, (changes, message) in enumerate(cases):
+        other = make_checkpoint(tmp_path / f"y{i}", 2, seed=2, **changes)
+        with pytest.raises(CheckpointError, match=message):
+            check_compatible([base, other])
+
+
+def test_truncated_or_corrupt_file_is_named(run, tmp_path):
+    chosen = select_checkpoints(run, AveragingConfig(k=2))
+    model = chosen[-1] / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:-10])
+    with pytest.raises(CheckpointError, match=rf"{model}: truncated \(\d+ bytes, the header describes \d+\)"):
+        average_checkpoints(chosen, AveragingConfig(k=2), tmp_path / "out")
+    model.write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match=rf"{model}: (truncated|not a safetensors file)"):
+        check_compatible(chosen)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
