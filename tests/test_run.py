@@ -97,3 +97,10 @@ def test_kedro_run_corpus_then_training_logs_step_history_and_resolved_layout(pr
     assert run.data.params["training.resolved.dp"] == "2"
     assert run.data.params["training.resolved.accumulation_steps"] == "1"
     assert run.data.params["training.model.preset"] == "tiny"
+
+    # Averaging ran after training: both perplexities in the same run, and a choice with its reason.
+    assert {"averaging.last_perplexity", "averaging.averaged_perplexity"} <= set(run.data.metrics)
+    selected = json.loads((project / "data/06_models/selected_checkpoint.json").read_text(encoding="utf-8"))
+    assert selected["which"] in ("averaged", "last") and "validation loss" in selected["reason"]
+    averaged = json.loads((project / "data/06_models/averaged_checkpoint.json").read_text(encoding="utf-8"))
+    assert len(averaged["sources"]) == 2  # checkpoints at steps 2 and 4; k=3 with too_few: warn

@@ -1,0 +1,5 @@
+"""Checkpoint averaging and evaluation stage."""
+
+from .pipeline import create_pipeline
+
+__all__ = ["create_pipeline"]
