@@ -58,7 +58,7 @@ def test_uniform_average_equals_the_numpy_mean_tensor_by_tensor(run, tmp_path):
     state = json.loads((out / "state.json").read_text())
     assert state["step"] == 50 and state["averaged"]["copied_from_newest"] == ["counter"]
     assert [s["step"] for s in state["averaged"]["sources"]] == [30, 40, 50]
-    assert all(len(s["blake2b"]) == 32 for s in state["averaged"]["sources"])
+    assert all(len(s["xxh3_128"]) == 32 for s in state["averaged"]["sources"])
 
 
 def test_exponential_average_follows_its_formula(run, tmp_path):
@@ -123,3 +123,42 @@ def test_truncated_or_corrupt_file_is_named(run, tmp_path):
     with pytest.raises(CheckpointError, match=rf"{model}: (truncated|not a safetensors file)"):
         check_compatible(chosen)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_bfloat16_checkpoints_average_in_float32_and_stay_bfloat16(tmp_path):
+    import paddle
+    from safetensors.paddle import load_file as load_paddle
+    from safetensors.paddle import save_file as save_paddle
+
+    folders = []
+    for step, value in ((1, 1.0), (2, 2.0), (3, 4.0)):
+        folder = tmp_path / "ck" / f"step_{step:08d}"
+        folder.mkdir(parents=True)
+        save_paddle({"w": paddle.full([3, 5], value, dtype="bfloat16")}, str(folder / "model.safetensors"))
+        (folder / "state.json").write_text(json.dumps({"step": step, "model_config": MODEL_CONFIG}))
+        folders.append(folder)
+    out = average_checkpoints(folders, AveragingConfig(k=3), tmp_path / "out")
+    averaged = load_paddle(str(out / "model.safetensors"))["w"]
+    assert averaged.dtype == paddle.bfloat16
+    np.testing.assert_allclose(averaged.astype("float32").numpy(), np.full((3, 5), 7 / 3), rtol=1e-2)
+
+
+def test_averaged_checkpoint_loads_into_the_model_and_evaluates(tmp_path):
+    import paddle
+
+    from train_deploy.averaging.evaluate import load_model, validation_loss
+    from train_deploy.training.checkpoint import write_checkpoint
+    from train_deploy.training.config import TrainingConfig
+    from train_deploy.training.model import build_model
+
+    config = TrainingConfig.from_params({"model": {"preset": "tiny"}})
+    for step in (1, 2):
+        paddle.seed(step)
+        model = build_model(config, vocab_size=64, eos_id=2)
+        write_checkpoint(tmp_path / "ck", step, dict(model.named_parameters()), {},
+                         {"step": step, "model_config": model.config.to_dict()}, keep_last=5)
+    chosen = select_checkpoints(tmp_path / "ck", AveragingConfig(k=2))
+    out = average_checkpoints(chosen, AveragingConfig(k=2), tmp_path / "out")
+    windows = np.random.RandomState(0).randint(0, 64, size=(4, 17))
+    loss = validation_loss(load_model(out), windows)
+    assert 2.0 < loss < 6.0  # an untrained 64-word model: about ln(64) = 4.16

@@ -8,7 +8,6 @@ one tensor, whatever K is. Integer and boolean tensors are copied from the newes
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -107,45 +106,27 @@ def check_compatible(paths: list[Path]) -> dict[str, Any]:
 
 def average_checkpoints(paths: list[Path], config: AveragingConfig, output_dir: Path) -> Path:
     """Average ``paths`` (oldest first) into ``output_dir`` atomically; return the new checkpoint folder."""
-    from safetensors import safe_open
-    from safetensors.paddle import save_file
-
     header = check_compatible(paths)
     weights = averaging_weights(len(paths), config)
-    averaged, copied = {}, []
-    with ExitStack() as stack:
-        handles = [stack.enter_context(safe_open(str(p / MODEL_FILE), framework="paddle")) for p in paths]
-        for key in sorted(header):
-            if header[key]["dtype"] not in _FLOATING:
-                averaged[key] = handles[-1].get_tensor(key)
-                copied.append(key)
-                continue
-            total, dtype = None, None
-            for handle, weight in zip(handles, weights, strict=True):
-                tensor = handle.get_tensor(key)
-                dtype = tensor.dtype
-                term = tensor.astype("float32") * float(weight)
-                total = term if total is None else total + term
-                del tensor, term
-            averaged[key] = total.astype(dtype)  # accumulated in float32, stored as the checkpoints store it
-    newest = read_state(paths[-1])
-    state = {
-        **{k: newest[k] for k in ("step", "model_config", "data", "training", "parameters") if k in newest},
-        "val_loss": None,
-        "averaged": {
-            "method": config.method, "decay": config.decay if config.method == "ema" else None,
-            "weights": [float(w) for w in weights],
-            "sources": [{"path": str(p), "step": read_state(p)["step"], "blake2b": _file_hash(p / MODEL_FILE)}
-                        for p in paths],
-            "copied_from_newest": copied,
-            "note": "integer and boolean tensors are not averaged: they are taken from the newest checkpoint",
-        },
-    }
     output_dir.mkdir(parents=True, exist_ok=True)
     final = output_dir / f"averaged_{paths[0].name}_{paths[-1].name}"
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=output_dir))
     try:
-        save_file(averaged, str(tmp / MODEL_FILE), metadata={"format": "pt", "method": config.method})
+        copied, hashes = _write_average([p / MODEL_FILE for p in paths], weights, header, tmp / MODEL_FILE,
+                                        metadata={"format": "pt", "method": config.method})
+        newest = read_state(paths[-1])
+        state = {
+            **{k: newest[k] for k in ("step", "model_config", "data", "training", "parameters") if k in newest},
+            "val_loss": None,
+            "averaged": {
+                "method": config.method, "decay": config.decay if config.method == "ema" else None,
+                "weights": [float(w) for w in weights],
+                "sources": [{"path": str(p), "step": read_state(p)["step"], "xxh3_128": h}
+                            for p, h in zip(paths, hashes, strict=True)],
+                "copied_from_newest": copied,
+                "note": "integer and boolean tensors are not averaged: they are taken from the newest checkpoint",
+            },
+        }
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
         for name in (MODEL_FILE, STATE_FILE):
             fsync_file(tmp / name)
@@ -159,9 +140,85 @@ def average_checkpoints(paths: list[Path], config: AveragingConfig, output_dir: 
     return final
 
 
-def _file_hash(path: Path) -> str:
-    digest = hashlib.blake2b(digest_size=16)
+# safetensors dtype names → numpy (bfloat16 through ml_dtypes, which Paddle depends on)
+def _numpy_dtype(name: str) -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype({"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+                     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
+                     "BOOL": np.bool_}[name])
+
+
+def _write_average(files: list[Path], weights: np.ndarray, header: dict[str, Any], out: Path,
+                   metadata: dict[str, str]) -> tuple[list[str], list[str]]:
+    """Stream the weighted average into a safetensors file, one tensor in memory at a time.
+
+    Tensors are read with positioned reads, not memory maps: mapped pages of K multi-GB inputs would
+    count as this process's resident memory. Every input byte is read exactly once, in file order, and
+    hashed on the way (xxh3-128). Returns the names copied from the newest file and the inputs' hashes.
+    """
+    import xxhash
+
+    keys = sorted(header, key=lambda k: header[k]["data_offsets"][0])
+    layout, offset = {}, 0
+    for key in keys:
+        size = header[key]["data_offsets"][1] - header[key]["data_offsets"][0]
+        layout[key] = {"dtype": header[key]["dtype"], "shape": header[key]["shape"],
+                       "data_offsets": [offset, offset + size]}
+        offset += size
+    encoded = json.dumps({"__metadata__": metadata, **layout}, separators=(",", ":")).encode()
+    encoded += b" " * (-len(encoded) % 8)  # safetensors aligns the data to 8 bytes
+    copied = []
+    uniform = bool(np.allclose(weights, weights[0]))
+    hashers = [xxhash.xxh3_128() for _ in files]
+    with ExitStack() as stack:
+        sources = [(stack.enter_context(open(f, "rb")), 8 + _header_length(f)) for f in files]
+        for (f, base), hasher in zip(sources, hashers, strict=True):
+            hasher.update(os.pread(f.fileno(), base, 0))  # the header; the tensors follow in offset order
+        with open(out, "wb") as sink:
+            sink.write(struct.pack("<Q", len(encoded)) + encoded)
+            for key in keys:
+                info = header[key]
+                dtype = _numpy_dtype(info["dtype"])
+                start, stop = info["data_offsets"]
+                if info["dtype"] not in _FLOATING:
+                    for (f, base), hasher in zip(sources, hashers, strict=True):
+                        data = os.pread(f.fileno(), stop - start, base + start)
+                        hasher.update(data)
+                    sink.write(data)  # the newest file's
+                    copied.append(key)
+                    continue
+                raw = np.empty(stop - start, dtype=np.uint8)  # one read buffer, reused for every input
+                tensor = raw.view(dtype)
+                total = np.zeros(tensor.shape, dtype=np.float32)
+                scaled = None if uniform else np.empty_like(total)
+                for (f, base), weight, hasher in zip(sources, weights, hashers, strict=True):
+                    _read_into(f, raw, base + start)
+                    hasher.update(raw)
+                    if uniform:  # sum now, scale once at the end: no temporary per input
+                        np.add(total, tensor, out=total)
+                    else:
+                        np.multiply(tensor, np.float32(weight), out=scaled)
+                        np.add(total, scaled, out=total)
+                if uniform:
+                    total *= np.float32(weights[0])
+                result = total if dtype == np.float32 else total.astype(dtype)
+                sink.write(result.reshape(-1).view(np.uint8))
+        for f, base in sources:  # bytes after the last tensor (none in a well-formed file) still count
+            tail_start = base + max((t["data_offsets"][1] for t in header.values()), default=0)
+            hashers[sources.index((f, base))].update(os.pread(f.fileno(), 1 << 20, tail_start))
+    return copied, [h.hexdigest() for h in hashers]
+
+
+def _read_into(f, buffer: np.ndarray, offset: int) -> None:
+    view, done = memoryview(buffer).cast("B"), 0
+    while done < len(view):
+        got = os.preadv(f.fileno(), [view[done:]], offset + done)
+        if got == 0:
+            raise CheckpointError(f"{f.name}: truncated while reading")
+        done += got
+
+
+def _header_length(path: Path) -> int:
     with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            digest.update(block)
-    return digest.hexdigest()
+        return struct.unpack("<Q", f.read(8))[0]
