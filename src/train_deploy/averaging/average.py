@@ -14,6 +14,7 @@ import os
 import shutil
 import struct
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,7 @@ def _write_average(files: list[Path], weights: np.ndarray, header: dict[str, Any
     uniform = bool(np.allclose(weights, weights[0]))
     hashers = [xxhash.xxh3_128() for _ in files]
     with ExitStack() as stack:
+        reader = stack.enter_context(ThreadPoolExecutor(max_workers=1))
         sources = [(stack.enter_context(open(f, "rb")), 8 + _header_length(f)) for f in files]
         for (f, base), hasher in zip(sources, hashers, strict=True):
             hasher.update(os.pread(f.fileno(), base, 0))  # the header; the tensors follow in offset order
@@ -188,13 +190,22 @@ def _write_average(files: list[Path], weights: np.ndarray, header: dict[str, Any
                     sink.write(data)  # the newest file's
                     copied.append(key)
                     continue
-                raw = np.empty(stop - start, dtype=np.uint8)  # one read buffer, reused for every input
-                tensor = raw.view(dtype)
-                total = np.zeros(tensor.shape, dtype=np.float32)
+                # Two read buffers: the next input is read and hashed in a thread while this one is added.
+                buffers = [np.empty(stop - start, dtype=np.uint8) for _ in range(min(2, len(sources)))]
+                total = np.zeros(buffers[0].view(dtype).shape, dtype=np.float32)
                 scaled = None if uniform else np.empty_like(total)
-                for (f, base), weight, hasher in zip(sources, weights, hashers, strict=True):
-                    _read_into(f, raw, base + start)
-                    hasher.update(raw)
+
+                def fetch(i: int, start: int = start, stop: int = stop, buffers=buffers) -> np.ndarray:
+                    (f, base), buffer = sources[i], buffers[i % len(buffers)]
+                    _read_into(f, buffer, base + start)
+                    hashers[i].update(buffer)
+                    return buffer
+
+                pending = reader.submit(fetch, 0)
+                for i, weight in enumerate(weights):
+                    tensor = pending.result().view(dtype)
+                    if i + 1 < len(sources):
+                        pending = reader.submit(fetch, i + 1)
                     if uniform:  # sum now, scale once at the end: no temporary per input
                         np.add(total, tensor, out=total)
                     else:
