@@ -41,8 +41,9 @@ def train_model(training: dict[str, Any], token_manifest: dict[str, Any], tokeni
 
 
 def _run_name(training: dict[str, Any], token_manifest: dict[str, Any]) -> str:
-    """Checkpoints of one corpus and one model/schedule configuration share a folder: resume stays within it."""
-    relevant = {k: v for k, v in training.items() if k not in ("launch", "device")}
+    """Checkpoints of one corpus and one model/optimiser/schedule configuration share a folder, so a
+    rerun resumes there; the parallel layout and the launch are left out: a job may resume on another."""
+    relevant = {k: v for k, v in training.items() if k not in ("launch", "device", "parallel")}
     digest = hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=4).hexdigest()
     return f"{token_manifest['fingerprint'][:12]}-{digest}"
 
