@@ -232,7 +232,7 @@ def _run_workers(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInf
     cursor = ctx.Value("q", 0)
     init_args = (config, tokenizer, work, progress, cursor)
     _init_worker(*init_args)
-    bar = _ProgressBar(config.encoding.progress, plan)
+    bar = _ProgressBar(config.encoding.progress)
     pool = ctx.Pool(workers - 1, initializer=_init_worker, initargs=init_args) if workers > 1 else None
     try:
         helpers = [pool.apply_async(_drain, (plan.chunks,)) for _ in range(workers - 1)] if pool else []
@@ -273,7 +273,7 @@ def _drain(chunks: list[Chunk], between_chunks=None) -> list[ChunkResult]:
 
 
 class _ProgressBar:
-    def __init__(self, enabled: bool, plan: CorpusPlan) -> None:
+    def __init__(self, enabled: bool) -> None:
         self._bar = None
         if enabled:
             from tqdm.auto import tqdm
