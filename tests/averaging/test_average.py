@@ -162,3 +162,17 @@ def test_averaged_checkpoint_loads_into_the_model_and_evaluates(tmp_path):
     windows = np.random.RandomState(0).randint(0, 64, size=(4, 17))
     loss = validation_loss(load_model(out), windows)
     assert 2.0 < loss < 6.0  # an untrained 64-word model: about ln(64) = 4.16
+
+
+@pytest.mark.parametrize("method", ["uniform", "ema"])
+def test_large_tensors_split_across_threads_average_the_same(tmp_path, method):
+    big = {"big.weight": None}
+    folders = []
+    for step in (1, 2, 3):
+        big["big.weight"] = np.random.RandomState(step).randn(1024, 2100).astype(np.float32)  # > 2M elements
+        folders.append(make_checkpoint(tmp_path / "ck", step, seed=step, tensors=dict(big)))
+    config = AveragingConfig(k=3, method=method, decay=0.5)
+    out = load_file(str(average_checkpoints(folders, config, tmp_path / "out") / "model.safetensors"))
+    sources = [load_file(str(f / "model.safetensors"))["big.weight"] for f in folders]
+    expected = sum(w * s for w, s in zip(averaging_weights(3, config), sources, strict=True))
+    np.testing.assert_allclose(out["big.weight"], expected, rtol=1e-5, atol=1e-6)

@@ -174,6 +174,7 @@ def _write_average(files: list[Path], weights: np.ndarray, header: dict[str, Any
     hashers = [xxhash.xxh3_128() for _ in files]
     with ExitStack() as stack:
         reader = stack.enter_context(ThreadPoolExecutor(max_workers=1))
+        compute = stack.enter_context(ThreadPoolExecutor(max_workers=_COMPUTE_THREADS))
         sources = [(stack.enter_context(open(f, "rb")), 8 + _header_length(f)) for f in files]
         for (f, base), hasher in zip(sources, hashers, strict=True):
             hasher.update(os.pread(f.fileno(), base, 0))  # the header; the tensors follow in offset order
@@ -192,8 +193,7 @@ def _write_average(files: list[Path], weights: np.ndarray, header: dict[str, Any
                     continue
                 # Two read buffers: the next input is read and hashed in a thread while this one is added.
                 buffers = [np.empty(stop - start, dtype=np.uint8) for _ in range(min(2, len(sources)))]
-                total = np.zeros(buffers[0].view(dtype).shape, dtype=np.float32)
-                scaled = None if uniform else np.empty_like(total)
+                total = np.empty(buffers[0].view(dtype).shape, dtype=np.float32)
 
                 def fetch(i: int, start: int = start, stop: int = stop, buffers=buffers) -> np.ndarray:
                     (f, base), buffer = sources[i], buffers[i % len(buffers)]
@@ -206,19 +206,49 @@ def _write_average(files: list[Path], weights: np.ndarray, header: dict[str, Any
                     tensor = pending.result().view(dtype)
                     if i + 1 < len(sources):
                         pending = reader.submit(fetch, i + 1)
-                    if uniform:  # sum now, scale once at the end: no temporary per input
-                        np.add(total, tensor, out=total)
-                    else:
-                        np.multiply(tensor, np.float32(weight), out=scaled)
-                        np.add(total, scaled, out=total)
+                    # Uniform: sum, then scale once. Weighted: scale each input as it is added.
+                    _accumulate(compute, total, tensor, None if uniform else np.float32(weight), first=i == 0)
                 if uniform:
-                    total *= np.float32(weights[0])
+                    _split(compute, lambda t: np.multiply(t, np.float32(weights[0]), out=t), total)
                 result = total if dtype == np.float32 else total.astype(dtype)
                 sink.write(result.reshape(-1).view(np.uint8))
         for f, base in sources:  # bytes after the last tensor (none in a well-formed file) still count
             tail_start = base + max((t["data_offsets"][1] for t in header.values()), default=0)
             hashers[sources.index((f, base))].update(os.pread(f.fileno(), 1 << 20, tail_start))
     return copied, [h.hexdigest() for h in hashers]
+
+
+_COMPUTE_THREADS = max(1, min(4, os.cpu_count() or 1))
+_SPLIT_ELEMENTS = 1 << 20  # smaller tensors are not worth a thread hand-off
+
+
+def _split(pool: ThreadPoolExecutor, operation, *arrays: np.ndarray) -> None:
+    """Apply an in-place elementwise ``operation`` to slices of flat views in parallel (numpy releases the GIL)."""
+    flats = [a.reshape(-1) for a in arrays]
+    size = flats[0].size
+    if size < _SPLIT_ELEMENTS or _COMPUTE_THREADS == 1:
+        operation(*flats)
+        return
+    bounds = np.linspace(0, size, _COMPUTE_THREADS + 1, dtype=np.int64)
+    futures = [pool.submit(operation, *(f[lo:hi] for f in flats)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    for future in futures:
+        future.result()
+
+
+def _accumulate(pool: ThreadPoolExecutor, total: np.ndarray, tensor: np.ndarray, weight, first: bool) -> None:
+    """total (=|+=) tensor (× weight), in float32, without temporaries."""
+    if first:
+        if weight is None:
+            _split(pool, lambda t, x: np.copyto(t, x, casting="unsafe"), total, tensor)
+        else:
+            _split(pool, lambda t, x: np.multiply(x, weight, out=t, casting="unsafe"), total, tensor)
+    elif weight is None:
+        _split(pool, lambda t, x: np.add(t, x, out=t, casting="unsafe"), total, tensor)
+    else:
+        def fused(t, x):
+            t += x.astype(np.float32) * weight  # one slice-sized temporary per thread
+
+        _split(pool, fused, total, tensor)
 
 
 def _read_into(f, buffer: np.ndarray, offset: int) -> None:
