@@ -53,7 +53,6 @@ def prepare_tokens() -> dict:
 
 def plain_loop(data: dict, steps: int) -> dict:
     """(a): the textbook single-process loop on the same model, data order and batch."""
-    import numpy as np
     import paddle
 
     from train_deploy.training.config import TrainingConfig

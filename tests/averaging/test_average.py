@@ -102,8 +102,8 @@ def test_mismatched_keys_shapes_dtypes_and_configs_name_the_key_and_both_files(t
     cases = [
         (dict(drop=["b.bias"]), r"tensor 'b.bias' is in .*step_00000001/model.safetensors but not in "
                                 r".*step_00000002/model.safetensors"),
-        (dict(tensors={"a.weight": np.zeros((4, 9), np.float32)}), r"tensor 'a.weight': shape \[4, 8\] in .*step_00000001"
-                                                                   r".* but \[4, 9\] in .*step_00000002"),
+        (dict(tensors={"a.weight": np.zeros((4, 9), np.float32)}),
+         r"tensor 'a.weight': shape \[4, 8\] in .*step_00000001.* but \[4, 9\] in .*step_00000002"),
         (dict(tensors={"b.bias": np.zeros(8, np.float16)}), r"tensor 'b.bias': dtype F32 in .* but F16 in"),
         (dict(model_config={"hidden_size": 16}), r"model configuration differs between .*step_00000001/state.json and"),
     ]

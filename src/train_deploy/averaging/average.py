@@ -230,7 +230,8 @@ def _split(pool: ThreadPoolExecutor, operation, *arrays: np.ndarray) -> None:
         operation(*flats)
         return
     bounds = np.linspace(0, size, _COMPUTE_THREADS + 1, dtype=np.int64)
-    futures = [pool.submit(operation, *(f[lo:hi] for f in flats)) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    slices = zip(bounds[:-1], bounds[1:], strict=True)
+    futures = [pool.submit(operation, *(f[lo:hi] for f in flats)) for lo, hi in slices]
     for future in futures:
         future.result()
 

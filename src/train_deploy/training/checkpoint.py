@@ -3,8 +3,8 @@
 A checkpoint is a folder ``step_00000042/`` holding ``model.safetensors`` (parameters by their
 structured names), ``optimizer.safetensors`` (AdamW moments as ``<parameter>/<state>``),
 ``rng_state.pdstates`` (Paddle's generator state) and ``state.json`` (step, consumed samples,
-learning-rate position, resolved configuration, metrics). It is written under a temporary name and renamed when complete, so a folder named
-``step_*`` is always whole; only the last ``keep_last`` are kept.
+learning-rate position, resolved configuration, metrics). It is written under a temporary name and
+renamed when complete, so a folder named ``step_*`` is always whole; only the last ``keep_last`` are kept.
 """
 
 from __future__ import annotations

@@ -144,7 +144,8 @@ class TrainingConfig:
         check(b.micro_batch_size >= 1 and b.global_batch_size >= 1 and b.seq_length >= 2, "training.batch",
               "sizes must be positive and seq_length at least 2")
         check(s.max_steps >= 1, "training.schedule.max_steps", "must be at least 1")
-        check(config.parallel.sharding_stage in (0, 1, 2, 3), "training.parallel.sharding_stage", "must be 0, 1, 2 or 3")
+        check(config.parallel.sharding_stage in (0, 1, 2, 3), "training.parallel.sharding_stage",
+              "must be 0, 1, 2 or 3")
         check(la.nnodes == 1 or bool(la.master), "training.launch.master",
               "a multi-node job needs host:port of node 0 (the same on every node)")
         return config

@@ -5,7 +5,8 @@
     # N processes on one machine
     python -m paddle.distributed.launch --nproc_per_node N worker.py --run run.json
     # N nodes: the same command on every node, with its own --rank (0 .. N-1)
-    python -m paddle.distributed.launch --nnodes N --master HOST:PORT --rank R --nproc_per_node G worker.py --run run.json
+    python -m paddle.distributed.launch --nnodes N --master HOST:PORT --rank R --nproc_per_node G \
+        worker.py --run run.json
 
 ``run.json`` is written by the Kedro node (``train_deploy.training.launch``): the ``training`` parameter
 block, where the token files are, and the MLflow run to log into. The loop reads top to bottom:

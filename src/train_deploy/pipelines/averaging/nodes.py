@@ -36,7 +36,8 @@ def evaluate(averaging: dict[str, Any], averaged_checkpoint: dict[str, Any],
               (("last", last), ("averaged", averaged))}
     better = "averaged" if losses["averaged"] <= losses["last"] else "last"
     chosen = better if config.choose == "better" else config.choose
-    reason = (f"{chosen}: validation loss {losses[chosen]:.4f} vs {losses['last' if chosen == 'averaged' else 'averaged']:.4f}"
+    other = "last" if chosen == "averaged" else "averaged"
+    reason = (f"{chosen}: validation loss {losses[chosen]:.4f} vs {losses[other]:.4f}"
               + ("" if config.choose == "better" else f" (averaging.choose: {config.choose})"))
     logger.info("Selected the %s checkpoint: %s", chosen, reason)
     selected = {"path": str(averaged if chosen == "averaged" else last), "which": chosen, "reason": reason,
