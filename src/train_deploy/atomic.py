@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,33 @@ def atomic_path(final: Path) -> Iterator[Path]:
         fsync_dir(final.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_folder(final: Path) -> Iterator[Path]:
+    """Yield an empty folder beside ``final``; on success its files are fsynced and it replaces ``final``.
+
+    An existing ``final`` is moved aside first and removed after the swap, so ``final`` is always either
+    the old folder or the complete new one; on error the new folder is removed.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        yield tmp
+        for path in tmp.rglob("*"):
+            if path.is_file():
+                fsync_file(path)
+        old = None
+        if final.exists():
+            old = final.with_name(f".{final.name}.old-{os.getpid()}")
+            os.replace(final, old)
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_json(path: Path, payload: Any) -> None:

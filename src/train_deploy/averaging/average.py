@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import struct
-import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -21,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from train_deploy.atomic import fsync_dir, fsync_file
+from train_deploy.atomic import atomic_folder
 from train_deploy.averaging.config import AveragingConfig
 from train_deploy.training.checkpoint import MODEL_FILE, STATE_FILE, CheckpointError, complete_checkpoints, read_state
 
@@ -109,10 +107,8 @@ def average_checkpoints(paths: list[Path], config: AveragingConfig, output_dir: 
     """Average ``paths`` (oldest first) into ``output_dir`` atomically; return the new checkpoint folder."""
     header = check_compatible(paths)
     weights = averaging_weights(len(paths), config)
-    output_dir.mkdir(parents=True, exist_ok=True)
     final = output_dir / f"averaged_{paths[0].name}_{paths[-1].name}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=output_dir))
-    try:
+    with atomic_folder(final) as tmp:
         copied, hashes = _write_average([p / MODEL_FILE for p in paths], weights, header, tmp / MODEL_FILE,
                                         metadata={"format": "pt", "method": config.method})
         newest = read_state(paths[-1])
@@ -129,14 +125,6 @@ def average_checkpoints(paths: list[Path], config: AveragingConfig, output_dir: 
             },
         }
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
-        for name in (MODEL_FILE, STATE_FILE):
-            fsync_file(tmp / name)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync_dir(output_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     logger.info("Averaged %d checkpoints (%s) → %s", len(paths), config.method, final)
     return final
 

@@ -14,12 +14,11 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from train_deploy.atomic import fsync_dir
+from train_deploy.atomic import atomic_folder
 from train_deploy.corpus.config import TokenizerConfig
 from train_deploy.corpus.readers import CorpusError
 
@@ -102,7 +101,7 @@ def train_tokenizer(sentences: Iterable[str], config: TokenizerConfig, output_di
         reason = str(exc).split("] ", 1)[-1].strip()  # drop SentencePiece's source location and assertion
         raise CorpusError(f"SentencePiece training failed on {counted.count} sentences (corpus.tokenizer): "
                           f"{reason}") from None
-    with _staging(output_dir) as staging:
+    with atomic_folder(output_dir) as staging:
         sp_file = staging / SP_MODEL_FILE
         sp_file.write_bytes(model.getvalue())
         _save_llama_tokenizer(sp_file, staging)
@@ -131,7 +130,7 @@ def load_tokenizer(source: Path, output_dir: Path, fingerprint: str) -> Tokenize
         processor = spm.SentencePieceProcessor(model_file=str(sp_file))
         if processor.encode(_PROBE) == tokenizer(_PROBE, add_special_tokens=False)["input_ids"]:
             encoder = "sentencepiece"
-    with _staging(output_dir) as staging:
+    with atomic_folder(output_dir) as staging:
         shutil.copytree(source, staging, dirs_exist_ok=True)
         (staging / INFO_FILE).unlink(missing_ok=True)
         info = TokenizerInfo(path=str(output_dir), vocab_size=len(tokenizer), eos_id=int(eos),
@@ -231,28 +230,3 @@ def _hash_folder(folder: Path) -> str:
         digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
         digest.update(path.read_bytes())
     return digest.hexdigest()
-
-
-class _staging:
-    """Build a folder beside ``final`` and swap it in only when complete."""
-
-    def __init__(self, final: Path) -> None:
-        self.final = final
-
-    def __enter__(self) -> Path:
-        self.final.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.final.name}.", dir=self.final.parent))
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            return
-        old = None
-        if self.final.exists():
-            old = self.final.with_name(f".{self.final.name}.old-{os.getpid()}")
-            os.replace(self.final, old)
-        os.replace(self.tmp, self.final)
-        fsync_dir(self.final.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)

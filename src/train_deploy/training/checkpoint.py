@@ -10,14 +10,12 @@ renamed when complete, so a folder named ``step_*`` is always whole; only the la
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
-from train_deploy.atomic import fsync_dir, fsync_file
+from train_deploy.atomic import atomic_folder
 
 MODEL_FILE, OPTIMIZER_FILE, STATE_FILE = "model.safetensors", "optimizer.safetensors", "state.json"
 RNG_FILE = "rng_state.pdstates"  # Paddle generator state: pickled, written and read only by this project
@@ -53,22 +51,12 @@ def write_checkpoint(output_dir: Path, step: int, model: dict[str, Any], optimiz
     from safetensors.paddle import save_file
 
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     final = step_dir(output_dir, step)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=output_dir))
-    try:
+    with atomic_folder(final) as tmp:  # a rerun of the same step replaces it whole
         save_file(model, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)})
         save_file(optimizer, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt", "step": str(step)})
         paddle.save(paddle.get_rng_state(), str(tmp / RNG_FILE))
         (tmp / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
-        for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE):
-            fsync_file(tmp / name)
-        if final.exists():  # a rerun of the same step: replace it whole
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        fsync_dir(output_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     for old in complete_checkpoints(output_dir)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
