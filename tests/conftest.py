@@ -37,3 +37,20 @@ def tiny_tokenizer(tmp_path_factory) -> dict:
 
     folder = tmp_path_factory.mktemp("tokenizer")
     return prepare_tokenizer(plan_inputs(corpus_params(folder)))
+
+
+@pytest.fixture(scope="session")
+def tiny_tokens(tmp_path_factory, tiny_tokenizer) -> dict:
+    """The `data` block of a run: the People's Daily slice encoded with the tiny tokenizer."""
+    from train_deploy.corpus.build import encode_corpus
+    from train_deploy.corpus.config import CorpusConfig
+    from train_deploy.corpus.readers import plan_corpus
+    from train_deploy.corpus.tokenizer import TokenizerInfo
+
+    folder = tmp_path_factory.mktemp("tokens")
+    config = CorpusConfig.from_params(corpus_params(folder, encoding={"validation_fraction": 0.05}))
+    manifest = encode_corpus(config, plan_corpus(config.reader), TokenizerInfo(**tiny_tokenizer))
+    tokens = Path(manifest["directory"])
+    return {"train_prefix": str(tokens / "train"), "valid_prefix": str(tokens / "valid"),
+            "dtype": manifest["tokenizer"]["dtype"], "vocab_size": tiny_tokenizer["vocab_size"],
+            "eos_id": tiny_tokenizer["eos_id"], "eval_samples": 16}

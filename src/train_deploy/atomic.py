@@ -12,6 +12,15 @@ from pathlib import Path
 from typing import Any
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _umask()
+
+
 @contextlib.contextmanager
 def atomic_path(final: Path) -> Iterator[Path]:
     """Yield a temporary path beside ``final``; on success it is fsynced and renamed to ``final``.
@@ -25,6 +34,7 @@ def atomic_path(final: Path) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; the result is an ordinary file
         fsync_file(tmp)
         os.replace(tmp, final)
         fsync_dir(final.parent)
@@ -44,6 +54,7 @@ def atomic_folder(final: Path) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         yield tmp
+        os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp creates 0700; the result is an ordinary folder
         for path in tmp.rglob("*"):
             if path.is_file():
                 fsync_file(path)

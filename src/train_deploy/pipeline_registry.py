@@ -5,7 +5,7 @@ import importlib
 from kedro.pipeline import Pipeline
 
 # Stages in the order `train_deploy` runs them; later stages join as they land.
-STAGES = ("corpus", "training", "averaging")
+STAGES = ("corpus", "training", "averaging", "export")
 
 
 def register_pipelines() -> dict[str, Pipeline]:

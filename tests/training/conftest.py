@@ -6,10 +6,8 @@ import copy
 import json
 from pathlib import Path
 
-import pytest
 from safetensors.numpy import load_file
 
-from tests.conftest import corpus_params
 from train_deploy.training.config import TrainingConfig
 from train_deploy.training.launch import run_launcher, write_run_file
 
@@ -19,23 +17,6 @@ TINY_TRAINING = {
     "optimizer": {"learning_rate": 2e-3, "warmup_steps": 2, "reference_batch_size": 8},
     "schedule": {"max_steps": 6, "log_every": 1, "eval_every": 3, "checkpoint_every": 3, "keep_last": 3},
 }
-
-
-@pytest.fixture(scope="session")
-def tiny_tokens(tmp_path_factory, tiny_tokenizer) -> dict:
-    """The `data` block of a run: the People's Daily slice encoded with the tiny tokenizer."""
-    from train_deploy.corpus.build import encode_corpus
-    from train_deploy.corpus.config import CorpusConfig
-    from train_deploy.corpus.readers import plan_corpus
-    from train_deploy.corpus.tokenizer import TokenizerInfo
-
-    folder = tmp_path_factory.mktemp("tokens")
-    config = CorpusConfig.from_params(corpus_params(folder, encoding={"validation_fraction": 0.05}))
-    manifest = encode_corpus(config, plan_corpus(config.reader), TokenizerInfo(**tiny_tokenizer))
-    tokens = Path(manifest["directory"])
-    return {"train_prefix": str(tokens / "train"), "valid_prefix": str(tokens / "valid"),
-            "dtype": manifest["tokenizer"]["dtype"], "vocab_size": tiny_tokenizer["vocab_size"],
-            "eos_id": tiny_tokenizer["eos_id"], "eval_samples": 16}
 
 
 def training_params(nproc: int = 1, **blocks) -> dict:

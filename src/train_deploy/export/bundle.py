@@ -1,0 +1,164 @@
+"""Build a deployable bundle from a checkpoint: server and edge models, tokenizer, proofs, model card.
+
+A bundle is one folder ``<output_dir>/<run>/<version>/``::
+
+    bundle.json      what it is: source checkpoint, model shape, tokenizer, runtime settings, files
+    server/          Paddle Inference model (model.json + model.pdiparams)
+    edge/            ONNX fp32 (model.onnx) and int8 (model.int8.onnx)
+    tokenizer/       the PaddleNLP tokenizer folder the model was trained with
+    parity.json      logits of every form against the trained model on fixed validation windows
+    latency.json     p50/p95 of one forward pass per form
+    MODEL_CARD.md    generated from all of the above
+
+It is assembled in a temporary folder and renamed into place only when parity passed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from train_deploy.atomic import atomic_folder, write_json
+from train_deploy.corpus.tokenizer import INFO_FILE, TokenizerInfo
+from train_deploy.export.card import model_card
+from train_deploy.export.checks import check_parity, latency_report, parity_report
+from train_deploy.export.config import ExportConfig
+from train_deploy.export.edge import INT8_FILE, ONNX_FILE, convert_to_onnx, quantize_int8
+from train_deploy.export.graph import eager_logits, load_inference_model, save_server_model
+from train_deploy.export.runtime import BUNDLE_FILE, OnnxRuntimeBackend, PaddleInferenceBackend
+from train_deploy.training.checkpoint import MODEL_FILE, STATE_FILE, CheckpointError, read_state
+
+logger = logging.getLogger(__name__)
+
+FORMAT = 1
+
+
+def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, config: ExportConfig, run_name: str,
+                  provenance: dict[str, Any]) -> tuple[Path, bool]:
+    """Export ``checkpoint`` into a new bundle (or find the one already exported); return it and whether reused."""
+    checkpoint = Path(checkpoint)
+    state = read_state(checkpoint)
+    check_tokenizer(tokenizer, state, checkpoint)
+    fingerprint = _fingerprint(checkpoint, tokenizer, config)
+    runs = Path(config.output_dir) / run_name
+    if config.reuse and (existing := _existing_bundle(runs, fingerprint)) is not None:
+        logger.info("Checkpoint %s was already exported with this configuration: reusing %s", checkpoint, existing)
+        return existing, True
+    version = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H.%M.%S.%fZ")
+    final = runs / version
+    with atomic_folder(final) as tmp:
+        model = load_inference_model(checkpoint)
+        prefix = save_server_model(model, tmp / "server")
+        del model
+        (tmp / "edge").mkdir()
+        onnx_file = convert_to_onnx(prefix, tmp / "edge" / ONNX_FILE, config.edge.opset)
+        if config.edge.int8:
+            quantize_int8(onnx_file, tmp / "edge" / INT8_FILE, config.edge.per_channel)
+        _copy_tokenizer(tokenizer, tmp / "tokenizer")
+        meta = _bundle_meta(state, checkpoint, tokenizer, config, fingerprint, version, provenance)
+        write_json(tmp / BUNDLE_FILE, meta)
+        parity, latency = _prove(tmp, checkpoint, state, meta, config)
+        write_json(tmp / "parity.json", parity)
+        if not parity["passed"]:  # kept for inspection; the bundle itself is never renamed into place
+            write_json(runs / f"{version}.parity-failed.json", parity)
+        check_parity(parity, str(final))
+        write_json(tmp / "latency.json", latency)
+        meta["files"] = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
+        write_json(tmp / BUNDLE_FILE, meta)
+        (tmp / "MODEL_CARD.md").write_text(model_card(meta, state, parity, latency), encoding="utf-8")
+    logger.info("Exported %s → %s", checkpoint, final)
+    return final, False
+
+
+def check_tokenizer(tokenizer: TokenizerInfo, state: dict[str, Any], checkpoint: Path) -> None:
+    """The tokenizer must be the one the checkpoint was trained with (same ids, same vocabulary)."""
+    trained = state.get("data", {})
+    model_vocab = state["model_config"]["vocab_size"]
+    if tokenizer.vocab_size > model_vocab or tokenizer.vocab_size != trained.get("vocab_size", tokenizer.vocab_size):
+        raise CheckpointError(f"{tokenizer.path}: the tokenizer has {tokenizer.vocab_size} ids but {checkpoint} was "
+                              f"trained with {trained.get('vocab_size', model_vocab)}; export with the training "
+                              "tokenizer")
+    if trained.get("tokenizer_hash") and trained["tokenizer_hash"] != tokenizer.hash:
+        raise CheckpointError(f"{tokenizer.path}: tokenizer {tokenizer.hash} is not the one {checkpoint} was trained "
+                              f"with ({trained['tokenizer_hash']}); export with the training tokenizer")
+
+
+def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str, Any],
+           config: ExportConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Parity and latency of every form, the trained model (Paddle eager) as reference."""
+    import paddle
+
+    from train_deploy.averaging.evaluate import evaluation_windows, load_model
+
+    paddle.base.core.set_num_threads(config.server.cpu_threads)  # the eager reference gets the same threads
+    trained = load_model(checkpoint)
+    forms = {"paddle_inference": PaddleInferenceBackend(folder / "server" / "model", config.server),
+             "onnx_fp32": OnnxRuntimeBackend(folder / "edge" / ONNX_FILE, config.edge.threads)}
+    if config.edge.int8:
+        forms["onnx_int8"] = OnnxRuntimeBackend(folder / "edge" / INT8_FILE, config.edge.threads)
+    context, vocab = meta["model"]["context"], meta["model"]["vocab_size"]
+    seq = min(config.parity.seq_length or state["training"]["batch"]["seq_length"], context)
+    windows = evaluation_windows(state["data"], seq, config.parity.samples)
+    parity = parity_report(windows, lambda ids, mask: eager_logits(trained, ids), forms, vocab, config.parity)
+    latency = latency_report({"paddle_eager": lambda ids, mask: eager_logits(trained, ids), **forms}, vocab,
+                             context, config.latency)
+    return parity, latency
+
+
+def _bundle_meta(state: dict[str, Any], checkpoint: Path, tokenizer: TokenizerInfo, config: ExportConfig,
+                 fingerprint: str, version: str, provenance: dict[str, Any]) -> dict[str, Any]:
+    import onnxruntime
+    import paddle
+    import paddle2onnx
+
+    model = state["model_config"]
+    return {
+        "format": FORMAT, "version": version, "fingerprint": fingerprint,
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "source": {"checkpoint": str(checkpoint), "step": state["step"], "val_loss": state.get("val_loss"),
+                   "averaged": state.get("averaged", {}).get("method"), **provenance},
+        "model": {"architecture": "llama", "parameters": state.get("parameters"), "context":
+                  model["max_position_embeddings"], "vocab_size": model["vocab_size"], "eos_id": tokenizer.eos_id,
+                  "hidden_size": model["hidden_size"], "layers": model["num_hidden_layers"],
+                  "heads": model["num_attention_heads"], "kv_heads": model.get("num_key_value_heads")},
+        "tokenizer": {**tokenizer.to_dict(), "path": "tokenizer"},
+        "too_long": config.too_long, "server": dataclasses.asdict(config.server),
+        "edge": dataclasses.asdict(config.edge),
+        "software": {"paddlepaddle": paddle.__version__, "paddle2onnx": paddle2onnx.__version__,
+                     "onnxruntime": onnxruntime.__version__},
+    }
+
+
+def _copy_tokenizer(tokenizer: TokenizerInfo, target: Path) -> None:
+    shutil.copytree(tokenizer.path, target)
+    (target / INFO_FILE).write_text(json.dumps({**tokenizer.to_dict(), "path": "tokenizer"}, indent=2), "utf-8")
+
+
+def _fingerprint(checkpoint: Path, tokenizer: TokenizerInfo, config: ExportConfig) -> str:
+    weights = checkpoint / MODEL_FILE
+    if not weights.is_file():
+        raise CheckpointError(f"{weights}: missing")
+    stat = weights.stat()
+    payload = {"checkpoint": str(checkpoint.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+               "state": (checkpoint / STATE_FILE).read_text(encoding="utf-8"), "tokenizer": tokenizer.hash,
+               "config": {k: v for k, v in config.to_dict().items() if k not in ("output_dir", "reuse")},
+               "format": FORMAT}
+    return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def _existing_bundle(runs: Path, fingerprint: str) -> Path | None:
+    if not runs.is_dir():
+        return None
+    for folder in sorted((p for p in runs.iterdir() if not p.name.startswith(".")), reverse=True):
+        try:
+            if json.loads((folder / BUNDLE_FILE).read_text(encoding="utf-8")).get("fingerprint") == fingerprint:
+                return folder
+        except (OSError, ValueError):
+            continue
+    return None

@@ -1,0 +1,99 @@
+"""MODEL_CARD.md of a bundle, generated from what the run recorded (nothing in it is written by hand)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, Any], latency: dict[str, Any]) -> str:
+    model, source, training = meta["model"], meta["source"], state.get("training", {})
+    batch, optimizer, schedule = (training.get(k, {}) for k in ("batch", "optimizer", "schedule"))
+    corpus = source.get("corpus", {})
+    files = meta.get("files", {})
+    lines = [
+        f"# Model card: train_deploy causal LM, bundle {meta['version']}",
+        "",
+        "## Model",
+        f"- Llama-architecture decoder, {_count(model.get('parameters'))} parameters: {model['layers']} layers, "
+        f"hidden size {model['hidden_size']}, {model['heads']} attention heads ({model['kv_heads']} key/value), "
+        f"context {model['context']} tokens, vocabulary {model['vocab_size']}.",
+        f"- Source checkpoint: `{source['checkpoint']}` (step {source['step']}"
+        + (f", average of checkpoints ({source['averaged']})" if source.get("averaged") else "") + ").",
+        f"- Selected because: {source['selection']}." if source.get("selection") else None,
+        "",
+        "## Data",
+        f"- Corpus fingerprint `{corpus.get('fingerprint', '?')}`, reader `{corpus.get('reader', '?')}`: "
+        f"{corpus.get('train_documents', '?')} training documents ({corpus.get('train_tokens', '?')} tokens), "
+        f"{corpus.get('valid_documents', '?')} validation documents ({corpus.get('valid_tokens', '?')} tokens).",
+        f"- Tokenizer: {meta['tokenizer']['encoder']} ({meta['tokenizer']['vocab_size']} ids, hash "
+        f"`{meta['tokenizer']['hash']}`), in `tokenizer/`.",
+        "",
+        "## Training",
+        f"- Preset `{training.get('model', {}).get('preset', '?')}`, sequence length {batch.get('seq_length', '?')}, "
+        f"global batch {batch.get('global_batch_size', '?')}, {schedule.get('max_steps', '?')} steps, AdamW at "
+        f"learning rate {optimizer.get('learning_rate', '?')} "
+        f"(reference batch {optimizer.get('reference_batch_size', '?')}).",
+        f"- Parallel layout of the run: {state.get('layout', {})}.",
+        f"- Validation loss {_num(source.get('val_loss'))} (perplexity {_num(parity['perplexity'].get('trained'))} "
+        f"on the {parity['samples']} parity windows of {parity['seq_length']} tokens).",
+        "",
+        "## Exported forms and parity",
+        "Reference: the trained model in Paddle eager mode, on the first validation windows.",
+        "",
+        "| form | file | size | max abs logit diff | perplexity |",
+        "|---|---|---:|---:|---:|",
+    ]
+    paths = {"paddle_inference": "server/model.pdiparams", "onnx_fp32": "edge/model.onnx",
+             "onnx_int8": "edge/model.int8.onnx"}
+    for name, diff in parity["max_abs_logit_diff"].items():
+        path = paths.get(name, "")
+        lines.append(f"| {name} | `{path}` | {_size(files.get(path, 0))} | {diff:.2e} | "
+                     f"{parity['perplexity'][name]:.4g} |")
+    if "int8_perplexity_increase" in parity:
+        lines += ["", f"int8 perplexity vs ONNX fp32: {parity['int8_perplexity_increase']:+.2%} "
+                  f"(limit {parity['limits']['max_int8_perplexity_increase']:+.0%})."]
+    lines += ["", f"## Latency (one forward pass, sequence {latency['seq_length']}, ms, p50 / p95)", ""]
+    batches = list(next(iter(latency["forms"].values())))
+    lines.append("| form | " + " | ".join(b.replace("_", " ") for b in batches) + " |")
+    lines.append("|---|" + "---:|" * len(batches))
+    for name, rows in latency["forms"].items():
+        cells = (f"{rows[b]['p50']:.1f} / {rows[b]['p95']:.1f}" for b in batches)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        f"Measured on the exporting machine with {meta['server']['cpu_threads']} threads "
+        f"(Paddle {meta['software']['paddlepaddle']}, ONNX Runtime {meta['software']['onnxruntime']}).",
+        "",
+        "## Intended use and limits",
+        "- Scoring (per-token log-probabilities, perplexity) and short continuations of Chinese text similar to the "
+        "training corpus; a research and engineering baseline, not an assistant.",
+        "- The model reproduces the style and the biases of its corpus and can state falsehoods fluently; do not use "
+        "its output as fact or for decisions about people without review.",
+        f"- Inputs longer than {model['context']} tokens are "
+        + ("rejected" if meta["too_long"] == "raise" else "cut to their last tokens") + " (`too_long`).",
+        "- The exported graph has no KV cache: generation cost grows with the square of the output length.",
+        "",
+        "## Load it",
+        "```python",
+        "from train_deploy.export import LanguageModel",
+        "model = LanguageModel.load(\"<this folder>\")                          # Paddle Inference",
+        "edge = LanguageModel.load(\"<this folder>\", backend=\"onnx\", int8=True)  # ONNX Runtime int8",
+        "print(model.generate(\"中国\", max_new_tokens=20, temperature=0))",
+        "```",
+        "",
+    ]
+    return "\n".join(line for line in lines if line is not None)
+
+
+def _count(n: int | None) -> str:
+    if not n:
+        return "?"
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:.1f} M"
+
+
+def _num(x: float | None) -> str:
+    return "?" if x is None else f"{x:.4g}"
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n else "?"

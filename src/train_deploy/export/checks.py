@@ -1,0 +1,97 @@
+"""Parity of every exported form with the trained model, and latency of each form."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from train_deploy.export.config import LatencyConfig, ParityConfig
+from train_deploy.export.runtime import log_softmax
+
+Logits = Callable[[np.ndarray, np.ndarray], np.ndarray]
+_BATCH_BYTES = 256 * 2**20  # logits held at once while comparing
+
+
+class ParityError(RuntimeError):
+    """An exported form does not compute what the trained model computes; the message has the numbers."""
+
+
+def parity_report(windows: np.ndarray, reference: Logits, forms: dict[str, Logits], vocab_size: int,
+                  config: ParityConfig) -> dict[str, Any]:
+    """Compare each form's logits with ``reference`` on ``windows`` ``[n, seq + 1]``; raise ParityError on failure.
+
+    Paddle Inference and ONNX fp32 must match within ``max_logit_diff``; the int8 model's perplexity may
+    exceed ONNX fp32's by at most ``max_int8_perplexity_increase``.
+    """
+    ids, targets = windows[:, :-1].astype(np.int64), windows[:, 1:].astype(np.int64)
+    mask = np.ones_like(ids)
+    step = max(1, _BATCH_BYTES // (ids.shape[1] * vocab_size * 4))
+    diff = dict.fromkeys(forms, 0.0)
+    nll = dict.fromkeys(["trained", *forms], 0.0)
+    for first in range(0, len(ids), step):
+        part = slice(first, first + step)
+        expected = reference(ids[part], mask[part])
+        nll["trained"] += _nll(expected, targets[part])
+        for name, run in forms.items():
+            logits = run(ids[part], mask[part])
+            diff[name] = max(diff[name], float(np.abs(logits - expected).max()))
+            nll[name] += _nll(logits, targets[part])
+    tokens = targets.size
+    perplexity = {name: float(np.exp(total / tokens)) for name, total in nll.items()}
+    report: dict[str, Any] = {
+        "samples": int(len(ids)), "seq_length": int(ids.shape[1]), "reference": "trained model, Paddle eager",
+        "max_abs_logit_diff": diff, "perplexity": perplexity,
+        "limits": {"max_logit_diff": config.max_logit_diff,
+                   "max_int8_perplexity_increase": config.max_int8_perplexity_increase},
+    }
+    failures = [f"{name} max |logit diff| {diff[name]:.3g} > {config.max_logit_diff:g}"
+                for name in forms if name != "onnx_int8" and diff[name] > config.max_logit_diff]
+    if "onnx_int8" in forms and "onnx_fp32" in forms:
+        increase = perplexity["onnx_int8"] / perplexity["onnx_fp32"] - 1
+        report["int8_perplexity_increase"] = increase
+        if increase > config.max_int8_perplexity_increase:
+            failures.append(f"onnx_int8 perplexity {perplexity['onnx_int8']:.4g} is {increase:+.2%} over onnx_fp32 "
+                            f"{perplexity['onnx_fp32']:.4g} (limit {config.max_int8_perplexity_increase:+.0%})")
+    report["passed"] = not failures
+    report["failures"] = failures
+    return report
+
+
+def check_parity(report: dict[str, Any], where: str) -> None:
+    if not report["passed"]:
+        raise ParityError(f"{where}: parity failed: {'; '.join(report['failures'])}")
+
+
+def latency_report(forms: dict[str, Logits], vocab_size: int, context: int, config: LatencyConfig,
+                   seed: int = 0) -> dict[str, Any]:
+    """p50/p95 milliseconds of one forward pass per form, batch size and the configured sequence length."""
+    seq = min(config.seq_length, context)
+    rng = np.random.default_rng(seed)
+    report: dict[str, Any] = {"seq_length": seq, "repeats": config.repeats, "unit": "ms", "forms": {}}
+    for batch in config.batch_sizes:
+        ids = rng.integers(3, vocab_size, size=(batch, seq), dtype=np.int64)
+        mask = np.ones_like(ids)
+        for name, run in forms.items():
+            timing = time_call(run, (ids, mask), config.warmup, config.repeats)
+            report["forms"].setdefault(name, {})[f"batch_{batch}"] = timing
+    return report
+
+
+def time_call(call: Callable[..., Any], args: tuple, warmup: int, repeats: int) -> dict[str, float]:
+    """p50/p95 milliseconds of ``call(*args)`` after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        call(*args)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call(*args)
+        times.append((time.perf_counter() - start) * 1000)
+    return {"p50": float(np.percentile(times, 50)), "p95": float(np.percentile(times, 95))}
+
+
+def _nll(logits: np.ndarray, targets: np.ndarray) -> float:
+    log_probs = log_softmax(logits.astype(np.float64))
+    return float(-np.take_along_axis(log_probs, targets[..., None], axis=-1).sum())

@@ -1,0 +1,99 @@
+"""Typed configuration of the export stage (``conf/base/parameters_export.yml``, block ``export``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from train_deploy.config import check, from_mapping, to_dict
+
+
+@dataclass(kw_only=True, slots=True)
+class ServerConfig:
+    """Paddle Inference: how the bundle's ``server/`` model is run by :class:`LanguageModel`."""
+
+    device: Literal["cpu", "gpu"] = "cpu"
+    cpu_threads: int = 2
+    """Math-library threads per predictor on CPU."""
+    onednn: bool = True
+    """oneDNN (MKL-DNN) kernels on CPU."""
+    gpu_memory_mb: int = 1024
+    """Initial GPU memory pool of the predictor."""
+    memory_optim: bool = True
+    """GPU: reuse activation memory between operators."""
+    tensorrt: bool = False
+    """GPU: run supported subgraphs with TensorRT."""
+    tensorrt_precision: Literal["fp16", "fp32"] = "fp16"
+    tensorrt_max_batch: int = 8
+    """Largest batch in the TensorRT dynamic-shape profile (sequence: up to the model's context)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class EdgeConfig:
+    """ONNX for edge devices: paddle2onnx, then onnxruntime's dynamic int8 quantisation."""
+
+    opset: int = 17
+    int8: bool = True
+    per_channel: bool = False
+    """Per-output-channel weight scales (a little more accurate, a little larger)."""
+    threads: int = 2
+    """ONNX Runtime intra-op threads used for parity and latency."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ParityConfig:
+    """Proof that every exported form computes what the trained model computes."""
+
+    samples: int = 8
+    """Validation windows (the first ones of the validation split: fixed for every export)."""
+    seq_length: int | None = None
+    """Tokens per window; null = the training sequence length (capped by the context)."""
+    max_logit_diff: float = 1e-4
+    """Largest allowed |logit| difference of Paddle Inference and ONNX fp32 against the trained model."""
+    max_int8_perplexity_increase: float = 0.03
+    """Allowed relative perplexity increase of the int8 model over ONNX fp32 (0.03 = +3%)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class LatencyConfig:
+    """Latency measured into the bundle's latency.json (benchmarks/bench_export.py compares in depth)."""
+
+    batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
+    seq_length: int = 128
+    """Capped by the model's context."""
+    warmup: int = 2
+    repeats: int = 10
+
+
+@dataclass(kw_only=True, slots=True)
+class ExportConfig:
+    output_dir: str = "data/07_model_output/bundles"
+    """Bundles are written to ``<output_dir>/<training run>/<version>``; the version is a UTC timestamp."""
+    too_long: Literal["raise", "truncate"] = "raise"
+    """A prompt or text longer than the model's context: an error, or keep its last tokens."""
+    reuse: bool = True
+    """Reuse the newest bundle exported from the same checkpoint, tokenizer and configuration."""
+    server: ServerConfig = field(default_factory=ServerConfig)
+    edge: EdgeConfig = field(default_factory=EdgeConfig)
+    parity: ParityConfig = field(default_factory=ParityConfig)
+    latency: LatencyConfig = field(default_factory=LatencyConfig)
+
+    def __post_init__(self) -> None:
+        check(7 <= self.edge.opset <= 21, "export.edge.opset", f"{self.edge.opset} is outside 7..21")
+        check(self.edge.threads >= 1, "export.edge.threads", "must be at least 1")
+        check(self.server.cpu_threads >= 1, "export.server.cpu_threads", "must be at least 1")
+        check(self.parity.samples >= 1, "export.parity.samples", "must be at least 1")
+        check(self.parity.seq_length is None or self.parity.seq_length >= 2, "export.parity.seq_length",
+              "must be at least 2")
+        check(self.parity.max_logit_diff > 0, "export.parity.max_logit_diff", "must be positive")
+        check(bool(self.latency.batch_sizes) and min(self.latency.batch_sizes) >= 1, "export.latency.batch_sizes",
+              "must be a non-empty list of positive sizes")
+        check(self.latency.seq_length >= 1, "export.latency.seq_length", "must be at least 1")
+        check(self.latency.repeats >= 1, "export.latency.repeats", "must be at least 1")
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any]) -> ExportConfig:
+        return from_mapping(cls, params, "export")
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)

@@ -1,0 +1,5 @@
+"""Export stage."""
+
+from .pipeline import create_pipeline
+
+__all__ = ["create_pipeline"]

@@ -1,0 +1,13 @@
+"""Export: the selected checkpoint into a bundle for servers and edge devices, with parity and latency."""
+
+from kedro.pipeline import Node, Pipeline
+
+from .nodes import export_model, report_export
+
+
+def create_pipeline(**kwargs) -> Pipeline:
+    return Pipeline([
+        Node(export_model, ["params:export", "selected_checkpoint", "tokenizer", "token_manifest", "training_result"],
+             "export_bundle", name="export_bundle"),
+        Node(report_export, "export_bundle", ["export_metrics", "model_card"], name="report_export"),
+    ])
