@@ -54,3 +54,13 @@ def tiny_tokens(tmp_path_factory, tiny_tokenizer) -> dict:
     return {"train_prefix": str(tokens / "train"), "valid_prefix": str(tokens / "valid"),
             "dtype": manifest["tokenizer"]["dtype"], "vocab_size": tiny_tokenizer["vocab_size"],
             "eos_id": tiny_tokenizer["eos_id"], "eval_samples": 16}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory, tiny_tokens) -> Path:
+    """The last checkpoint of a 6-step tiny run through Paddle's launcher (one process)."""
+    from tests.training.conftest import launch, training_params
+
+    folder = tmp_path_factory.mktemp("tiny_run")
+    result = launch(folder, tiny_tokens, training_params(1))
+    return Path(result["checkpoint"])

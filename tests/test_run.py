@@ -73,7 +73,7 @@ def test_kedro_run_corpus_pipeline_records_params_manifest_and_metrics_in_mlflow
 
 
 @pytest.mark.slow
-def test_kedro_run_corpus_then_training_logs_step_history_and_resolved_layout(project, tmp_path):
+def test_kedro_run_train_deploy_trains_averages_and_exports_in_one_mlflow_run(project, tmp_path):
     params = tiny_runtime_params()
     params["corpus"]["encoding"]["validation_fraction"] = 0.05
     params["training"] = {
@@ -82,6 +82,7 @@ def test_kedro_run_corpus_then_training_logs_step_history_and_resolved_layout(pr
         "schedule": {"max_steps": 4, "log_every": 1, "eval_every": 2, "checkpoint_every": 2},
         "launch": {"nproc_per_node": 2},
     }
+    params["export"] = {"parity": {"samples": 4}, "latency": {"batch_sizes": [1], "repeats": 2}}
     with KedroSession.create(project_path=project, runtime_params=params) as session:
         session.run(pipeline_names=["train_deploy"])
 
@@ -104,3 +105,14 @@ def test_kedro_run_corpus_then_training_logs_step_history_and_resolved_layout(pr
     assert selected["which"] in ("averaged", "last") and "validation loss" in selected["reason"]
     averaged = json.loads((project / "data/06_models/averaged_checkpoint.json").read_text(encoding="utf-8"))
     assert len(averaged["sources"]) == 2  # checkpoints at steps 2 and 4; k=3 with too_few: warn
+
+    # Export ran last: a bundle that passed parity, its numbers and model card in the same run.
+    bundle = json.loads((project / "data/07_model_output/export_bundle.json").read_text(encoding="utf-8"))
+    folder = project / bundle["path"]
+    assert folder.parent.parent == project / "data/07_model_output/bundles" and bundle["parity"]["passed"]
+    assert (folder / "edge/model.int8.onnx").is_file() and (folder / "server/model.pdiparams").is_file()
+    assert json.loads((folder / "bundle.json").read_text(encoding="utf-8"))["source"]["checkpoint"] == selected["path"]
+    assert run.data.metrics["export.max_logit_diff_paddle_inference"] <= 1e-4
+    assert run.data.metrics["export.max_logit_diff_onnx_fp32"] <= 1e-4
+    artifacts = {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(run.info.run_id, "export")}
+    assert {"export/MODEL_CARD.md", "export/export_bundle.json"} <= artifacts

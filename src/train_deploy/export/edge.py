@@ -18,8 +18,6 @@ from train_deploy.export.graph import operator_names
 logger = logging.getLogger(__name__)
 
 ONNX_FILE, INT8_FILE = "model.onnx", "model.int8.onnx"
-# Weights beyond this go to an external data file: a protobuf cannot exceed 2 GB.
-_EXTERNAL_DATA_BYTES = 1_800_000_000
 
 # Structural operators paddle2onnx handles itself, and its renames of PIR operators to its mapper names.
 _STRUCTURAL = {"pd_op.data", "pd_op.fetch", "pd_op.if", "pd_op.while", "builtin.parameter", "builtin.combine",
@@ -54,10 +52,10 @@ def unsupported_operators(prefix: Path) -> list[str]:
     return missing
 
 
-def convert_to_onnx(prefix: Path, output: Path, opset: int, external_data_bytes: int = _EXTERNAL_DATA_BYTES) -> Path:
+def convert_to_onnx(prefix: Path, output: Path, opset: int) -> Path:
     """Convert the Paddle Inference model at ``prefix`` to ONNX file ``output`` (in a child process).
 
-    Weights larger than ``external_data_bytes`` are written beside it to ``<output>.data``.
+    Past protobuf's 2 GB limit paddle2onnx writes the weights beside it to ``<output>.data``.
     """
     import paddle2onnx
 
@@ -67,9 +65,8 @@ def convert_to_onnx(prefix: Path, output: Path, opset: int, external_data_bytes:
         raise ConversionError(f"{model_file}: paddle2onnx {paddle2onnx.__version__} cannot convert operator "
                               f"{', '.join(missing)}; rewrite it with supported operators before export")
     params = prefix.with_suffix(".pdiparams")
-    external = output.name + ".data" if params.stat().st_size > external_data_bytes else ""
     command = [sys.executable, "-m", "train_deploy.export.edge", str(model_file), str(params), str(output),
-               str(opset), external]
+               str(opset), str(external_data(output))]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "GLOG_minloglevel": "2"})
     if done.returncode != 0 or not output.is_file():
         tail = " | ".join(line for line in (done.stdout + done.stderr).splitlines()[-6:] if line.strip())
@@ -86,10 +83,15 @@ def quantize_int8(source: Path, output: Path, per_channel: bool) -> Path:
     quiet.setLevel(max(level, logging.WARNING))
     try:
         quantize_dynamic(str(source), str(output), weight_type=QuantType.QInt8, per_channel=per_channel,
-                         use_external_data_format=(source.parent / (source.name + ".data")).exists())
+                         use_external_data_format=external_data(source).exists())
     finally:
         quiet.setLevel(level)
     return output
+
+
+def external_data(model: Path) -> Path:
+    """Where the weights of an ONNX model too large for one protobuf live (location stored relative)."""
+    return model.with_name(model.name + ".data")
 
 
 def _convert(model_file: str, params: str, output: str, opset: str, external: str) -> None:

@@ -41,20 +41,3 @@ def flops_per_token(shape: dict[str, Any], parameters: int, embedding: int, seq_
     """Training FLOPs per token: 6 per non-embedding parameter (forward + backward) plus attention."""
     attention = 12 * shape["num_hidden_layers"] * shape["hidden_size"] * seq_length
     return 6 * (parameters - embedding) + attention
-
-
-def unfused_swiglu() -> None:
-    """Compute the MLP's SwiGLU as ``silu(gate) * up`` instead of Paddle's fused ``swiglu`` kernel.
-
-    Same numbers (tested); needed wherever the graph leaves Paddle: paddle2onnx has no converter for the
-    fused op. Applies to every ``LlamaForCausalLMNet`` in the process, so call it before exporting.
-    """
-    import paddle.nn.functional as F
-    from paddlenlp.transformers.llama import modeling_network
-
-    def swiglu(x, y=None):
-        if y is None:
-            x, y = x.chunk(2, axis=-1)
-        return F.silu(x) * y
-
-    modeling_network.swiglu = swiglu

@@ -1,0 +1,46 @@
+"""ONNX conversion: unsupported operators are named, large weights go to external data."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from train_deploy.export.edge import ConversionError, convert_to_onnx, external_data, quantize_int8
+from train_deploy.export.runtime import OnnxRuntimeBackend
+
+pytestmark = pytest.mark.slow
+
+
+def test_an_operator_paddle2onnx_cannot_convert_is_named(tmp_path):
+    import paddle
+    import paddle.nn.functional as F
+
+    class FusedSwiGLU(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = paddle.nn.Linear(8, 16)
+
+        def forward(self, x):
+            return F.swiglu(self.linear(x))
+
+    paddle.jit.save(FusedSwiGLU(), str(tmp_path / "model"), input_spec=[paddle.static.InputSpec([None, 8], "float32")])
+    with pytest.raises(ConversionError, match=r"model.json: paddle2onnx \S+ cannot convert operator pd_op.swiglu;"):
+        convert_to_onnx(tmp_path / "model", tmp_path / "model.onnx", opset=17)
+    assert not (tmp_path / "model.onnx").exists()
+
+
+def test_models_with_external_weights_quantise_and_run(tmp_path, tiny_bundle):
+    import onnx
+
+    model = onnx.load(str(tiny_bundle / "edge" / "model.onnx"))
+    onnx.save_model(model, str(tmp_path / "model.onnx"), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=external_data(tmp_path / "model.onnx").name)
+    assert external_data(tmp_path / "model.onnx").stat().st_size > (tmp_path / "model.onnx").stat().st_size
+    ids = np.random.default_rng(0).integers(3, 100, size=(2, 9))
+    mask = np.ones_like(ids)
+    inline = OnnxRuntimeBackend(tiny_bundle / "edge" / "model.onnx", threads=1)(ids, mask)
+    np.testing.assert_allclose(OnnxRuntimeBackend(tmp_path / "model.onnx", threads=1)(ids, mask), inline, atol=1e-6)
+    quantised = quantize_int8(tmp_path / "model.onnx", tmp_path / "model.int8.onnx", per_channel=True)
+    assert external_data(quantised).is_file()
+    int8 = OnnxRuntimeBackend(quantised, threads=1)(ids, mask)
+    assert int8.shape == inline.shape and np.abs(int8 - inline).max() < 1.0

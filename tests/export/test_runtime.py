@@ -1,0 +1,71 @@
+"""LanguageModel: score and generate through Paddle Inference and ONNX Runtime, the same answers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from train_deploy.export import LanguageModel
+from train_deploy.export.runtime import BundleError, log_softmax
+
+pytestmark = pytest.mark.slow
+
+TEXTS = ["今天天气很好，我们去公园散步。", "中国人民", "经济"]
+
+
+@pytest.fixture(scope="module")
+def models(tiny_bundle) -> dict[str, LanguageModel]:
+    return {"paddle": LanguageModel.load(tiny_bundle), "onnx": LanguageModel.load(tiny_bundle, backend="onnx"),
+            "int8": LanguageModel.load(tiny_bundle, backend="onnx", int8=True)}
+
+
+def test_scores_are_the_trained_models_log_probabilities(models, tiny_checkpoint):
+    from train_deploy.averaging.evaluate import load_model
+    from train_deploy.export.graph import eager_logits
+
+    trained = load_model(tiny_checkpoint)
+    for text, score in zip(TEXTS, models["paddle"].score(TEXTS), strict=True):
+        ids = np.array([[models["paddle"].eos_id, *score.tokens]])
+        expected = log_softmax(eager_logits(trained, ids)[0].astype(np.float64))
+        expected = expected[np.arange(len(score.tokens)), score.tokens]
+        np.testing.assert_allclose(score.log_probs, expected, atol=1e-4)
+        assert score.perplexity == pytest.approx(np.exp(-expected.mean()), rel=1e-4)
+        assert score.text == text and len(score.tokens) >= 1
+
+
+def test_every_backend_scores_alike_and_greedy_generation_is_identical(models):
+    reference = models["paddle"].score(TEXTS)
+    for name in ("onnx", "int8"):
+        for ours, theirs in zip(models[name].score(TEXTS), reference, strict=True):
+            assert ours.tokens == theirs.tokens
+            assert ours.perplexity == pytest.approx(theirs.perplexity, rel=1e-4 if name == "onnx" else 0.05)
+    greedy = {name: model.generate("中国", max_new_tokens=12, temperature=0) for name, model in models.items()}
+    assert greedy["paddle"] == greedy["onnx"] and len(greedy["paddle"]) > 0
+
+
+def test_sampling_with_a_seed_is_deterministic(models):
+    model = models["onnx"]
+    first = model.generate("经济", max_new_tokens=10, temperature=0.9, top_k=20, seed=7)
+    assert first == model.generate("经济", max_new_tokens=10, temperature=0.9, top_k=20, seed=7)
+    assert first == models["paddle"].generate("经济", max_new_tokens=10, temperature=0.9, top_k=20, seed=7)
+
+
+def test_text_longer_than_the_context_is_refused_or_truncated(tiny_bundle, models):
+    long_text = "中国人民银行" * 200
+    with pytest.raises(BundleError, match=r"prompt: \d+ tokens exceed the model's context of 127 .*'truncate'"):
+        models["paddle"].generate(long_text, max_new_tokens=1)
+    with pytest.raises(BundleError, match=r"text 1: \d+ tokens exceed the model's context of 127"):
+        models["paddle"].score(["短", long_text])
+    truncating = LanguageModel.load(tiny_bundle, backend="onnx", too_long="truncate")
+    (score,) = truncating.score([long_text])
+    assert len(score.tokens) == 127 and np.isfinite(score.perplexity)
+    assert isinstance(truncating.generate(long_text, max_new_tokens=3, temperature=0), str)
+
+
+def test_bad_bundle_and_backend_requests_are_named(tmp_path, tiny_bundle):
+    with pytest.raises(BundleError, match=rf"{tmp_path}/bundle.json: missing; is {tmp_path} an exported bundle"):
+        LanguageModel.load(tmp_path)
+    with pytest.raises(BundleError, match="int8: the int8 model is ONNX; load it with backend='onnx'"):
+        LanguageModel.load(tiny_bundle, int8=True)
+    with pytest.raises(BundleError, match="backend: 'tensorrt' is not one of 'paddle', 'onnx'"):
+        LanguageModel.load(tiny_bundle, backend="tensorrt")
