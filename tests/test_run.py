@@ -73,7 +73,7 @@ def test_kedro_run_corpus_pipeline_records_params_manifest_and_metrics_in_mlflow
 
 
 @pytest.mark.slow
-def test_kedro_run_train_deploy_trains_averages_and_exports_in_one_mlflow_run(project, tmp_path):
+def test_kedro_run_train_deploy_trains_averages_and_exports_in_one_mlflow_run(project, tmp_path, capsys):
     params = tiny_runtime_params()
     params["corpus"]["encoding"]["validation_fraction"] = 0.05
     params["training"] = {
@@ -116,3 +116,4 @@ def test_kedro_run_train_deploy_trains_averages_and_exports_in_one_mlflow_run(pr
     assert run.data.metrics["export.max_logit_diff_onnx_fp32"] <= 1e-4
     artifacts = {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(run.info.run_id, "export")}
     assert {"export/MODEL_CARD.md", "export/export_bundle.json"} <= artifacts
+    assert f"Exported bundle: {bundle['path']}" in capsys.readouterr().out

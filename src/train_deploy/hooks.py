@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import mlflow
 from kedro.framework.hooks import hook_impl
 
@@ -34,3 +36,20 @@ class CloseMlflowRun:
     def _close(self) -> None:
         while (run := mlflow.active_run()) is not None and run.info.run_id != self._outer_run_id:
             mlflow.end_run()
+
+
+class ShowBundle:
+    """After a run that exported a bundle, print where it is and how to load it (plain text, unwrapped)."""
+
+    @hook_impl
+    def after_pipeline_run(self, pipeline, catalog) -> None:
+        if "export_bundle" not in pipeline.all_outputs():
+            return
+        folder = catalog.load("export_bundle")["path"]
+        sys.stdout.write(
+            f"\nExported bundle: {folder}\n"
+            f"  model card: {folder}/MODEL_CARD.md\n"
+            "  load it (Paddle Inference; backend='onnx', int8=True for the edge model):\n"
+            "    from train_deploy.export import LanguageModel\n"
+            f"    model = LanguageModel.load({folder!r})\n"
+            "    print(model.generate('中国', max_new_tokens=20, temperature=0))\n")

@@ -3,9 +3,9 @@
 from kedro.config import OmegaConfigLoader
 from omegaconf.resolvers import oc
 
-from train_deploy.hooks import CloseMlflowRun
+from train_deploy.hooks import CloseMlflowRun, ShowBundle
 
-HOOKS = (CloseMlflowRun(),)
+HOOKS = (CloseMlflowRun(), ShowBundle())
 
 # kedro-telemetry is a dependency of kedro itself; its hooks never run in this project.
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro-telemetry",)

@@ -43,8 +43,6 @@ def report_export(export_bundle: dict[str, Any]) -> tuple[dict[str, Any], str]:
     metrics |= {f"size_mb_{Path(name).stem.replace('.', '_')}": size / 2**20 for name, size in files.items()
                 if name.endswith((".onnx", ".pdiparams"))}
     folder = export_bundle["path"]
-    logger.info("Bundle ready: %s\n  load it: .venv/bin/python -c \"from train_deploy.export import LanguageModel; "
-                "print(LanguageModel.load('%s').generate('中国', max_new_tokens=20, temperature=0))\"\n"
-                "  edge (ONNX int8): LanguageModel.load('%s', backend='onnx', int8=True)", folder, folder, folder)
+    logger.info("Bundle %s: %s", "reused" if export_bundle["reused"] else "ready", folder)
     card = (Path(folder) / "MODEL_CARD.md").read_text(encoding="utf-8")
     return {name: {"value": float(value), "step": 0} for name, value in metrics.items()}, card
