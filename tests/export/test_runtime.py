@@ -69,3 +69,10 @@ def test_bad_bundle_and_backend_requests_are_named(tmp_path, tiny_bundle):
         LanguageModel.load(tiny_bundle, int8=True)
     with pytest.raises(BundleError, match="backend: 'tensorrt' is not one of 'paddle', 'onnx'"):
         LanguageModel.load(tiny_bundle, backend="tensorrt")
+
+
+def test_gpu_server_on_the_cpu_wheel_is_refused_with_the_key(tiny_bundle):
+    from train_deploy.export.config import ServerConfig
+
+    with pytest.raises(BundleError, match="export.server.device: gpu needs the paddlepaddle-gpu wheel"):
+        LanguageModel.load(tiny_bundle, server=ServerConfig(device="gpu"))

@@ -98,7 +98,8 @@ def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str
 
     paddle.base.core.set_num_threads(config.server.cpu_threads)  # the eager reference gets the same threads
     trained = load_model(checkpoint)
-    forms = {"paddle_inference": PaddleInferenceBackend(folder / "server" / "model", config.server),
+    forms = {"paddle_inference": PaddleInferenceBackend(folder / "server" / "model", config.server,
+                                                        meta["model"]["context"]),
              "onnx_fp32": OnnxRuntimeBackend(folder / "edge" / ONNX_FILE, config.edge.threads)}
     if config.edge.int8:
         forms["onnx_int8"] = OnnxRuntimeBackend(folder / "edge" / INT8_FILE, config.edge.threads)

@@ -19,13 +19,14 @@ class ServerConfig:
     """oneDNN (MKL-DNN) kernels on CPU."""
     gpu_memory_mb: int = 1024
     """Initial GPU memory pool of the predictor."""
-    memory_optim: bool = True
-    """GPU: reuse activation memory between operators."""
+    memory_optim: bool = False
+    """GPU: Paddle Inference's legacy memory-reuse pass. Paddle 3's PIR executor frees activations by itself,
+    and the pass fails on PIR programs on CPU ("Not find predictor_id … memory_optimize_pass"); off by default."""
     tensorrt: bool = False
     """GPU: run supported subgraphs with TensorRT."""
     tensorrt_precision: Literal["fp16", "fp32"] = "fp16"
     tensorrt_max_batch: int = 8
-    """Largest batch in the TensorRT dynamic-shape profile (sequence: up to the model's context)."""
+    """Largest batch of the TensorRT dynamic-shape profile (sequence: 1 to the model's context)."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -13,6 +13,7 @@ and short outputs; the graph stays one portable function of ``input_ids`` and ``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -37,7 +38,7 @@ class BundleError(ValueError):
 class PaddleInferenceBackend:
     """``(input_ids, attention_mask) -> logits`` with a Paddle Inference predictor."""
 
-    def __init__(self, prefix: Path, server: ServerConfig) -> None:
+    def __init__(self, prefix: Path, server: ServerConfig, context: int = 2048) -> None:
         import paddle
         from paddle import inference
 
@@ -57,6 +58,10 @@ class PaddleInferenceBackend:
                     workspace_size=1 << 30, max_batch_size=server.tensorrt_max_batch, min_subgraph_size=3,
                     precision_mode=inference.PrecisionType.Half if half else inference.PrecisionType.Float32,
                     use_static=False, use_calib_mode=False)
+                names = ("input_ids", "attention_mask")  # min, max and optimal shapes: [batch, sequence]
+                config.set_trt_dynamic_shape_info({n: [1, 1] for n in names},
+                                                  {n: [server.tensorrt_max_batch, context] for n in names},
+                                                  {n: [1, context] for n in names})
         else:
             config.disable_gpu()
             config.set_cpu_math_library_num_threads(server.cpu_threads)
@@ -123,8 +128,8 @@ class LanguageModel:
                 raise BundleError("int8: the int8 model is ONNX; load it with backend='onnx'")
             server = server or ServerConfig(**meta["server"])
             if threads is not None:
-                server.cpu_threads = threads
-            logits: Logits = PaddleInferenceBackend(folder / "server" / SERVER_MODEL, server)
+                server = dataclasses.replace(server, cpu_threads=threads)
+            logits: Logits = PaddleInferenceBackend(folder / "server" / SERVER_MODEL, server, meta["model"]["context"])
         elif backend == "onnx":
             logits = OnnxRuntimeBackend(folder / "edge" / (INT8_FILE if int8 else ONNX_FILE),
                                         threads or meta["edge"]["threads"])

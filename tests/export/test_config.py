@@ -1,0 +1,28 @@
+"""Export configuration: validated once, with the key named."""
+
+from __future__ import annotations
+
+import pytest
+
+from train_deploy.config import ConfigError
+from train_deploy.export.config import ExportConfig
+
+
+def test_defaults_match_the_documented_targets():
+    config = ExportConfig.from_params({})
+    assert config.edge.opset == 17 and config.edge.int8
+    assert config.parity.max_logit_diff == 1e-4 and config.parity.max_int8_perplexity_increase == 0.03
+    assert config.latency.batch_sizes == [1, 8] and config.latency.seq_length == 128
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"edge": {"opset": 5}}, "export.edge.opset: 5 is outside 7..21"),
+    ({"server": {"device": "tpu"}}, "export.server.device: 'tpu' is not one of 'cpu', 'gpu'"),
+    ({"too_long": "cut"}, "export.too_long: 'cut' is not one of 'raise', 'truncate'"),
+    ({"latency": {"batch_sizes": []}}, "export.latency.batch_sizes: must be a non-empty list"),
+    ({"parity": {"samples": 0}}, "export.parity.samples: must be at least 1"),
+    ({"parity": {"tolerance": 1}}, "export.parity.tolerance: unknown key"),
+])
+def test_bad_values_name_the_key(params, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ExportConfig.from_params(params)
