@@ -122,7 +122,10 @@ def _bundle_meta(state: dict[str, Any], checkpoint: Path, tokenizer: TokenizerIn
     return {
         "format": FORMAT, "version": version, "fingerprint": fingerprint,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "source": {"checkpoint": str(checkpoint), "step": state["step"], "val_loss": state.get("val_loss"),
+        # An averaged checkpoint's state carries its newest source's validation loss: only the evaluation
+        # node's number (in ``provenance``) describes the averaged weights.
+        "source": {"checkpoint": str(checkpoint), "step": state["step"],
+                   "val_loss": None if "averaged" in state else state.get("val_loss"),
                    "averaged": state.get("averaged", {}).get("method"), **provenance},
         "model": {"architecture": "llama", "parameters": state.get("parameters"), "context":
                   model["max_position_embeddings"], "vocab_size": model["vocab_size"], "eos_id": tokenizer.eos_id,

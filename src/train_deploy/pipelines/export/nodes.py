@@ -25,6 +25,8 @@ def export_model(export: dict[str, Any], selected_checkpoint: dict[str, Any], to
                    **{f"{name}_{kind}": splits[name][kind] for name in ("train", "valid")
                       for kind in ("documents", "tokens")}},
     }
+    if selected_checkpoint.get("validation_loss") is not None:  # what evaluation measured on these weights
+        provenance["val_loss"] = selected_checkpoint["validation_loss"]
     folder, reused = export_bundle(Path(selected_checkpoint["path"]), TokenizerInfo(**tokenizer), config,
                                    training_result["run_name"], provenance)
     return {"path": str(folder), "reused": reused,
