@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Single-GPU check: bf16 tokens/s and MFU of the ~350M preset, through the real training stage.
+# Single-GPU check: bf16 tokens/s and MFU of the ~350M preset, through the real training stage; then the
+# export stage's Paddle Inference GPU and TensorRT fp16 paths (benchmarks/gpu_export_check.py).
 #
 #   bash benchmarks/gpu_check.sh [PEAK_TFLOPS]     # default 989 (H100/H200 SXM dense bf16)
 #
@@ -46,3 +47,4 @@ mfu = sum(r["mfu"] for r in rows) / len(rows)
 mem = max(r["memory_mb"] for r in rows)
 print(f"| {paddle.device.cuda.get_device_name()} | 350m bf16 O2 | seq 1024 × 8 | {tps:,.0f} tokens/s | MFU {mfu:.1%} | {mem:,.0f} MB |")
 PY
+"$PY" benchmarks/gpu_export_check.py
