@@ -1,9 +1,9 @@
 """Streaming weight averaging of unified safetensors checkpoints.
 
 Every selected file is checked from its header alone (keys, shapes, dtypes, size) before any tensor
-is read. Then, tensor by tensor, each checkpoint's tensor is read through safetensors' memory map and
-added in float32 to one accumulator: memory holds the output model (in the checkpoints' dtype) plus
-one tensor, whatever K is. Integer and boolean tensors are copied from the newest checkpoint.
+is read. Then, tensor by tensor, each checkpoint's tensor is read into one of a few reused buffers,
+added in float32 to one accumulator and written out: memory holds a few tensors, whatever K is.
+Integer and boolean tensors are copied from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import struct
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -142,12 +143,12 @@ def _write_average(files: list[Path], weights: np.ndarray, header: dict[str, Any
                    metadata: dict[str, str]) -> tuple[list[str], list[str]]:
     """Stream the weighted average into a safetensors file, one tensor in memory at a time.
 
-    Tensors are read with positioned reads, not memory maps: mapped pages of K multi-GB inputs would
-    count as this process's resident memory. Every input byte is read exactly once, in file order, and
-    hashed on the way (xxh3-128). Returns the names copied from the newest file and the inputs' hashes.
+    A reader thread reads and hashes (xxh3-128) every input byte once, in file order, up to three
+    tensors ahead of the float32 sums (split over a small pool) and the output writes, across tensor
+    boundaries, so the disk is never idle while the caller sums or writes. Inputs are read with positioned
+    reads, not memory maps: mapped pages of K multi-GB inputs would count as this process's resident
+    memory. Returns the names copied from the newest file and the inputs' hashes.
     """
-    import xxhash
-
     keys = sorted(header, key=lambda k: header[k]["data_offsets"][0])
     layout, offset = {}, 0
     for key in keys:
@@ -159,53 +160,94 @@ def _write_average(files: list[Path], weights: np.ndarray, header: dict[str, Any
     encoded += b" " * (-len(encoded) % 8)  # safetensors aligns the data to 8 bytes
     copied = []
     uniform = bool(np.allclose(weights, weights[0]))
-    hashers = [xxhash.xxh3_128() for _ in files]
+    floating = [k for k in keys if header[k]["dtype"] in _FLOATING]
+    elements = max(((header[k]["data_offsets"][1] - header[k]["data_offsets"][0])
+                    // _numpy_dtype(header[k]["dtype"]).itemsize for k in floating), default=0)
+    sums = np.empty(elements, dtype=np.float32)  # reused for every tensor
     with ExitStack() as stack:
-        reader = stack.enter_context(ThreadPoolExecutor(max_workers=1))
         compute = stack.enter_context(ThreadPoolExecutor(max_workers=_COMPUTE_THREADS))
-        sources = [(stack.enter_context(open(f, "rb")), 8 + _header_length(f)) for f in files]
-        for (f, base), hasher in zip(sources, hashers, strict=True):
-            hasher.update(os.pread(f.fileno(), base, 0))  # the header; the tensors follow in offset order
-        with open(out, "wb") as sink:
-            sink.write(struct.pack("<Q", len(encoded)) + encoded)
-            for key in keys:
-                info = header[key]
-                dtype = _numpy_dtype(info["dtype"])
-                start, stop = info["data_offsets"]
-                if info["dtype"] not in _FLOATING:
-                    for (f, base), hasher in zip(sources, hashers, strict=True):
-                        data = os.pread(f.fileno(), stop - start, base + start)
-                        hasher.update(data)
-                    sink.write(data)  # the newest file's
-                    copied.append(key)
-                    continue
-                # Two read buffers: the next input is read and hashed in a thread while this one is added.
-                buffers = [np.empty(stop - start, dtype=np.uint8) for _ in range(min(2, len(sources)))]
-                total = np.empty(buffers[0].view(dtype).shape, dtype=np.float32)
-
-                def fetch(i: int, start: int = start, stop: int = stop, buffers=buffers) -> np.ndarray:
-                    (f, base), buffer = sources[i], buffers[i % len(buffers)]
-                    _read_into(f, buffer, base + start)
-                    hashers[i].update(buffer)
-                    return buffer
-
-                pending = reader.submit(fetch, 0)
-                for i, weight in enumerate(weights):
-                    tensor = pending.result().view(dtype)
-                    if i + 1 < len(sources):
-                        pending = reader.submit(fetch, i + 1)
-                    # Uniform: sum, then scale once. Weighted: scale each input as it is added.
-                    _accumulate(compute, total, tensor, None if uniform else np.float32(weight), first=i == 0)
-                if uniform:
-                    _split(compute, lambda t: np.multiply(t, np.float32(weights[0]), out=t), total)
-                result = total if dtype == np.float32 else total.astype(dtype)
-                sink.write(result.reshape(-1).view(np.uint8))
-        for f, base in sources:  # bytes after the last tensor (none in a well-formed file) still count
-            tail_start = base + max((t["data_offsets"][1] for t in header.values()), default=0)
-            hashers[sources.index((f, base))].update(os.pread(f.fileno(), 1 << 20, tail_start))
-    return copied, [h.hexdigest() for h in hashers]
+        reads = stack.enter_context(_ReadAhead(files, header, keys))
+        sink = stack.enter_context(open(out, "wb"))
+        sink.write(struct.pack("<Q", len(encoded)) + encoded)
+        for key in keys:
+            info = header[key]
+            if info["dtype"] not in _FLOATING:
+                for _ in files:
+                    data = reads.next()
+                sink.write(data)  # the newest file's
+                copied.append(key)
+                continue
+            dtype = _numpy_dtype(info["dtype"])
+            total = sums[: (info["data_offsets"][1] - info["data_offsets"][0]) // dtype.itemsize]
+            for i, weight in enumerate(weights):
+                # Uniform: sum, then scale once. Weighted: scale each input as it is added.
+                _accumulate(compute, total, reads.next().view(dtype), None if uniform else np.float32(weight),
+                            first=i == 0)
+            if uniform:
+                _split(compute, lambda t: np.multiply(t, np.float32(weights[0]), out=t), total)
+            sink.write((total if dtype == np.float32 else total.astype(dtype)).view(np.uint8))
+        hashes = reads.finish()
+    return copied, hashes
 
 
+class _ReadAhead:
+    """Reads every input's tensors in consumption order (all inputs of a tensor, tensor after tensor) on a
+    thread, up to ``_READ_AHEAD`` reads ahead (fewer for large tensors), hashing each file's bytes in order."""
+
+    def __init__(self, files: list[Path], header: dict[str, Any], keys: list[str]) -> None:
+        import xxhash
+
+        self.files, self.header = files, header
+        self.order = [(key, i) for key in keys for i in range(len(files))]
+        self.hashers = [xxhash.xxh3_128() for _ in files]
+        largest = max((header[k]["data_offsets"][1] - header[k]["data_offsets"][0] for k in keys), default=0)
+        # A buffer is reused only after the read that used it before has been consumed. Two buffers (one
+        # read, one summed) at least; more while they fit _READ_AHEAD_BYTES, so memory stays a few tensors.
+        self.ahead = max(1, min(_READ_AHEAD, _READ_AHEAD_BYTES // max(largest, 1)))
+        self.ring = [np.empty(largest, dtype=np.uint8) for _ in range(min(self.ahead + 1, len(self.order)))]
+        self.sources = []
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.consumed = 0
+        self.pending: deque = deque()
+
+    def __enter__(self) -> _ReadAhead:
+        for path, hasher in zip(self.files, self.hashers, strict=True):
+            f = open(path, "rb")  # noqa: SIM115 - closed in __exit__
+            self.sources.append((f, 8 + _header_length(path)))
+            hasher.update(os.pread(f.fileno(), self.sources[-1][1], 0))  # the header; tensors follow in order
+        self.pending.extend(self.pool.submit(self._fetch, n) for n in range(min(self.ahead, len(self.order))))
+        return self
+
+    def next(self) -> np.ndarray:
+        data = self.pending.popleft().result()
+        if self.consumed + self.ahead < len(self.order):
+            self.pending.append(self.pool.submit(self._fetch, self.consumed + self.ahead))
+        self.consumed += 1
+        return data
+
+    def finish(self) -> list[str]:
+        """The inputs' hashes, including any bytes after the last tensor (none in a well-formed file)."""
+        end = max((t["data_offsets"][1] for t in self.header.values()), default=0)
+        for (f, base), hasher in zip(self.sources, self.hashers, strict=True):
+            hasher.update(os.pread(f.fileno(), 1 << 20, base + end))
+        return [h.hexdigest() for h in self.hashers]
+
+    def _fetch(self, n: int) -> np.ndarray:
+        key, i = self.order[n]
+        (f, base), (start, stop) = self.sources[i], self.header[key]["data_offsets"]
+        buffer = self.ring[n % len(self.ring)][: stop - start]
+        _read_into(f, buffer, base + start)
+        self.hashers[i].update(buffer)
+        return buffer
+
+    def __exit__(self, *exc) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        for f, _ in self.sources:
+            f.close()
+
+
+_READ_AHEAD = 3  # tensor reads in flight ahead of the sums: keeps the disk busy across tensor boundaries
+_READ_AHEAD_BYTES = 96 << 20  # ... unless that many buffers of the largest tensor would exceed this
 _COMPUTE_THREADS = max(1, min(4, os.cpu_count() or 1))
 _SPLIT_ELEMENTS = 1 << 20  # smaller tensors are not worth a thread hand-off
 
