@@ -11,7 +11,7 @@ export DO_NOT_TRACK := 1
 
 .PHONY: run test bench lock clean-data
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock pyproject.toml setup.py src/train_deploy/corpus/_fast.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "pip==26.3"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock

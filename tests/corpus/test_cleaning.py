@@ -42,7 +42,7 @@ def test_vectorised_batch_cleaning_equals_the_regular_expression_rules(flags):
     rng = random.Random(sum(flags))
     # Characters the tables handle, and ones that send a document to the exact slow path.
     simple = list("中文，。（）ＡＢ１２ \t\n\r\u3000\xa0\x0b\x0c\x1c\x85\u2028\u2029\u200b\ufeff\x00\x07\x7f"
-                  "\x9f①\ue001abc") + ["\r\n", "\n\n\n", "  ", " \n \n "]
+                  "\x9f①\ue001abc…℃Ⅱ⑵㎏¼‥㍻") + ["\r\n", "\n\n\n", "  ", " \n \n "]
     tricky = list("e\u0301\u1100\u1161가ﬁ㈱😀𝐀")
 
     def doc() -> str:
@@ -61,3 +61,9 @@ def people_daily_docs() -> list[str]:
     from train_deploy.corpus.readers import people_daily_path, strip_pos_tags
 
     return strip_pos_tags(people_daily_path().read_text(encoding="utf-8").splitlines()[:3000])
+
+
+def test_every_bmp_character_cleans_alike_in_batch_and_alone_between_neighbours():
+    cleaner = Cleaner(CleaningConfig())
+    docs = [f"中{chr(cp)}a{chr(cp)}{chr(cp)} 1" for cp in range(0x10000) if not 0xD800 <= cp < 0xE000]
+    assert cleaner.clean_batch(docs) == [cleaner.clean_one(d) for d in docs]

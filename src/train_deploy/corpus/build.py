@@ -18,18 +18,27 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from itertools import chain
+from itertools import compress
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from xxhash import xxh3_128_digest
 
 from train_deploy import __version__
 from train_deploy.atomic import fsync_dir, fsync_file, write_json
 from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.indexed import ShardWriter, merge_shards, token_dtype
-from train_deploy.corpus.readers import Chunk, CorpusError, CorpusPlan, ReadStats, iter_documents
+from train_deploy.corpus.native import compiled, flatten_ids
+from train_deploy.corpus.readers import (
+    Chunk,
+    CorpusError,
+    CorpusPlan,
+    ReadStats,
+    iter_document_batches,
+    iter_documents,
+)
 from train_deploy.corpus.tokenizer import TokenEncoder, TokenizerInfo
 
 logger = logging.getLogger(__name__)
@@ -172,13 +181,8 @@ def _encode_chunk(chunk: Chunk) -> ChunkResult:
     assert w is not None, "worker not initialised"
     result = ChunkResult(chunk.index)
     writers = {s: ShardWriter(w.work / f"{chunk.index:06d}.{s}", w.dtype) for s in SPLITS}
-    batch: list[str] = []
-    for raw in iter_documents(chunk, w.config.reader, result.read):
-        batch.append(raw)
-        if len(batch) == w.config.encoding.batch_documents:
-            _encode_batch(w, batch, writers, result)
-            batch = []
-    _encode_batch(w, batch, writers, result)
+    for batch in iter_document_batches(chunk, w.config.reader, result.read, w.config.encoding.batch_documents):
+        _encode_batch(w, batch, writers, result)
     for writer in writers.values():
         writer.close()
     return result
@@ -189,24 +193,24 @@ def _encode_batch(w: _Worker, raw: list[str], writers: dict[str, ShardWriter], r
     if not raw:
         return
     result.documents_read += len(raw)
-    key = w.config.encoding.split_seed.to_bytes(8, "little", signed=True)
-    threshold = int(w.config.encoding.validation_fraction * 2**64)
-    docs: dict[str, tuple[list[str], list[int]]] = {s: ([], []) for s in SPLITS}
-    for text in w.cleaner.clean_batch(raw):
-        if len(text) < w.config.cleaning.min_chars:
-            result.dropped["too_short"] += 1
+    cleaned = w.cleaner.clean_batch(raw)
+    texts = [text for text in cleaned if len(text) >= w.config.cleaning.min_chars]
+    result.dropped["too_short"] += len(cleaned) - len(texts)
+    if not texts:
+        return
+    # One seeded 128-bit hash per document: its first 8 bytes identify it (de-duplication), the last 8 pick
+    # its split.
+    seed = w.config.encoding.split_seed % 2**64
+    digests = b"".join([xxh3_128_digest(text.encode("utf-8"), seed) for text in texts])
+    halves = np.frombuffer(digests, dtype="<u8").reshape(-1, 2)
+    valid = halves[:, 1] < np.uint64(int(w.config.encoding.validation_fraction * 2**64))
+    for split, members in (("train", ~valid), ("valid", valid)):
+        if not members.any():
             continue
-        digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16, key=key).digest()
-        texts, hashes = docs["valid" if int.from_bytes(digest[8:], "little") < threshold else "train"]
-        texts.append(text)
-        hashes.append(int.from_bytes(digest[:8], "little"))
-    for split, (texts, hashes) in docs.items():
-        if not texts:
-            continue
-        ids = w.encoder.encode_documents(texts)
+        ids = w.encoder.encode_documents(list(compress(texts, members)))
         sizes = [len(x) for x in ids]
-        tokens = np.fromiter(chain.from_iterable(ids), dtype=w.dtype, count=sum(sizes))
-        writers[split].add(tokens, sizes, hashes)
+        tokens = flatten_ids(ids, w.dtype, sum(sizes))
+        writers[split].add(tokens, sizes, halves[members, 0].tolist())
         result.tokens_encoded += len(tokens)
         if w.progress is not None:
             _bump(w.progress, len(sizes), len(tokens))
@@ -351,6 +355,7 @@ def _manifest(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, 
         "tokens": {"total": total_tokens, "encoded_before_dedup": stats["tokens_encoded"]},
         "warnings": stats["warnings"],
         "workers": min(config.workers, len(plan.chunks)),
+        "compiled_kernels": compiled is not None,  # _fast.c built; the numpy versions give the same bytes
         "peak_rss_mb": stats["peak_rss_mb"],
         "wall_time_seconds": round(wall, 3),
         "throughput": {"tokens_per_second": round(stats["tokens_encoded"] / wall, 1),

@@ -2,8 +2,8 @@
 
 Cleaning runs on batches: the documents are joined with a separator and every rule is a vectorised
 pass over the UTF-32 code points of the joined text. NFKC is a table lookup for characters whose NFKC
-form is one character and that cannot interact with their neighbours (no combining marks, no canonical
-composition partners); a document holding any other character, or an ANSI escape, is cleaned by
+form is one to four characters (``…`` → ``...``) that cannot interact with their neighbours (no combining
+marks, no canonical composition partners); a document holding any other character, or an ANSI escape, is cleaned by
 ``Cleaner.clean_one``, the same rules as regular expressions and ``unicodedata.normalize``. Both paths
 give identical results (tested).
 """
@@ -18,6 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from train_deploy.corpus.config import CleaningConfig
+from train_deploy.corpus.native import compiled
 
 # CSI sequences (colours, cursor moves), then two-byte escapes such as ESC c.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -59,12 +60,12 @@ class Cleaner:
         codes = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32)
         slow: np.ndarray = np.zeros(0, dtype=np.int64)
         if c.nfkc:
-            simple, mapping = _nfkc_tables()
+            mapping, lengths = _nfkc_tables()
             bmp = np.minimum(codes, 0xFFFF)
-            ok = simple[bmp] & (codes <= 0xFFFF)
-            if not ok.all():
-                slow = np.unique(np.searchsorted(np.flatnonzero(codes == ord(_SEPARATOR)), np.flatnonzero(~ok)))
-            codes = np.where(ok, mapping[bmp], codes)
+            count = np.where(codes <= 0xFFFF, lengths[bmp], 0)
+            if not count.all():
+                slow = np.unique(np.searchsorted(np.flatnonzero(codes == ord(_SEPARATOR)), np.flatnonzero(count == 0)))
+            codes = _expand(codes, bmp, count, mapping)
         codes = _clean_codes(codes, strip_control=c.strip_control, normalize_whitespace=c.normalize_whitespace)
         docs = codes.tobytes().decode("utf-32-le").split(_SEPARATOR)
         if c.normalize_whitespace:
@@ -95,6 +96,15 @@ class Cleaner:
 
 def _clean_codes(codes: np.ndarray, *, strip_control: bool, normalize_whitespace: bool) -> np.ndarray:
     """The regular-expression rules of :meth:`Cleaner.clean_one` (after NFKC) on code points."""
+    if compiled is None:
+        return clean_codes_numpy(codes, strip_control=strip_control, normalize_whitespace=normalize_whitespace)
+    control, space = _class_tables()
+    codes = np.array(codes, dtype=np.uint32)  # a writable copy: the kernel compacts it in place
+    return codes[: compiled.clean_codes(codes, control, space, strip_control, normalize_whitespace)]
+
+
+def clean_codes_numpy(codes: np.ndarray, *, strip_control: bool, normalize_whitespace: bool) -> np.ndarray:
+    """The numpy version of :func:`_clean_codes`: the reference the compiled kernel is tested against."""
     control, space = _class_tables()
     if strip_control or normalize_whitespace:
         codes = codes[~((codes == 0x0D) & (np.append(codes[1:], 0) == 0x0A))]  # \r\n → \n
@@ -140,25 +150,44 @@ def _line_break(match: re.Match[str]) -> str:
 
 @functools.cache
 def _nfkc_tables() -> tuple[np.ndarray, np.ndarray]:
-    """For each BMP code point: may it be normalised on its own, and to which code point."""
+    """For each BMP code point, its NFKC form when it may be normalised on its own: ``mapping[j]`` is the
+    j-th character, ``lengths`` how many (0: it may not; its document takes the exact slow path)."""
     size = 0x10000
     decompositions = {cp: d for cp in range(size) if (d := unicodedata.decomposition(chr(cp)))}
     partners = {0x1161 + i for i in range(21)} | {0x11A8 + i for i in range(27)}  # Hangul V and T jamo
     for d in decompositions.values():
         if not d.startswith("<") and len(parts := d.split()) == 2:
             partners.add(int(parts[1], 16))
-    simple = np.ones(size, dtype=bool)
-    simple[0xD800:0xE000] = False  # surrogates
-    mapping = np.arange(size, dtype=np.uint32)
+    lengths = np.ones(size, dtype=np.uint8)
+    lengths[0xD800:0xE000] = 0  # surrogates
+    mapping = np.zeros((_MAX_EXPANSION, size), dtype=np.uint32)
+    mapping[0] = np.arange(size, dtype=np.uint32)
     for cp in range(size):
         ch = chr(cp)
         if cp in partners or unicodedata.combining(ch):
-            simple[cp] = False
+            lengths[cp] = 0
         elif cp in decompositions or not unicodedata.is_normalized("NFKC", ch):
             folded = unicodedata.normalize("NFKC", ch)
             first = unicodedata.normalize("NFKD", ch)[:1]
-            if len(folded) == 1 and not unicodedata.combining(folded) and ord(first) not in partners:
-                mapping[cp] = ord(folded)
+            if (0 < len(folded) <= _MAX_EXPANSION and ord(first) not in partners
+                    and not any(unicodedata.combining(f) or ord(f) in partners for f in folded)):
+                mapping[: len(folded), cp] = [ord(f) for f in folded]
+                lengths[cp] = len(folded)
             else:
-                simple[cp] = False
-    return simple, mapping
+                lengths[cp] = 0
+    return mapping, lengths
+
+
+_MAX_EXPANSION = 4  # longer NFKC forms (a few Arabic ligatures) take the slow path
+
+
+def _expand(codes: np.ndarray, bmp: np.ndarray, count: np.ndarray, mapping: np.ndarray) -> np.ndarray:
+    """Each code point with ``count`` > 0 replaced by its ``count`` NFKC characters; the others kept."""
+    out = np.where(count > 0, mapping[0, bmp], codes)
+    multi = np.flatnonzero(count > 1)  # rare (…, ℃, Ⅱ): insert their further characters after them
+    if not len(multi):
+        return out
+    extra = count[multi].astype(np.int64) - 1
+    owner = np.repeat(np.arange(len(multi)), extra)
+    position = np.arange(len(owner)) - np.repeat(np.cumsum(extra) - extra, extra) + 1
+    return np.insert(out, np.repeat(multi + 1, extra), mapping[position, bmp[multi][owner]])
