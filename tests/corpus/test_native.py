@@ -10,7 +10,7 @@ import pytest
 
 from tests.corpus.test_build import encode, output_bytes
 from train_deploy.corpus import build, cleaning, native, readers
-from train_deploy.corpus.cleaning import _class_tables, clean_codes_numpy
+from train_deploy.corpus.cleaning import _class_tables, _nfkc_tables, clean_codes_numpy, nfkc_fold_numpy
 from train_deploy.corpus.readers import people_daily_path, strip_pos_tag_bytes_numpy
 
 needs_kernels = pytest.mark.skipif(native.compiled is None, reason="the C kernels were not built here")
@@ -41,6 +41,16 @@ def test_compiled_cleaning_rules_equal_numpy_on_random_code_points():
             work = codes.copy()
             got = work[: native.compiled.clean_codes(work, control, space, *flags)]
             assert got.tolist() == expected.tolist(), (codes.tolist(), flags)
+
+
+@needs_kernels
+def test_compiled_nfkc_folding_equals_numpy_on_every_bmp_character_and_beyond():
+    codes = np.concatenate([np.arange(0x10000, dtype=np.uint32), np.array([0x1F600, 0x10FFFF, 0x4E2D], np.uint32)])
+    codes = np.concatenate([codes, np.random.default_rng(0).permutation(codes)])
+    folded, unsafe = native.compiled.nfkc_fold(codes, *_nfkc_tables())
+    expected, expected_unsafe = nfkc_fold_numpy(codes)
+    assert np.frombuffer(folded, np.uint32).tolist() == expected.tolist()
+    assert np.frombuffer(unsafe, np.int64).tolist() == expected_unsafe.tolist()
 
 
 @needs_kernels

@@ -2,6 +2,9 @@
  *
  * strip_pos_tags(bytes) -> bytes   the People's Daily `word/POS` tag removal of readers._strip_pos_tag_bytes
  * flatten_ids(list[list[int]], itemsize) -> bytes   token id lists as one uint16/int32 array (native order)
+ * nfkc_fold(codes, mapping, lengths) -> (bytearray, bytes)
+ *     cleaning's table NFKC (cleaning._expand): the folded uint32 codes, and the int64 indices of the code
+ *     points the tables cannot fold alone (their documents take the exact slow path)
  * clean_codes(codes, control, space, strip_control, normalize_whitespace) -> int
  *     cleaning._clean_codes_numpy in place on a writable uint32 array; returns the new length
  *
@@ -173,9 +176,50 @@ static PyObject *clean_codes(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t(n);
 }
 
+static PyObject *nfkc_fold(PyObject *self, PyObject *args) {
+    Py_buffer codes, mapping, lengths;
+    if (!PyArg_ParseTuple(args, "y*y*y*", &codes, &mapping, &lengths)) return NULL;
+    PyObject *folded = NULL, *unsafe = NULL, *result = NULL;
+    if (codes.len % 4 != 0 || lengths.len < 0x10000 || mapping.len < (Py_ssize_t)4 * 4 * 0x10000) {
+        PyErr_SetString(PyExc_ValueError, "expected uint32 codes, a 4 x 65536 uint32 mapping and 65536 lengths");
+        goto done;
+    }
+    const uint32_t *c = codes.buf, *map = mapping.buf;
+    const unsigned char *len = lengths.buf;
+    Py_ssize_t n = codes.len / 4, total = 0, bad = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char k = c[i] <= 0xFFFF ? len[c[i]] : 0;
+        total += k ? k : 1;
+        bad += k == 0;
+    }
+    folded = PyByteArray_FromStringAndSize(NULL, total * 4);
+    unsafe = PyBytes_FromStringAndSize(NULL, bad * 8);
+    if (folded == NULL || unsafe == NULL) goto done;
+    uint32_t *out = (uint32_t *)PyByteArray_AS_STRING(folded);
+    int64_t *where = (int64_t *)PyBytes_AS_STRING(unsafe);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned char k = c[i] <= 0xFFFF ? len[c[i]] : 0;
+        if (k == 0) {
+            *out++ = c[i];
+            *where++ = (int64_t)i;
+        } else {
+            for (unsigned char j = 0; j < k; j++) *out++ = map[(Py_ssize_t)j * 0x10000 + c[i]];
+        }
+    }
+    result = PyTuple_Pack(2, folded, unsafe);
+done:
+    Py_XDECREF(folded);
+    Py_XDECREF(unsafe);
+    PyBuffer_Release(&codes);
+    PyBuffer_Release(&mapping);
+    PyBuffer_Release(&lengths);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"strip_pos_tags", strip_pos_tags, METH_O, "People's Daily word/POS tags removed from UTF-8 bytes."},
     {"flatten_ids", flatten_ids, METH_VARARGS, "Token id lists as one array of itemsize-byte ids in native byte order."},
+    {"nfkc_fold", nfkc_fold, METH_VARARGS, "Table NFKC of uint32 code points, with the indices it cannot fold."},
     {"clean_codes", clean_codes, METH_VARARGS, "The cleaning rules on a writable uint32 code point array, in place."},
     {NULL, NULL, 0, NULL},
 };

@@ -60,12 +60,10 @@ class Cleaner:
         codes = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32)
         slow: np.ndarray = np.zeros(0, dtype=np.int64)
         if c.nfkc:
-            mapping, lengths = _nfkc_tables()
-            bmp = np.minimum(codes, 0xFFFF)
-            count = np.where(codes <= 0xFFFF, lengths[bmp], 0)
-            if not count.all():
-                slow = np.unique(np.searchsorted(np.flatnonzero(codes == ord(_SEPARATOR)), np.flatnonzero(count == 0)))
-            codes = _expand(codes, bmp, count, mapping)
+            original = codes
+            codes, unsafe = _nfkc_fold(codes)
+            if len(unsafe):  # indices into the original codes: the documents that hold them
+                slow = np.unique(np.searchsorted(np.flatnonzero(original == ord(_SEPARATOR)), unsafe))
         codes = _clean_codes(codes, strip_control=c.strip_control, normalize_whitespace=c.normalize_whitespace)
         docs = codes.tobytes().decode("utf-32-le").split(_SEPARATOR)
         if c.normalize_whitespace:
@@ -99,7 +97,7 @@ def _clean_codes(codes: np.ndarray, *, strip_control: bool, normalize_whitespace
     if compiled is None:
         return clean_codes_numpy(codes, strip_control=strip_control, normalize_whitespace=normalize_whitespace)
     control, space = _class_tables()
-    codes = np.array(codes, dtype=np.uint32)  # a writable copy: the kernel compacts it in place
+    codes = np.require(codes, dtype=np.uint32, requirements=["C", "W"])  # the kernel compacts it in place
     return codes[: compiled.clean_codes(codes, control, space, strip_control, normalize_whitespace)]
 
 
@@ -179,6 +177,23 @@ def _nfkc_tables() -> tuple[np.ndarray, np.ndarray]:
 
 
 _MAX_EXPANSION = 4  # longer NFKC forms (a few Arabic ligatures) take the slow path
+
+
+def _nfkc_fold(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Table NFKC of ``codes``, and the indices of the code points the tables cannot fold alone."""
+    mapping, lengths = _nfkc_tables()
+    if compiled is not None:
+        folded, unsafe = compiled.nfkc_fold(codes, mapping, lengths)
+        return np.frombuffer(folded, dtype=np.uint32), np.frombuffer(unsafe, dtype=np.int64)
+    return nfkc_fold_numpy(codes)
+
+
+def nfkc_fold_numpy(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The numpy version of :func:`_nfkc_fold`: the reference the compiled kernel is tested against."""
+    mapping, lengths = _nfkc_tables()
+    bmp = np.minimum(codes, 0xFFFF)
+    count = np.where(codes <= 0xFFFF, lengths[bmp], 0)
+    return _expand(codes, bmp, count, mapping), np.flatnonzero(count == 0)
 
 
 def _expand(codes: np.ndarray, bmp: np.ndarray, count: np.ndarray, mapping: np.ndarray) -> np.ndarray:
