@@ -146,3 +146,20 @@ def test_token_dtype_follows_paddlenlp(vocab, dtype):
     from train_deploy.corpus.indexed import token_dtype
 
     assert token_dtype(vocab) == np.dtype(dtype)
+
+
+def test_helpers_start_without_importing_the_parents_main_module(monkeypatch):
+    import sys
+    import types
+
+    from train_deploy.corpus.build import _main_module_hidden
+
+    main = types.ModuleType("__main__")
+    main.__file__, main.__spec__ = "/venv/bin/kedro", types.SimpleNamespace(name="kedro")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    with _main_module_hidden():
+        from multiprocessing.spawn import get_preparation_data
+
+        data = get_preparation_data("helper")
+        assert "init_main_from_path" not in data and "init_main_from_name" not in data
+    assert main.__file__ == "/venv/bin/kedro" and main.__spec__.name == "kedro"
