@@ -211,11 +211,15 @@ class _ReadAhead:
         self.pending: deque = deque()
 
     def __enter__(self) -> _ReadAhead:
-        for path, hasher in zip(self.files, self.hashers, strict=True):
-            f = open(path, "rb")  # noqa: SIM115 - closed in __exit__
-            self.sources.append((f, 8 + _header_length(path)))
-            hasher.update(os.pread(f.fileno(), self.sources[-1][1], 0))  # the header; tensors follow in order
-        self.pending.extend(self.pool.submit(self._fetch, n) for n in range(min(self.ahead, len(self.order))))
+        try:
+            for path, hasher in zip(self.files, self.hashers, strict=True):
+                f = open(path, "rb")  # noqa: SIM115 - closed in __exit__
+                self.sources.append((f, 8 + _header_length(path)))
+                hasher.update(os.pread(f.fileno(), self.sources[-1][1], 0))  # the header; tensors follow in order
+            self.pending.extend(self.pool.submit(self._fetch, n) for n in range(min(self.ahead, len(self.order))))
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def next(self) -> np.ndarray:
