@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from train_deploy.export.runtime import FORM_FILES
+
 
 def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, Any], latency: dict[str, Any]) -> str:
     model, source, training = meta["model"], meta["source"], state.get("training", {})
@@ -43,10 +45,8 @@ def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, An
         "| form | file | size | max abs logit diff | perplexity |",
         "|---|---|---:|---:|---:|",
     ]
-    paths = {"paddle_inference": "server/model.pdiparams", "onnx_fp32": "edge/model.onnx",
-             "onnx_int8": "edge/model.int8.onnx"}
     for name, diff in parity["max_abs_logit_diff"].items():
-        path = paths.get(name, "")
+        path = FORM_FILES.get(name, "")
         lines.append(f"| {name} | `{path}` | {_size(files.get(path, 0))} | {diff:.2e} | "
                      f"{parity['perplexity'][name]:.4g} |")
     if "int8_perplexity_increase" in parity:

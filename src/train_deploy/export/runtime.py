@@ -28,6 +28,9 @@ from train_deploy.export.edge import INT8_FILE, ONNX_FILE
 from train_deploy.export.graph import SERVER_MODEL
 
 BUNDLE_FILE = "bundle.json"
+# The weights file of each exported form, relative to the bundle.
+FORM_FILES = {"paddle_inference": f"server/{SERVER_MODEL}.pdiparams", "onnx_fp32": f"edge/{ONNX_FILE}",
+              "onnx_int8": f"edge/{INT8_FILE}"}
 Logits = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from train_deploy.corpus.tokenizer import TokenizerInfo
 from train_deploy.export.bundle import export_bundle
 from train_deploy.export.config import ExportConfig
+from train_deploy.export.runtime import FORM_FILES
 
 logger = logging.getLogger(__name__)
 
@@ -42,8 +43,7 @@ def report_export(export_bundle: dict[str, Any]) -> tuple[dict[str, Any], str]:
     metrics |= {f"perplexity_{name}": value for name, value in parity["perplexity"].items()}
     metrics |= {f"latency_p50_ms_{name}_{batch}": row["p50"] for name, rows in latency["forms"].items()
                 for batch, row in rows.items()}
-    metrics |= {f"size_mb_{Path(name).stem.replace('.', '_')}": size / 2**20 for name, size in files.items()
-                if name.endswith((".onnx", ".pdiparams"))}
+    metrics |= {f"size_mb_{form}": files[path] / 2**20 for form, path in FORM_FILES.items() if path in files}
     folder = export_bundle["path"]
     logger.info("Bundle %s: %s", "reused" if export_bundle["reused"] else "ready", folder)
     card = (Path(folder) / "MODEL_CARD.md").read_text(encoding="utf-8")
