@@ -37,7 +37,7 @@ def export_model(export: dict[str, Any], selected_checkpoint: dict[str, Any], to
 
 
 def report_export(export_bundle: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """Return the parity, latency and size metrics for MLflow and the model card; log how to load the bundle."""
+    """Return the parity, latency and size metrics for MLflow, and the model card (the run prints how to load it)."""
     parity, latency, files = export_bundle["parity"], export_bundle["latency"], export_bundle["files"]
     metrics = {f"max_logit_diff_{name}": value for name, value in parity["max_abs_logit_diff"].items()}
     metrics |= {f"perplexity_{name}": value for name, value in parity["perplexity"].items()}
