@@ -181,6 +181,9 @@ def main() -> None:
         rss = [r[6][0] for r in stage_rows if r[2] == workers]
         lines.append(f"peak RSS with {workers} worker(s) across sizes: {min(rss):.0f}–{max(rss):.0f} MB "
                      "(target: the same at every size)")
+    from train_deploy.corpus.native import compiled
+
+    lines.append(f"compiled kernels (src/train_deploy/corpus/_fast.c): {'built' if compiled else 'not built: numpy'}")
     sys.stdout.write("\n".join(lines) + "\n")
 
 
