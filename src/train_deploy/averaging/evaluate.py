@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from train_deploy.training.checkpoint import MODEL_FILE, CheckpointError, read_state, read_tensors
+from train_deploy.training.checkpoint import load_weights, read_state
 from train_deploy.training.data import TokenWindows
 
 
@@ -19,12 +19,7 @@ def load_model(folder: Path):
 
     state = read_state(folder)
     model = LlamaForCausalLMNet(LlamaConfig.from_dict(state["model_config"]))
-    weights = read_tensors(folder / MODEL_FILE)
-    expected = dict(model.named_parameters())
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        raise CheckpointError(f"{folder / MODEL_FILE}: no tensor {missing[0]!r} for this model")
-    model.set_state_dict({k: v for k, v in weights.items() if k in expected})
+    load_weights(model, folder)
     model.eval()
     return model
 

@@ -9,9 +9,8 @@ from typing import Any
 import numpy as np
 
 from train_deploy.export.config import LatencyConfig, ParityConfig
-from train_deploy.export.runtime import log_softmax
+from train_deploy.export.runtime import Logits, log_softmax
 
-Logits = Callable[[np.ndarray, np.ndarray], np.ndarray]
 _BATCH_BYTES = 256 * 2**20  # logits held at once while comparing
 
 

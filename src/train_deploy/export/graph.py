@@ -14,14 +14,13 @@ import types
 from pathlib import Path
 from typing import Any
 
-from train_deploy.training.checkpoint import MODEL_FILE, CheckpointError, read_state, read_tensors
+from train_deploy.training.checkpoint import load_weights, read_state
 
 SERVER_MODEL = "model"  # Paddle Inference writes model.json + model.pdiparams
 
 
 def load_inference_model(checkpoint: Path):
     """``LlamaForCausalLM`` with the checkpoint's weights in float32, portable operators, eval mode."""
-    import paddle
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
 
     state = read_state(checkpoint)
@@ -31,16 +30,7 @@ def load_inference_model(checkpoint: Path):
     config.use_cache, config.recompute, config.tensor_parallel_degree = False, False, 1
     config.dtype = "float32"
     model = LlamaForCausalLM(config)
-    weights = read_tensors(Path(checkpoint) / MODEL_FILE)
-    expected = dict(model.state_dict())
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        raise CheckpointError(f"{Path(checkpoint) / MODEL_FILE}: no tensor {missing[0]!r} for this model")
-    for name, target in expected.items():
-        if list(weights[name].shape) != list(target.shape):
-            raise CheckpointError(f"{Path(checkpoint) / MODEL_FILE}: {name!r} has shape {list(weights[name].shape)}, "
-                                  f"the model configuration needs {list(target.shape)}")
-    model.set_state_dict({name: weights[name].astype(paddle.float32) for name in expected})
+    load_weights(model, checkpoint)  # float32: the model was built with dtype float32
     _portable_operators(model)
     model.eval()
     return model

@@ -81,3 +81,21 @@ def read_tensors(path: Path) -> dict[str, Any]:
         return load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: corrupt or truncated safetensors file ({exc})") from None
+
+
+def load_weights(model, folder: Path) -> None:
+    """Set ``model``'s parameters from ``folder``'s model file (safetensors, no pickle), cast to its dtypes.
+
+    The message names the file and the first tensor the model needs that is missing or of another shape.
+    """
+    path = Path(folder) / MODEL_FILE
+    weights = read_tensors(path)
+    expected = dict(model.state_dict())
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        raise CheckpointError(f"{path}: no tensor {missing[0]!r} for this model")
+    for name, target in expected.items():
+        if list(weights[name].shape) != list(target.shape):
+            raise CheckpointError(f"{path}: {name!r} has shape {list(weights[name].shape)}, "
+                                  f"the model configuration needs {list(target.shape)}")
+    model.set_state_dict({name: weights[name].astype(target.dtype) for name, target in expected.items()})
