@@ -46,6 +46,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the forms")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
@@ -74,8 +75,9 @@ def main() -> None:
             "(c) ONNX Runtime fp32": OnnxRuntimeBackend(onnx_file, args.threads),
             "(d) ONNX Runtime int8": OnnxRuntimeBackend(int8_file, args.threads),
         }
-        latency = latency_report(forms, args.vocab, 10**9, LatencyConfig(batch_sizes=[1, 8], seq_length=args.seq,
-                                                                           warmup=3, repeats=args.repeats))
+        timing = LatencyConfig(batch_sizes=[1, 8], seq_length=args.seq, warmup=3, repeats=args.repeats,
+                               rounds=args.rounds)
+        latency = latency_report(forms, args.vocab, 10**9, timing)
         sizes = {"(a) Paddle eager": checkpoint / "model.safetensors", "(b) Paddle Inference": prefix.with_suffix(
             ".pdiparams"), "(c) ONNX Runtime fp32": onnx_file, "(d) ONNX Runtime int8": int8_file}
         report(args, latency, {name: path.stat().st_size for name, path in sizes.items()})

@@ -25,8 +25,8 @@ def main() -> None:
     import paddle
 
     from train_deploy.averaging.evaluate import load_model
-    from train_deploy.export.checks import time_call
-    from train_deploy.export.config import ServerConfig
+    from train_deploy.export.checks import latency_report
+    from train_deploy.export.config import LatencyConfig, ServerConfig
     from train_deploy.export.graph import eager_logits, load_inference_model, save_server_model
     from train_deploy.export.runtime import PaddleInferenceBackend
 
@@ -47,9 +47,10 @@ def main() -> None:
                        prefix, ServerConfig(device="gpu", tensorrt=True, tensorrt_precision="fp16"), 256)}
         out = sys.stdout.write
         out("| engine | max abs logit diff vs eager | batch 1 p50 ms | batch 8 p50 ms |\n|---|---:|---:|---:|\n")
+        latency = latency_report(engines, 8000, 256, LatencyConfig(batch_sizes=[1, 8], warmup=5, repeats=30))
         for name, run in engines.items():
             diff = float(np.abs(run(ids, np.ones_like(ids)) - reference).max())
-            timing = [time_call(run, (x, np.ones_like(x)), 5, 30)["p50"] for x in (ids[:1], np.tile(ids, (2, 1)))]
+            timing = [latency["forms"][name][f"batch_{b}"]["p50"] for b in (1, 8)]
             out(f"| {name} | {diff:.2e} | {timing[0]:.2f} | {timing[1]:.2f} |\n")
     finally:
         shutil.rmtree(WORK, ignore_errors=True)

@@ -21,6 +21,8 @@ def test_defaults_match_the_documented_targets():
     ({"too_long": "cut"}, "export.too_long: 'cut' is not one of 'raise', 'truncate'"),
     ({"latency": {"batch_sizes": []}}, "export.latency.batch_sizes: must be a non-empty list"),
     ({"parity": {"samples": 0}}, "export.parity.samples: must be at least 1"),
+    ({"latency": {"rounds": 0}}, "export.latency.rounds: must be at least 1"),
+    ({"server": {"gc_batch_mb": -1}}, "export.server.gc_batch_mb: must not be negative"),
     ({"parity": {"tolerance": 1}}, "export.parity.tolerance: unknown key"),
 ])
 def test_bad_values_name_the_key(params, message):

@@ -64,31 +64,46 @@ def check_parity(report: dict[str, Any], where: str) -> None:
         raise ParityError(f"{where}: parity failed: {'; '.join(report['failures'])}")
 
 
+_SETTLE_S = 0.25
+
+
 def latency_report(forms: dict[str, Logits], vocab_size: int, context: int, config: LatencyConfig,
                    seed: int = 0) -> dict[str, Any]:
-    """p50/p95 milliseconds of one forward pass per form, batch size and the configured sequence length."""
+    """p50/p95 milliseconds of one forward pass per form, batch size and the configured sequence length.
+
+    Forms are timed in interleaved rounds (``config.rounds``), so that a shared machine's drift in speed
+    weighs on every form alike instead of on whichever ran last; before each form's block, a pause lets
+    the previous engine's worker threads stop spinning (OpenMP spins 200 ms after each parallel region by
+    default, and would take a core from the next engine).
+    """
     seq = min(config.seq_length, context)
     rng = np.random.default_rng(seed)
     report: dict[str, Any] = {"seq_length": seq, "repeats": config.repeats, "unit": "ms", "forms": {}}
     for batch in config.batch_sizes:
-        ids = rng.integers(3, vocab_size, size=(batch, seq), dtype=np.int64)
-        mask = np.ones_like(ids)
-        for name, run in forms.items():
-            timing = time_call(run, (ids, mask), config.warmup, config.repeats)
-            report["forms"].setdefault(name, {})[f"batch_{batch}"] = timing
+        args = (rng.integers(3, vocab_size, size=(batch, seq), dtype=np.int64), np.ones((batch, seq), np.int64))
+        times: dict[str, list[float]] = {name: [] for name in forms}
+        for run in forms.values():
+            for _ in range(config.warmup):
+                run(*args)
+        rounds = max(1, min(config.rounds, config.repeats))
+        for r in range(rounds):
+            for name, run in forms.items():
+                time.sleep(_SETTLE_S)
+                times[name] += time_calls(run, args, config.repeats // rounds + (r < config.repeats % rounds))
+        for name, values in times.items():
+            report["forms"].setdefault(name, {})[f"batch_{batch}"] = {
+                "p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95))}
     return report
 
 
-def time_call(call: Callable[..., Any], args: tuple, warmup: int, repeats: int) -> dict[str, float]:
-    """p50/p95 milliseconds of ``call(*args)`` after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        call(*args)
+def time_calls(call: Callable[..., Any], args: tuple, repeats: int) -> list[float]:
+    """Milliseconds of each of ``repeats`` calls of ``call(*args)``."""
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         call(*args)
         times.append((time.perf_counter() - start) * 1000)
-    return {"p50": float(np.percentile(times, 50)), "p95": float(np.percentile(times, 95))}
+    return times
 
 
 def _nll(logits: np.ndarray, targets: np.ndarray) -> float:

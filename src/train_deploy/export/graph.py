@@ -1,58 +1,167 @@
-"""The inference graph: a checkpoint loaded into PaddleNLP's ``LlamaForCausalLM`` and saved for Paddle Inference.
+"""The inference graph: a checkpoint's weights in a compact Llama forward pass, saved for Paddle Inference.
 
-Training uses the auto-parallel ``LlamaForCausalLMNet``, which ``paddle.jit.save`` cannot trace; the
-plain ``LlamaForCausalLM`` has the same parameter names and computes the same logits. Two of its
-operators are rewritten into equivalent portable ones before tracing: the fused ``swiglu`` kernel
-(paddle2onnx has no converter for it) becomes ``silu(gate) * up``, and RMSNorm's ``pow(x, 2)`` (a slow
-generic kernel on CPU) becomes ``x * x``. The graph takes ``input_ids`` and ``attention_mask`` (int64,
-dynamic batch and sequence) and returns float32 logits, without a KV cache.
+Training uses the auto-parallel ``LlamaForCausalLMNet``, which ``paddle.jit.save`` cannot trace. The
+checkpoint is loaded into PaddleNLP's plain ``LlamaForCausalLM`` (same parameter names, same logits),
+and ``CompactLlama`` computes the same logits from its weights with fewer and cheaper operators: at
+batch 1 on CPU an inference pass costs more in small operators than in arithmetic, and Paddle's CPU
+elementwise kernels are ~25× slower when they broadcast over a middle axis than on equal shapes.
+
+* RMSNorm scales are folded into the next matrix product, and ``1/sqrt(head_dim)`` into the query's;
+  Q, K and V come from one product (grouped key/value heads are repeated in the weights);
+* rotary embeddings: ``rotate_half(x)`` is ``x @ R`` for a small signed permutation ``R`` (exact), applied
+  to queries and keys together; cos/sin are expanded once per pass to the full shape, so there is no
+  gather, slice, concat or broadcasting multiply per layer;
+* the causal and padding masks become one additive bias per pass, expanded once, shared by every layer;
+* ``silu(gate) * up`` uses the portable ``swish`` kernel (paddle2onnx has no converter for the fused
+  ``swiglu``; fusing gate and up into one product measured 0.8 ms slower) and RMSNorm squares with
+  ``x * x`` (``pow`` is a slow generic kernel on CPU).
+
+The same graph is converted to ONNX. It takes ``input_ids`` and ``attention_mask`` (int64, dynamic
+batch and sequence) and returns float32 logits, without a KV cache; padded keys are masked with
+``finfo.min`` as PaddleNLP does. Configurations it does not implement (``_SUPPORTED``) are refused.
 """
 
 from __future__ import annotations
 
-import types
+import math
 from pathlib import Path
 from typing import Any
 
-from train_deploy.training.checkpoint import load_weights, read_state
+import numpy as np
+
+from train_deploy.training.checkpoint import STATE_FILE, CheckpointError, load_weights, read_state
 
 SERVER_MODEL = "model"  # Paddle Inference writes model.json + model.pdiparams
+_SUPPORTED = {"alibi": False, "rope_scaling_type": None, "use_long_sequence_strategies": False,
+              "hidden_act": "silu"}  # configuration keys the compact graph implements only at these values
 
 
-def load_inference_model(checkpoint: Path):
-    """``LlamaForCausalLM`` with the checkpoint's weights in float32, portable operators, eval mode."""
+def load_reference_model(checkpoint: Path):
+    """PaddleNLP's ``LlamaForCausalLM`` with the checkpoint's weights in float32, eval mode."""
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
 
     state = read_state(checkpoint)
     config = LlamaConfig.from_dict(state["model_config"])
-    config.use_flash_attention = False  # portable attention: the same graph on CPU, GPU and ONNX
+    config.use_flash_attention = False  # portable attention: the same numbers on CPU and GPU
     config.use_fused_rms_norm = config.use_fused_rope = False
     config.use_cache, config.recompute, config.tensor_parallel_degree = False, False, 1
     config.dtype = "float32"
     model = LlamaForCausalLM(config)
     load_weights(model, checkpoint)  # float32: the model was built with dtype float32
-    _portable_operators(model)
     model.eval()
     return model
 
 
-def logits_module(model):
-    """The traced module: ``(input_ids, attention_mask) -> logits`` in float32."""
-    import paddle
+def load_inference_model(checkpoint: Path):
+    """The traced graph: :class:`CompactLlama` with ``checkpoint``'s weights."""
+    config = read_state(checkpoint)["model_config"]
+    for key, value in _SUPPORTED.items():
+        if config.get(key, value) != value:
+            raise CheckpointError(f"{Path(checkpoint) / STATE_FILE}: model_config.{key} = {config[key]!r} is not "
+                                  f"supported by the export graph (only {value!r})")
+    return compact_model(load_reference_model(checkpoint))
 
-    class Logits(paddle.nn.Layer):
-        def __init__(self, inner) -> None:
+
+def compact_model(reference):
+    """:class:`CompactLlama` computing ``reference``'s logits (module docstring); its own weights, eval mode."""
+    import paddle
+    import paddle.nn.functional as F
+
+    class CompactLlama(paddle.nn.Layer):
+        def __init__(self) -> None:
             super().__init__()
-            self.inner = inner
+            config, llama = reference.config, reference.llama
+            self.heads = heads = config.num_attention_heads
+            self.head_dim = head_dim = config.hidden_size // heads
+            self.eps, self.layers = config.rms_norm_eps, len(llama.layers)
+            self._add("embed", _array(llama.embed_tokens.weight))
+            for i, layer in enumerate(llama.layers):
+                attn, mlp = layer.self_attn, layer.mlp
+                q = _array(attn.q_proj.weight) / math.sqrt(head_dim)
+                k = _repeat_heads(_array(attn.k_proj.weight), config.num_key_value_heads, heads)
+                v = _repeat_heads(_array(attn.v_proj.weight), config.num_key_value_heads, heads)
+                norm = _array(layer.input_layernorm.weight)[:, None]
+                self._add(f"qkv_{i}", norm * np.concatenate([q, k, v], 1))
+                self._add(f"o_{i}", _array(attn.o_proj.weight))
+                norm = _array(layer.post_attention_layernorm.weight)[:, None]
+                self._add(f"gate_{i}", norm * _array(mlp.gate_proj.weight))
+                self._add(f"up_{i}", norm * _array(mlp.up_proj.weight))
+                self._add(f"down_{i}", _array(mlp.down_proj.weight))
+            head = _array(reference.lm_head.weight)
+            head = head.T if reference.lm_head.transpose_y else head  # tied to the embedding: [vocab, hidden]
+            self._add("lm_head", _array(llama.norm.weight)[:, None] * head)
+            cos, sin = _rotary_tables(config.max_position_embeddings, head_dim, config.rope_theta)
+            self._add("cos", cos[:, None, :])  # [position, 1, head_dim]
+            self._add("sin", sin[:, None, :])
+            self._add("rotate_half", _rotate_half_matrix(head_dim))
+
+        def _add(self, name: str, value: np.ndarray) -> None:
+            value = np.ascontiguousarray(value, dtype=np.float32)
+            self.add_parameter(name, self.create_parameter(
+                list(value.shape), dtype="float32", default_initializer=paddle.nn.initializer.Assign(value)))
+
+        def _norm(self, x):
+            return x * paddle.rsqrt((x * x).mean(-1, keepdim=True) + self.eps)
 
         def forward(self, input_ids, attention_mask):
-            out = self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, return_dict=False)
-            logits = out[0] if isinstance(out, tuple | list) else out
-            return logits.astype("float32")
+            batch, seq = paddle.shape(input_ids)[0], paddle.shape(input_ids)[1]
+            heads, head_dim, width = self.heads, self.head_dim, self.heads * self.head_dim
+            position = paddle.arange(seq)
+            keep = paddle.logical_and((position.unsqueeze(1) >= position.unsqueeze(0)).unsqueeze(0),
+                                      attention_mask.unsqueeze(1).astype("bool"))  # [batch, query, key]
+            bias = paddle.where(keep, paddle.zeros([1], "float32"),
+                                paddle.full([1], float(np.finfo(np.float32).min), "float32"))
+            bias = bias.unsqueeze(1).expand([batch, heads, seq, seq])  # same-shape adds are the fast kernels
+            cos = self.cos[:seq].unsqueeze(0).expand([batch, seq, 2 * heads, head_dim])  # queries and keys
+            sin = self.sin[:seq].unsqueeze(0).expand([batch, seq, 2 * heads, head_dim])
 
-    module = Logits(model)
-    module.eval()
-    return module
+            x = F.embedding(input_ids, self.embed)
+            for i in range(self.layers):
+                qkv = paddle.matmul(self._norm(x), getattr(self, f"qkv_{i}"))
+                qk = qkv[:, :, :2 * width].reshape([0, 0, 2 * heads, head_dim])
+                qk = qk * cos + paddle.matmul(qk, self.rotate_half) * sin
+                q, k = qk.reshape([0, 0, 2, heads, head_dim]).transpose([2, 0, 3, 1, 4]).unbind(0)
+                v = qkv[:, :, 2 * width:].reshape([0, 0, heads, head_dim]).transpose([0, 2, 1, 3])
+                scores = F.softmax(paddle.matmul(q, k, transpose_y=True) + bias, axis=-1)
+                attended = paddle.matmul(scores, v).transpose([0, 2, 1, 3]).reshape([0, 0, width])
+                x = x + paddle.matmul(attended, getattr(self, f"o_{i}"))
+                y = self._norm(x)
+                gate, up = paddle.matmul(y, getattr(self, f"gate_{i}")), paddle.matmul(y, getattr(self, f"up_{i}"))
+                x = x + paddle.matmul(F.swish(gate) * up, getattr(self, f"down_{i}"))
+            return paddle.matmul(self._norm(x), self.lm_head)
+
+    model = CompactLlama()
+    model.eval()
+    return model
+
+
+def _array(parameter) -> np.ndarray:
+    return parameter.numpy().astype(np.float32)
+
+
+def _rotate_half_matrix(head_dim: int) -> np.ndarray:
+    """``R`` with ``x @ R == rotate_half(x) == concat(-x[half:], x[:half])``: a signed permutation, exact."""
+    half = head_dim // 2
+    r = np.zeros((head_dim, head_dim), np.float32)
+    r[np.arange(half) + half, np.arange(half)] = -1.0
+    r[np.arange(half), np.arange(half) + half] = 1.0
+    return r
+
+
+def _repeat_heads(w: np.ndarray, kv_heads: int, heads: int) -> np.ndarray:
+    """Grouped key/value heads repeated to one per query head, as PaddleNLP's ``repeat_kv`` does at run time."""
+    rows = w.shape[0]
+    return np.repeat(w.reshape(rows, kv_heads, 1, -1), heads // kv_heads, axis=2).reshape(rows, -1)
+
+
+def _rotary_tables(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
+    """PaddleNLP's ``LlamaRotaryEmbedding`` cos/sin tables ``[positions, head_dim]`` (computed in float32)."""
+    import paddle
+
+    inv_freq = 1.0 / (theta ** (paddle.arange(0, head_dim, 2).astype("float32") / head_dim))
+    freqs = paddle.einsum("i,j->ij", paddle.arange(positions, dtype="float32"), inv_freq)
+    emb = paddle.concat([freqs, freqs], axis=-1)
+    return emb.cos().numpy(), emb.sin().numpy()
 
 
 def save_server_model(model, folder: Path) -> Path:
@@ -63,7 +172,7 @@ def save_server_model(model, folder: Path) -> Path:
     prefix = folder / SERVER_MODEL
     spec = [paddle.static.InputSpec([None, None], "int64", "input_ids"),
             paddle.static.InputSpec([None, None], "int64", "attention_mask")]
-    paddle.jit.save(logits_module(model), str(prefix), input_spec=spec)
+    paddle.jit.save(model, str(prefix), input_spec=spec)
     return prefix
 
 
@@ -99,31 +208,3 @@ def eager_logits(model, input_ids, attention_mask=None) -> Any:
         out = model(input_ids=ids, **kwargs)
         logits = out[0] if isinstance(out, tuple | list) else out
         return logits.astype("float32").numpy()
-
-
-def _portable_operators(model) -> None:
-    from paddlenlp.transformers.llama.modeling import LlamaMLP, LlamaRMSNorm
-
-    for layer in model.sublayers():
-        if isinstance(layer, LlamaMLP):
-            layer.forward = types.MethodType(_mlp_forward, layer)
-        elif isinstance(layer, LlamaRMSNorm):
-            layer.forward = types.MethodType(_rms_norm_forward, layer)
-
-
-def _mlp_forward(self, x):
-    import paddle.nn.functional as F
-
-    if self.fuse_attention_ffn:
-        gate, up = self.gate_up_fused_proj(x).chunk(2, axis=-1)
-    else:
-        gate, up = self.gate_proj(x), self.up_proj(x)
-    return self.down_proj(F.silu(gate) * up)
-
-
-def _rms_norm_forward(self, hidden_states):
-    import paddle
-
-    hidden_states = hidden_states.astype("float32")
-    variance = (hidden_states * hidden_states).mean(-1, keepdim=True)
-    return paddle.rsqrt(variance + self.variance_epsilon) * hidden_states * self.weight

@@ -70,6 +70,7 @@ class PaddleInferenceBackend:
             config.set_cpu_math_library_num_threads(server.cpu_threads)
             config.enable_mkldnn() if server.onednn else config.disable_mkldnn()
         config.disable_glog_info()
+        paddle.set_flags({"FLAGS_eager_delete_tensor_gb": server.gc_batch_mb / 1024})  # read at the first run
         self._predictor = inference.create_predictor(config)
         self._inputs = [self._predictor.get_input_handle(n) for n in self._predictor.get_input_names()]
         self._output = self._predictor.get_output_handle(self._predictor.get_output_names()[0])

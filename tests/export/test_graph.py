@@ -1,0 +1,63 @@
+"""The compact inference graph computes PaddleNLP's Llama logits; configurations it does not implement are refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from train_deploy.export.graph import compact_model, load_inference_model
+from train_deploy.training.checkpoint import STATE_FILE, CheckpointError
+
+SHAPE = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 32}
+
+
+def reference_llama(seed: int, **overrides):
+    """PaddleNLP's LlamaForCausalLM with every weight random, RMSNorm scales included (folded by the graph)."""
+    import paddle
+    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**{**SHAPE, **overrides}, use_flash_attention=False, use_fused_rms_norm=False,
+                         use_fused_rope=False, dtype="float32")
+    paddle.seed(seed)
+    model = LlamaForCausalLM(config)
+    rng = np.random.default_rng(seed)
+    for name, param in model.named_parameters():
+        base = 1.0 if "norm" in name else 0.0
+        param.set_value((base + 0.2 * rng.standard_normal(param.shape)).astype(np.float32))
+    model.eval()
+    return model
+
+
+@pytest.mark.parametrize("overrides", [{}, {"num_key_value_heads": 2}, {"num_key_value_heads": 1},
+                                       {"tie_word_embeddings": True}, {"rope_theta": 500000.0}],
+                         ids=["mha", "gqa-2", "mqa", "tied", "rope-theta"])
+def test_compact_graph_equals_paddlenlp_llama_with_padding(overrides):
+    import paddle
+
+    reference = reference_llama(len(overrides), **overrides)
+    compact = compact_model(reference)
+    ids = np.random.default_rng(1).integers(3, SHAPE["vocab_size"], size=(3, 20))
+    mask = np.ones_like(ids)
+    mask[1, :7] = 0  # left padding
+    mask[2, 15:] = 0  # right padding
+    with paddle.no_grad():
+        expected = reference(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
+                             use_cache=False, return_dict=False)[0].numpy()
+        got = compact(paddle.to_tensor(ids), paddle.to_tensor(mask)).numpy()
+    assert got.shape == expected.shape == (3, 20, SHAPE["vocab_size"])
+    np.testing.assert_allclose(got, expected, rtol=0, atol=2e-5)
+
+
+def test_configurations_the_graph_does_not_implement_are_named(tmp_path, tiny_checkpoint):
+    checkpoint = tmp_path / tiny_checkpoint.name
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    state = json.loads((checkpoint / STATE_FILE).read_text())
+    state["model_config"]["rope_scaling_type"] = "linear"
+    (checkpoint / STATE_FILE).write_text(json.dumps(state))
+    with pytest.raises(CheckpointError, match=r"state.json: model_config.rope_scaling_type = 'linear' is not "
+                                              r"supported by the export graph \(only None\)"):
+        load_inference_model(checkpoint)
