@@ -7,6 +7,8 @@ Builds corpora by repeating the embedded People's Daily corpus (word/POS format)
 trains one tokenizer with the default settings, then measures on the same files:
 
 - raw SentencePiece ``encode`` of the already cleaned documents, one process, one thread: the limit;
+- the same in 2 independent processes started together, over 1 process alone: how much this machine
+  gives two busy processes right now, the ceiling for the 2-worker ratio (on a shared VM it varies);
 - the corpus stage end to end (read, strip POS tags, clean, hash, split, encode, write shards, merge
   into .bin/.idx) with 1 and with 2 workers, each run in a fresh process;
 - for the first size, the stage with 1 worker on the same text already stripped of its tags, as plain
@@ -82,25 +84,49 @@ def train_tokenizer() -> dict:
     return prepare_tokenizer(plan_inputs({"tokenizer": {"output_dir": str(WORK / "tokenizer")}}))
 
 
-def raw_encode(corpus: Path, tokenizer: dict) -> dict:
-    """Tokens/s of SentencePiece alone on the cleaned documents, held in memory."""
+def cleaned_documents(corpus: Path) -> list[str]:
+    """The corpus's documents after the stage's cleaning, in memory."""
     from train_deploy.corpus.cleaning import Cleaner
     from train_deploy.corpus.config import CorpusConfig
     from train_deploy.corpus.readers import ReadStats, iter_documents, plan_corpus
-    from train_deploy.corpus.tokenizer import TokenEncoder, TokenizerInfo
 
     config = CorpusConfig.from_params(params(corpus, 1, WORK / "unused"))
     cleaner = Cleaner(config.cleaning)
     plan = plan_corpus(config.reader)
     raw = [d for c in plan.chunks for d in iter_documents(c, config.reader, ReadStats())]
-    docs = [t for i in range(0, len(raw), 512) for t in cleaner.clean_batch(raw[i : i + 512])
+    return [t for i in range(0, len(raw), 512) for t in cleaner.clean_batch(raw[i : i + 512])
             if len(t) >= config.cleaning.min_chars]
-    del raw
+
+
+def raw_encode(docs: list[str], tokenizer: dict) -> dict:
+    """Tokens/s of SentencePiece alone on ``docs``."""
+    from train_deploy.corpus.tokenizer import TokenEncoder, TokenizerInfo
+
     encoder = TokenEncoder(TokenizerInfo(**tokenizer))
     started = time.perf_counter()
     tokens = sum(len(ids) + 1 for i in range(0, len(docs), 512) for ids in encoder.encode(docs[i : i + 512]))
     wall = time.perf_counter() - started
     return {"tokens": tokens, "wall": wall}
+
+
+def machine_scaling(corpus: Path, tokenizer: dict, repeat: int) -> float:
+    """Throughput of 2 independent raw encoders started together over 1 alone (best of ``repeat`` each).
+
+    What this machine gives two busy processes at the moment: the ceiling for 2 workers / 1 worker.
+    """
+    def run(processes: int) -> float:
+        command = [sys.executable, __file__, "--raw-child", str(corpus), "--tokenizer", json.dumps(tokenizer)]
+        children = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                    for _ in range(processes)]
+        for child in children:  # each has read and cleaned the corpus
+            assert child.stdout.readline().strip() == "ready"
+        for child in children:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        results = [json.loads(child.communicate()[0].strip().splitlines()[-1]) for child in children]
+        return sum(r["tokens"] for r in results) / max(r["wall"] for r in results)
+
+    return max(run(2) for _ in range(repeat)) / max(run(1) for _ in range(repeat))
 
 
 def stage(corpus: Path, workers: int, tokenizer: dict) -> dict:
@@ -136,11 +162,18 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 200], help="corpus sizes in MB")
     parser.add_argument("--repeat", type=int, default=3, help="runs per measurement; the fastest is kept")
     parser.add_argument("--stage", help=argparse.SUPPRESS)
+    parser.add_argument("--raw-child", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stage:  # child process: one measurement, JSON on the last line
         print(json.dumps(stage(Path(args.stage), args.workers, json.loads(args.tokenizer))))  # noqa: T201
+        return
+    if args.raw_child:  # child process: clean, say ready, encode when told to go
+        docs = cleaned_documents(Path(args.raw_child))
+        print("ready", flush=True)  # noqa: T201
+        sys.stdin.readline()
+        print(json.dumps(raw_encode(docs, json.loads(args.tokenizer))))  # noqa: T201
         return
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -148,13 +181,17 @@ def main() -> None:
     tokenizer = train_tokenizer()
     rows = []
     limit = None
+    scaling: dict[int, float] = {}
     for size in args.sizes:
         corpus = build_corpus(size)
         if limit is None:
-            raw = min((raw_encode(corpus, tokenizer) for _ in range(args.repeat)), key=lambda r: r["wall"])
+            docs = cleaned_documents(corpus)
+            raw = min((raw_encode(docs, tokenizer) for _ in range(args.repeat)), key=lambda r: r["wall"])
+            del docs
             limit = raw["tokens"] / raw["wall"]
             rows.append((f"{corpus.stat().st_size / 1e6:.0f} MB", "raw SentencePiece encode (limit)", 1,
                          raw["tokens"], raw["wall"], limit, None))
+        scaling[corpus.stat().st_size] = machine_scaling(corpus, tokenizer, args.repeat)
         for workers in (1, 2):
             r = run_stage_process(corpus, workers, tokenizer, args.repeat)
             rows.append((f"{corpus.stat().st_size / 1e6:.0f} MB", "corpus stage end to end", r["workers"],
@@ -175,7 +212,9 @@ def main() -> None:
     lines.append("")
     for corpus in dict.fromkeys(r[0] for r in stage_rows):
         one, two = (next(r for r in stage_rows if r[0] == corpus and r[2] == n) for n in (1, 2))
-        lines.append(f"{corpus}: 2 workers / 1 worker = {two[5] / one[5]:.2f}× (target ≥ 1.6); "
+        machine = scaling[next(size for size in scaling if f"{size / 1e6:.0f} MB" == corpus)]
+        lines.append(f"{corpus}: 2 workers / 1 worker = {two[5] / one[5]:.2f}× (target ≥ 1.6; two independent "
+                     f"raw encoders on this machine now: {machine:.2f}×); "
                      f"1 worker / raw limit = {one[5] / limit:.2f} (target ≥ 0.5)")
     for workers in (1, 2):
         rss = [r[6][0] for r in stage_rows if r[2] == workers]
