@@ -28,10 +28,11 @@ def test_latency_interleaves_the_forms_and_times_every_repeat(monkeypatch, repea
     assert report["seq_length"] == 4  # capped by the context
     for batch in (1, 3):
         made = [name for name, shape in calls if shape == (batch, 4)]
-        assert made.count("a") == made.count("b") == 2 + repeats
+        blocks = min(rounds, repeats)
+        assert made.count("a") == made.count("b") == 2 + blocks + repeats  # warm-up, one untimed call a block
         timed = made[4:]  # after both forms' warm-up calls
-        blocks = [timed[0]] + [b for a, b in zip(timed, timed[1:], strict=False) if a != b]
-        assert len(blocks) == 2 * min(rounds, repeats)  # a, b, a, b, …: interleaved
+        order = [timed[0]] + [b for a, b in zip(timed, timed[1:], strict=False) if a != b]
+        assert order == ["a", "b"] * blocks  # interleaved
         for name in "ab":
             timing = report["forms"][name][f"batch_{batch}"]
             assert 0 <= timing["p50"] <= timing["p95"]

@@ -74,7 +74,7 @@ def latency_report(forms: dict[str, Logits], vocab_size: int, context: int, conf
     Forms are timed in interleaved rounds (``config.rounds``), so that a shared machine's drift in speed
     weighs on every form alike instead of on whichever ran last; before each form's block, a pause lets
     the previous engine's worker threads stop spinning (OpenMP spins 200 ms after each parallel region by
-    default, and would take a core from the next engine).
+    default, and would take a core from the next engine), and one untimed call warms the form up again.
     """
     seq = min(config.seq_length, context)
     rng = np.random.default_rng(seed)
@@ -89,6 +89,7 @@ def latency_report(forms: dict[str, Logits], vocab_size: int, context: int, conf
         for r in range(rounds):
             for name, run in forms.items():
                 time.sleep(_SETTLE_S)
+                run(*args)  # untimed: the first call after the pause finds cold caches and sleeping threads
                 times[name] += time_calls(run, args, config.repeats // rounds + (r < config.repeats % rounds))
         for name, values in times.items():
             report["forms"].setdefault(name, {})[f"batch_{batch}"] = {
