@@ -173,6 +173,31 @@ def test_truncated_wiki_dump_is_named(tmp_path, tiny_tokenizer):
         run(tmp_path, tiny_tokenizer, [path], source="wiki_xml")
 
 
+def test_truncated_multistream_dump_is_named(tmp_path, tiny_tokenizer):
+    from tests.corpus.test_readers import multistream_dump, sample_pages
+
+    path = tmp_path / "zhwiki-multistream.xml.bz2"
+    data = multistream_dump(sample_pages(300), 10)
+    path.write_bytes(data[: len(data) - 300])  # the last page stream loses its end
+    with pytest.raises(CorpusError, match=rf"^{re.escape(str(path))}: compressed stream is truncated or corrupt "
+                                          r"\(a bz2 stream ends before its end-of-stream marker\)"):
+        run(tmp_path, tiny_tokenizer, [path], source="wiki_xml", chunk_bytes=4096)
+    assert_nothing_written(tmp_path)
+
+
+def test_malformed_xml_in_a_later_chunk_of_a_dump_names_its_line_in_the_file(tmp_path, tiny_tokenizer):
+    from tests.corpus.test_readers import sample_pages, wiki_dump
+
+    text = wiki_dump(sample_pages(300)).decode().replace("<page>", "\n<page>")
+    broken = text.index("<title>条目250</title>")
+    path = tmp_path / "zhwiki.xml"
+    path.write_text(text[:broken] + "<title>条目250</titel>" + text[broken + len("<title>条目250</title>"):],
+                    encoding="utf-8")
+    line = text[:broken].count("\n") + 1
+    with pytest.raises(CorpusError, match=rf"^{re.escape(str(path))} line {line}: malformed XML"):
+        run(tmp_path, tiny_tokenizer, [path], source="wiki_xml", chunk_bytes=4096)
+
+
 def test_existing_outputs_survive_a_failed_rebuild(tmp_path, tiny_tokenizer):
     good = tmp_path / "good.txt"
     good.write_text(GOOD, encoding="utf-8")

@@ -36,6 +36,28 @@ def test_output_is_byte_identical_with_one_and_two_workers(tmp_path, tiny_tokeni
     assert one["fingerprint"] == two["fingerprint"]
 
 
+def test_a_multistream_wiki_dump_is_shared_by_the_workers_and_encodes_like_a_single_stream(tmp_path, tiny_tokenizer):
+    import bz2
+
+    from tests.corpus.test_readers import multistream_dump, sample_pages, wiki_dump
+
+    pages = sample_pages(400)
+    (tmp_path / "multi.xml.bz2").write_bytes(multistream_dump(pages, 10))
+    (tmp_path / "single.xml.bz2").write_bytes(bz2.compress(wiki_dump(pages)))
+    outputs, manifests = [], []
+    for name, workers in (("multi", 1), ("multi", 2), ("single", 1)):
+        folder = tmp_path / f"{name}_{workers}"
+        _, manifest = encode(folder, tiny_tokenizer, encoding={"workers": workers}, reader={
+            "source": "wiki_xml", "paths": [str(tmp_path / f"{name}.xml.bz2")], "max_bytes": None,
+            "chunk_bytes": 4096})
+        outputs.append(output_bytes(folder / "tokens"))
+        manifests.append(manifest)
+    assert manifests[0]["input"]["chunks"] >= 4 and manifests[1]["workers"] == 2
+    assert manifests[2]["input"]["chunks"] == 1
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert manifests[0]["documents"]["kept"] == 320
+
+
 def test_paddlenlp_reads_the_token_files_and_they_decode_to_the_cleaned_documents(tmp_path, tiny_tokenizer):
     from paddlenlp.data.indexed_dataset import MMapIndexedDataset, make_dataset
 

@@ -75,6 +75,20 @@ def wiki_dump(pages: list[tuple[int, str, str]]) -> bytes:
     return xml.encode("utf-8")
 
 
+def multistream_dump(pages: list[tuple[int, str, str]], per_stream: int) -> bytes:
+    """The dump as Wikipedia's multistream .xml.bz2: header, ``per_stream`` pages per bz2 stream, footer."""
+    xml = wiki_dump(pages).decode()
+    head, _, rest = xml.partition("<page>")
+    parts = ["<page>" + p for p in rest.removesuffix("</mediawiki>").split("<page>")]
+    groups = [head] + ["".join(parts[i : i + per_stream]) for i in range(0, len(parts), per_stream)] + ["</mediawiki>"]
+    return b"".join(bz2.compress(g.encode()) for g in groups)
+
+
+def sample_pages(n: int) -> list[tuple[int, str, str]]:
+    return [(4 if i % 5 == 4 else 0, f"条目{i}", f"'''条目{i}'''是[[测试]]条目，{'内容' * (40 + i % 9)}。")
+            for i in range(n)]
+
+
 WIKI_ARTICLE = (
     "{{Infobox 城市|名称=北京}}'''北京市'''是[[中华人民共和国]]的[[首都|首都城市]]。"
     "&lt;ref&gt;来源&lt;/ref&gt;\n== 历史 ==\n北京有三千多年历史。[[File:Beijing.jpg|thumb|天安门]]\n"
@@ -92,6 +106,25 @@ def test_wiki_dump_is_streamed_and_stripped_to_plain_text(tmp_path):
     ])))
     docs = read_all(ReaderConfig(source="wiki_xml", paths=[str(path)]))
     assert docs == ["北京市是中华人民共和国的首都城市。\n历史\n北京有三千多年历史。\n简体名称\n", "上海市，简称沪。"]
+
+
+@pytest.mark.parametrize("form", ["multistream .xml.bz2", "plain .xml"])
+def test_a_large_wiki_dump_is_cut_into_chunks_that_read_like_the_whole(tmp_path, form):
+    pages = sample_pages(300)
+    whole = tmp_path / "whole.xml.bz2"
+    whole.write_bytes(bz2.compress(wiki_dump(pages)))  # one bz2 stream: cannot be entered, one chunk
+    path = tmp_path / ("dump.xml.bz2" if form.startswith("multi") else "dump.xml")
+    path.write_bytes(multistream_dump(pages, 10) if form.startswith("multi") else wiki_dump(pages))
+    reader = ReaderConfig(source="wiki_xml", paths=[str(path)], chunk_bytes=4096)
+    plan = plan_corpus(reader)
+    assert len(plan_corpus(ReaderConfig(source="wiki_xml", paths=[str(whole)], chunk_bytes=4096)).chunks) == 1
+    assert len(plan.chunks) >= 3 and plan.chunks[0].start == 0 and plan.chunks[-1].end == path.stat().st_size
+    assert all(a.end == b.start for a, b in zip(plan.chunks, plan.chunks[1:], strict=False))
+    expected = read_all(ReaderConfig(source="wiki_xml", paths=[str(whole)]))
+    assert len(expected) == 240 and read_all(reader) == expected
+    # max_bytes (a sample of the corpus) reads the dump from its start, as one chunk
+    assert len(plan_corpus(ReaderConfig(source="wiki_xml", paths=[str(path)], chunk_bytes=4096,
+                                        max_bytes=10_000)).chunks) == 1
 
 
 def test_people_daily_strips_pos_tags_and_groups_lines():

@@ -1,9 +1,12 @@
 """Streaming corpus readers.
 
 The input is first planned into :class:`Chunk` s: byte ranges of plain files cut at document boundaries
-(about ``chunk_bytes`` each), or whole compressed files, which cannot be entered in the middle. A chunk
-depends only on the data and ``chunk_bytes``, never on the worker count, so the encoded output is the same
-whatever the parallelism. :func:`iter_documents` then reads one chunk line by line with bounded memory.
+(about ``chunk_bytes`` each), or whole compressed files, which cannot be entered in the middle. MediaWiki
+dumps are the exception, so that one huge dump is still read by every worker: a plain ``.xml`` is cut
+before ``<page>`` tags, and a *multistream* ``.xml.bz2`` (the form Wikipedia publishes for parallel
+reading: concatenated bz2 streams of 100 pages each) at stream starts. A chunk depends only on the data
+and ``chunk_bytes``, never on the worker count, so the encoded output is the same whatever the
+parallelism. :func:`iter_documents` then reads one chunk with bounded memory.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import glob
 import gzip
 import importlib.resources
 import io
+import itertools
 import json
+import os
 import re
 import zlib
 from collections import Counter
@@ -35,6 +40,10 @@ _BINARY_SNIFF = 8192
 # End of a run of blank lines: the next byte starts a document (blank_line mode).
 _BLANK_RUN = re.compile(rb"\n(?:[ \t\r\f\v]*\n)+")
 _POS_BATCH = 1024
+# Where a MediaWiki dump may be entered: a bz2 stream's header (then a block, or the end-of-stream marker
+# of an empty stream; byte-aligned only at stream starts) in a multistream .bz2, a page in plain XML.
+_BZ2_STREAM = re.compile(rb"BZh[1-9](?:1AY&SY|\x17rE8P\x90)")
+_XML_PAGE = re.compile(rb"<page>")
 
 
 class CorpusError(ValueError):
@@ -43,7 +52,8 @@ class CorpusError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
-    """A unit of work: ``[start, end)`` of a plain file, or a whole compressed file (``end == -1``)."""
+    """A unit of work: ``[start, end)`` of a plain file or of a multistream dump's bz2 streams, or a whole
+    compressed file (``end == -1``)."""
 
     index: int
     path: str
@@ -51,6 +61,8 @@ class Chunk:
     end: int
     limit: int | None = None
     """Compressed files only: stop after this many decompressed bytes (``max_bytes``)."""
+    streams: bool = False
+    """``[start, end)`` holds whole bz2 streams of a multistream dump."""
 
     @property
     def compressed(self) -> bool:
@@ -134,11 +146,16 @@ def plan_corpus(reader: ReaderConfig) -> CorpusPlan:
             break
         size = path.stat().st_size
         digest.update(f"{path.name}\0{size}\0".encode())
-        _hash_file(path, digest)
+        compressed = path.name.endswith(COMPRESSED_SUFFIXES)
+        marker = _wiki_entry_marker(path, reader) if budget is None else None
+        cuts = _hash_file(path, digest, marker, reader.chunk_bytes)
         total += size
         if size == 0:
             continue
-        compressed = path.name.endswith(COMPRESSED_SUFFIXES)
+        if cuts:  # a MediaWiki dump entered at pages or bz2 streams
+            for start, end in itertools.pairwise([0, *cuts, size]):
+                chunks.append(Chunk(len(chunks), str(path), start, end, streams=compressed))
+            continue
         if not compressed:
             problem = _sniff_binary(path)
             if problem:
@@ -203,10 +220,30 @@ def iter_document_batches(chunk: Chunk, reader: ReaderConfig, stats: ReadStats, 
 # --- planning --------------------------------------------------------------------------------------
 
 
-def _hash_file(path: Path, digest) -> None:
+def _wiki_entry_marker(path: Path, reader: ReaderConfig) -> re.Pattern[bytes] | None:
+    if reader.source != "wiki_xml":
+        return None
+    if path.name.endswith(".bz2"):
+        return _BZ2_STREAM
+    return None if path.name.endswith(COMPRESSED_SUFFIXES) else _XML_PAGE
+
+
+def _hash_file(path: Path, digest, marker: re.Pattern[bytes] | None = None, every: int = 0) -> list[int]:
+    """Feed the file to ``digest``; with ``marker``, also return where to cut it: the first match at least
+    ``every`` bytes after the previous cut (0 excluded), found in the same pass."""
+    cuts: list[int] = []
+    next_cut, offset, tail = every, 0, b""
     with open(path, "rb") as f:
         while block := f.read(_BLOCK):
             digest.update(block)
+            if marker is not None:
+                data, base = tail + block, offset - len(tail)
+                while (match := marker.search(data, max(0, next_cut - base))) is not None:
+                    cuts.append(base + match.start())
+                    next_cut = cuts[-1] + every
+                tail = data[-16:]  # a marker may straddle two blocks
+            offset += len(block)
+    return cuts
 
 
 def _sniff_binary(path: Path) -> str | None:
@@ -551,9 +588,70 @@ class _CountingReader(io.RawIOBase):
         return len(data)
 
 
+class _BlockReader(io.RawIOBase):
+    """A readable stream over an iterator of byte blocks."""
+
+    def __init__(self, blocks: Iterator[bytes]) -> None:
+        self._blocks, self._view = blocks, memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        while not self._view:
+            block = next(self._blocks, None)
+            if block is None:
+                return 0
+            self._view = memoryview(block)
+        n = min(len(buffer), len(self._view))
+        buffer[:n], self._view = self._view[:n], self._view[n:]
+        return n
+
+
+def _file_blocks(path: str, start: int, end: int) -> Iterator[bytes]:
+    with open(path, "rb") as f:
+        f.seek(start)
+        while start < end and (block := f.read(min(_BLOCK, end - start))):
+            start += len(block)
+            yield block
+
+
+def _bz2_stream_blocks(path: str, start: int, end: int) -> Iterator[bytes]:
+    """The decompressed bytes of the whole bz2 streams in ``[start, end)``."""
+    decompressor = None
+    for block in _file_blocks(path, start, end):
+        while block:
+            decompressor = decompressor or bz2.BZ2Decompressor()
+            yield decompressor.decompress(block)
+            block = decompressor.unused_data if decompressor.eof else b""
+            decompressor = None if decompressor.eof else decompressor
+    if decompressor is not None:
+        raise EOFError("a bz2 stream ends before its end-of-stream marker")
+
+
+def _open_wiki_chunk(chunk: Chunk) -> IO[bytes]:
+    """The chunk's XML; a part of a dump is wrapped in ``<mediawiki>`` tags so that it parses on its own."""
+    size = os.path.getsize(chunk.path)
+    if chunk.compressed or (chunk.start == 0 and chunk.end == size):
+        return _open_stream(chunk.path)
+    blocks = (_bz2_stream_blocks if chunk.streams else _file_blocks)(chunk.path, chunk.start, chunk.end)
+    head = [b"<mediawiki>"] if chunk.start > 0 else []
+    tail = [b"</mediawiki>"] if chunk.end < size else []
+    return io.BufferedReader(_BlockReader(itertools.chain(head, blocks, tail)), _BLOCK)
+
+
+def _xml_position(chunk: Chunk, line: int) -> str:
+    """Where a parse error is, in the words a user can look up."""
+    if chunk.streams:
+        return f"{chunk.path} (bz2 streams from byte {chunk.start}) line {line}"
+    if not chunk.compressed and chunk.start > 0:
+        line += _line_at(chunk, chunk.start, None) - 1
+    return f"{chunk.path} line {line}"
+
+
 def _wiki_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterator[str]:
     limit = chunk.limit if chunk.limit is not None else (None if chunk.compressed else reader.max_bytes)
-    with _open_stream(chunk.path) as raw:
+    with _open_wiki_chunk(chunk) as raw:
         counter = _CountingReader(raw)
         try:
             for _title, wikitext in iter_pages(counter):
@@ -564,7 +662,7 @@ def _wiki_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Ite
                     return
         except ElementTree.ParseError as exc:
             line, column = exc.position
-            message = f"{chunk.path} line {line}: malformed XML ({exc.msg if hasattr(exc, 'msg') else exc})"
+            message = f"{_xml_position(chunk, line)}: malformed XML ({exc.msg if hasattr(exc, 'msg') else exc})"
             if reader.on_error == "raise":
                 raise CorpusError(message) from None
             stats.skip("malformed_xml", message)
