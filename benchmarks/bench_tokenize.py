@@ -69,7 +69,9 @@ def build_plain_text(corpus: Path) -> Path:
 
 def params(corpus: Path, workers: int, out: Path) -> dict:
     reader = {"source": "people_daily", "paths": [str(corpus)]}
-    if corpus.stem.endswith("_plain"):
+    if corpus.name.endswith(".xml.bz2"):  # benchmarks/bench_wiki.py
+        reader = {"source": "wiki_xml", "paths": [str(corpus)]}
+    elif corpus.stem.endswith("_plain"):
         reader = {"source": "text", "document_split": "line", "paths": [str(corpus)]}
     return {
         "reader": reader,
@@ -130,20 +132,22 @@ def machine_scaling(corpus: Path, tokenizer: dict, repeat: int) -> float:
     return statistics.median(run(2) / run(1) for _ in range(repeat))  # pairs taken back to back
 
 
-def stage(corpus: Path, workers: int, tokenizer: dict) -> dict:
-    """One run of the stage's encoding (the tokenizer already exists) in this process."""
+def stage(corpus: Path, workers: int, tokenizer: dict, keep: Path | None = None) -> dict:
+    """One run of the stage's encoding (the tokenizer already exists) in this process; the token files are
+    removed afterwards unless ``keep`` names where to leave them."""
     from train_deploy.corpus.build import encode_corpus
     from train_deploy.corpus.config import CorpusConfig
     from train_deploy.corpus.readers import plan_corpus
     from train_deploy.corpus.tokenizer import TokenizerInfo
 
-    out = WORK / f"out_{corpus.stem}_{workers}"
+    out = keep or WORK / f"out_{corpus.stem}_{workers}"
     shutil.rmtree(out, ignore_errors=True)
     config = CorpusConfig.from_params(params(corpus, workers, out))
     started = time.perf_counter()
     manifest = encode_corpus(config, plan_corpus(config.reader), TokenizerInfo(**tokenizer))
     wall = time.perf_counter() - started
-    shutil.rmtree(out, ignore_errors=True)
+    if keep is None:
+        shutil.rmtree(out, ignore_errors=True)
     peaks = [manifest["peak_rss_mb"]["this_process"], *manifest["peak_rss_mb"]["helpers"]]
     return {"tokens": manifest["tokens"]["total"], "wall": wall, "workers": manifest["workers"],
             "chunks": manifest["input"]["chunks"], "rss_mb": sum(peaks), "rss_single_mb": max(peaks)}
