@@ -36,7 +36,7 @@ from train_deploy.training.checkpoint import MODEL_FILE, STATE_FILE, CheckpointE
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # part of the reuse fingerprint; 2: the compact server graph (bundles of 1 still load)
 
 
 def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, config: ExportConfig, run_name: str,
