@@ -76,3 +76,15 @@ def test_gpu_server_on_the_cpu_wheel_is_refused_with_the_key(tiny_bundle):
 
     with pytest.raises(BundleError, match="export.server.device: gpu needs the paddlepaddle-gpu wheel"):
         LanguageModel.load(tiny_bundle, server=ServerConfig(device="gpu"))
+
+
+@pytest.mark.parametrize("onednn", [False, True])
+def test_server_settings_reach_the_predictor_and_give_the_same_logits(tiny_bundle, models, onednn):
+    import paddle
+
+    from train_deploy.export.config import ServerConfig
+
+    model = LanguageModel.load(tiny_bundle, server=ServerConfig(onednn=onednn, gc_batch_mb=4, cpu_threads=1))
+    assert paddle.get_flags("FLAGS_eager_delete_tensor_gb")["FLAGS_eager_delete_tensor_gb"] == 4 / 1024
+    for ours, theirs in zip(model.score(TEXTS), models["paddle"].score(TEXTS), strict=True):
+        np.testing.assert_allclose(ours.log_probs, theirs.log_probs, atol=1e-5)
