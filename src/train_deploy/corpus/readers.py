@@ -317,6 +317,13 @@ def _is_stream_error(exc: Exception) -> bool:
     return isinstance(exc, EOFError | OSError | zlib.error) or type(exc).__name__ == "ZstdError"
 
 
+def _bad_input(reader: ReaderConfig, stats: ReadStats, reason: str, message: str) -> None:
+    """Raise the one-line error, or count it and keep it as a warning when ``on_error: skip``."""
+    if reader.on_error == "raise":
+        raise CorpusError(message) from None
+    stats.skip(reason, message)
+
+
 def _iter_lines(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterator[tuple[str, int]]:
     """Yield ``(line, line_number)`` with the newline removed; bad lines raise or are skipped."""
     max_len = reader.max_line_bytes
@@ -334,9 +341,7 @@ def _iter_lines(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterato
                 if not _is_stream_error(exc):
                     raise
                 message = f"{chunk.path}: compressed stream is truncated or corrupt ({exc})"
-                if reader.on_error == "raise":
-                    raise CorpusError(message) from None
-                stats.skip("truncated_archive", message)
+                _bad_input(reader, stats, "truncated_archive", message)
                 return
             if not raw:
                 return
@@ -348,18 +353,14 @@ def _iter_lines(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterato
                 pos += _skip_rest_of_line(f)
                 message = (f"{chunk.path} line {_line_at(chunk, here, line_no)}: line longer than "
                            f"{max_len} bytes (corpus.reader.max_line_bytes)")
-                if reader.on_error == "raise":
-                    raise CorpusError(message)
-                stats.skip("line_too_long", message)
+                _bad_input(reader, stats, "line_too_long", message)
                 continue
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
                 message = (f"{chunk.path} line {_line_at(chunk, here, line_no)}: not valid UTF-8 "
                            f"(byte 0x{raw[exc.start]:02x} at column {exc.start + 1})")
-                if reader.on_error == "raise":
-                    raise CorpusError(message) from None
-                stats.skip("invalid_utf8", message)
+                _bad_input(reader, stats, "invalid_utf8", message)
                 continue
             yield text.rstrip("\r\n"), (line_no if line_no is not None else -here - 1)
 
@@ -557,17 +558,13 @@ def _jsonl_documents(chunk: Chunk, reader: ReaderConfig, lines: Iterator[tuple[s
             record = json.loads(text)
         except json.JSONDecodeError as exc:
             message = f"{chunk.path} line {_line_number(chunk, marker)}: not valid JSON ({exc.msg})"
-            if reader.on_error == "raise":
-                raise CorpusError(message) from None
-            stats.skip("invalid_json", message)
+            _bad_input(reader, stats, "invalid_json", message)
             continue
         value = record.get(key) if isinstance(record, dict) else None
         if not isinstance(value, str):
             what = "no field" if not isinstance(record, dict) or key not in record else "non-string field"
             message = f"{chunk.path} line {_line_number(chunk, marker)}: {what} {key!r} (corpus.reader.text_field)"
-            if reader.on_error == "raise":
-                raise CorpusError(message)
-            stats.skip("missing_field", message)
+            _bad_input(reader, stats, "missing_field", message)
             continue
         yield value
 
@@ -663,13 +660,9 @@ def _wiki_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Ite
         except ElementTree.ParseError as exc:
             line, column = exc.position
             message = f"{_xml_position(chunk, line)}: malformed XML ({exc.msg if hasattr(exc, 'msg') else exc})"
-            if reader.on_error == "raise":
-                raise CorpusError(message) from None
-            stats.skip("malformed_xml", message)
+            _bad_input(reader, stats, "malformed_xml", message)
         except Exception as exc:
             if not _is_stream_error(exc):
                 raise
             message = f"{chunk.path}: compressed stream is truncated or corrupt ({exc})"
-            if reader.on_error == "raise":
-                raise CorpusError(message) from None
-            stats.skip("truncated_archive", message)
+            _bad_input(reader, stats, "truncated_archive", message)
