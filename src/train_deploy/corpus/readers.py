@@ -152,10 +152,6 @@ def plan_corpus(reader: ReaderConfig) -> CorpusPlan:
         total += size
         if size == 0:
             continue
-        if cuts:  # a MediaWiki dump entered at pages or bz2 streams
-            for start, end in itertools.pairwise([0, *cuts, size]):
-                chunks.append(Chunk(len(chunks), str(path), start, end, streams=compressed))
-            continue
         if not compressed:
             problem = _sniff_binary(path)
             if problem:
@@ -164,6 +160,10 @@ def plan_corpus(reader: ReaderConfig) -> CorpusPlan:
                                       "drops such files)")
                 skipped[str(path)] = problem
                 continue
+        if cuts:  # a MediaWiki dump entered at pages or bz2 streams
+            for start, end in itertools.pairwise([0, *cuts, size]):
+                chunks.append(Chunk(len(chunks), str(path), start, end, streams=compressed))
+            continue
         if compressed or reader.source == "wiki_xml":
             chunks.append(Chunk(len(chunks), str(path), 0, -1 if compressed else size,
                                 limit=budget if compressed else None))
