@@ -16,7 +16,7 @@ def test_defaults_match_the_documented_targets():
 
 
 @pytest.mark.parametrize(("params", "message"), [
-    ({"edge": {"opset": 5}}, "export.edge.opset: 5 is outside 7..21"),
+    ({"edge": {"opset": 9}}, "export.edge.opset: 9 is outside 11..21 (the export graph needs opset 11 or newer)"),
     ({"server": {"device": "tpu"}}, "export.server.device: 'tpu' is not one of 'cpu', 'gpu'"),
     ({"too_long": "cut"}, "export.too_long: 'cut' is not one of 'raise', 'truncate'"),
     ({"latency": {"batch_sizes": []}}, "export.latency.batch_sizes: must be a non-empty list"),

@@ -44,3 +44,25 @@ def test_models_with_external_weights_quantise_and_run(tmp_path, tiny_bundle):
     assert external_data(quantised).is_file()
     int8 = OnnxRuntimeBackend(quantised, threads=1)(ids, mask)
     assert int8.shape == inline.shape and np.abs(int8 - inline).max() < 1.0
+
+
+def test_paddle2onnx_s_own_reason_is_kept_when_it_aborts(tmp_path, tiny_bundle):
+    prefix = tiny_bundle / "server" / "model"
+    with pytest.raises(ConversionError, match=r"model.json: paddle2onnx failed \(exit -6\): .*"
+                                              r"Please set the opset_version to 11"):
+        convert_to_onnx(prefix, tmp_path / "model.onnx", opset=9)  # below what the config allows
+    assert not (tmp_path / "model.onnx").exists()
+
+
+@pytest.mark.parametrize("opset", [11, 21])
+def test_both_ends_of_the_allowed_opset_range_convert_and_compute_the_same_logits(tmp_path, tiny_bundle, opset):
+    from train_deploy.export.config import ServerConfig
+    from train_deploy.export.runtime import PaddleInferenceBackend
+
+    prefix = tiny_bundle / "server" / "model"
+    ids = np.random.default_rng(opset).integers(3, 100, size=(2, 9))
+    mask = np.ones_like(ids)
+    mask[1, :3] = 0
+    expected = PaddleInferenceBackend(prefix, ServerConfig())(ids, mask)
+    got = OnnxRuntimeBackend(convert_to_onnx(prefix, tmp_path / "model.onnx", opset=opset), threads=1)(ids, mask)
+    np.testing.assert_allclose(got[:, 3:], expected[:, 3:], atol=1e-4)

@@ -87,7 +87,8 @@ class ExportConfig:
     latency: LatencyConfig = field(default_factory=LatencyConfig)
 
     def __post_init__(self) -> None:
-        check(7 <= self.edge.opset <= 21, "export.edge.opset", f"{self.edge.opset} is outside 7..21")
+        check(11 <= self.edge.opset <= 21, "export.edge.opset",
+              f"{self.edge.opset} is outside 11..21 (the export graph needs opset 11 or newer)")
         check(self.edge.threads >= 1, "export.edge.threads", "must be at least 1")
         check(self.server.cpu_threads >= 1, "export.server.cpu_threads", "must be at least 1")
         check(self.server.gc_batch_mb >= 0, "export.server.gc_batch_mb", "must not be negative")

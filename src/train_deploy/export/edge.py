@@ -69,8 +69,11 @@ def convert_to_onnx(prefix: Path, output: Path, opset: int) -> Path:
                str(opset), str(external_data(output))]
     done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "GLOG_minloglevel": "2"})
     if done.returncode != 0 or not output.is_file():
-        tail = " | ".join(line for line in (done.stdout + done.stderr).splitlines()[-6:] if line.strip())
-        raise ConversionError(f"{model_file}: paddle2onnx failed (exit {done.returncode}): {tail}")
+        lines = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        # paddle2onnx says why on its own lines, then aborts with a C++ trace that says nothing
+        said = [line for line in lines if line.startswith(("[Paddle2ONNX]", "[ERROR]")) and "Start parsing" not in line]
+        raise ConversionError(f"{model_file}: paddle2onnx failed (exit {done.returncode}): "
+                              f"{' | '.join(said or lines[-6:])}")
     return output
 
 
