@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import struct
 from collections import deque
@@ -167,7 +168,7 @@ def _write_average(files: list[Path], weights: np.ndarray, header: dict[str, Any
     with ExitStack() as stack:
         compute = stack.enter_context(ThreadPoolExecutor(max_workers=_COMPUTE_THREADS))
         reads = stack.enter_context(_ReadAhead(files, header, keys))
-        sink = stack.enter_context(open(out, "wb"))
+        sink = stack.enter_context(_DirectSink(out))
         sink.write(struct.pack("<Q", len(encoded)) + encoded)
         for key in keys:
             info = header[key]
@@ -248,6 +249,102 @@ class _ReadAhead:
         self.pool.shutdown(wait=True, cancel_futures=True)
         for f, _ in self.sources:
             f.close()
+
+
+class _DirectSink:
+    """The output file, written past the page cache (``O_DIRECT``) where the file system allows it.
+
+    A buffered write copies every byte into the page cache and the final fsync then waits for all of them
+    (0.35–1.7 s for 0.5 GB on this disk, against 0.24 s written directly). Here the bytes are staged in a
+    few page-aligned blocks that a thread sends to the disk while the caller reads and sums the next
+    tensors; the last block is padded to the alignment and the file truncated to its length. Where
+    ``O_DIRECT`` is refused (tmpfs, some network file systems) it is an ordinary buffered file.
+    """
+
+    def __init__(self, path: Path, direct: bool = True) -> None:
+        self.size, self.fd, self.file = 0, None, None
+        if direct and hasattr(os, "O_DIRECT"):
+            self.fd = _open_direct(path)
+        if self.fd is None:
+            self.file = open(path, "wb")  # noqa: SIM115 - closed in __exit__
+            return
+        self.blocks = [mmap.mmap(-1, _SINK_BLOCK) for _ in range(_SINK_BLOCKS)]  # page-aligned
+        self.current, self.fill = 0, 0
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.pending: deque = deque()
+
+    @property
+    def direct(self) -> bool:
+        return self.fd is not None
+
+    def __enter__(self) -> _DirectSink:
+        return self
+
+    def write(self, data) -> None:
+        view = memoryview(data).cast("B")
+        self.size += len(view)
+        if self.file is not None:
+            self.file.write(view)
+            return
+        while view:
+            n = min(len(view), _SINK_BLOCK - self.fill)
+            self.blocks[self.current][self.fill : self.fill + n] = view[:n]
+            self.fill, view = self.fill + n, view[n:]
+            if self.fill == _SINK_BLOCK:
+                self._send(_SINK_BLOCK)
+
+    def _send(self, length: int) -> None:
+        block = memoryview(self.blocks[self.current])[:length]
+        self.pending.append(self.pool.submit(_write_all, self.fd, block))
+        self.current, self.fill = (self.current + 1) % _SINK_BLOCKS, 0
+        while len(self.pending) >= _SINK_BLOCKS:  # the next block is free once its last write is done
+            self.pending.popleft().result()
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if self.file is not None:
+            self.file.close()
+            return
+        try:
+            if exc_type is None:
+                if self.fill:
+                    padded = -(-self.fill // _ALIGN) * _ALIGN
+                    self.blocks[self.current][self.fill : padded] = bytes(padded - self.fill)
+                    self._send(padded)
+                while self.pending:
+                    self.pending.popleft().result()
+                os.ftruncate(self.fd, self.size)
+        finally:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            os.close(self.fd)
+
+
+def _open_direct(path: Path) -> int | None:
+    """``path`` opened for direct writes, or None where the file system refuses them (probed with one block)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
+    except OSError:
+        return None
+    probe = mmap.mmap(-1, _ALIGN)
+    try:
+        os.pwrite(fd, probe, 0)
+        os.ftruncate(fd, 0)
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
+    finally:
+        probe.close()
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    done = 0
+    while done < len(view):
+        done += os.write(fd, view[done:])
+
+
+_ALIGN = 4096  # O_DIRECT: buffer address, length and file offset aligned to the logical block size
+_SINK_BLOCK = 8 << 20
+_SINK_BLOCKS = 3  # one filled by the caller, up to two being written
 
 
 _READ_AHEAD = 3  # tensor reads in flight ahead of the sums: keeps the disk busy across tensor boundaries
