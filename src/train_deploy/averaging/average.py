@@ -349,7 +349,7 @@ _SINK_BLOCKS = 3  # one filled by the caller, up to two being written
 
 _READ_AHEAD = 3  # tensor reads in flight ahead of the sums: keeps the disk busy across tensor boundaries
 _READ_AHEAD_BYTES = 96 << 20  # ... unless that many buffers of the largest tensor would exceed this
-_COMPUTE_THREADS = max(1, min(4, os.cpu_count() or 1))
+_COMPUTE_THREADS = max(1, min(4, (os.cpu_count() or 2) - 1))  # a core is left to the reader thread
 _SPLIT_ELEMENTS = 1 << 20  # smaller tensors are not worth a thread hand-off
 
 
