@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import mmap
 import os
 import struct
 from collections import deque
@@ -268,7 +267,7 @@ class _DirectSink:
         if self.fd is None:
             self.file = open(path, "wb")  # noqa: SIM115 - closed in __exit__
             return
-        self.blocks = [mmap.mmap(-1, _SINK_BLOCK) for _ in range(_SINK_BLOCKS)]  # page-aligned
+        self.blocks = [_aligned(_SINK_BLOCK) for _ in range(_SINK_BLOCKS)]
         self.current, self.fill = 0, 0
         self.pool = ThreadPoolExecutor(max_workers=1)
         self.pending: deque = deque()
@@ -294,7 +293,7 @@ class _DirectSink:
                 self._send(_SINK_BLOCK)
 
     def _send(self, length: int) -> None:
-        block = memoryview(self.blocks[self.current])[:length]
+        block = self.blocks[self.current][:length]
         self.pending.append(self.pool.submit(_write_all, self.fd, block))
         self.current, self.fill = (self.current + 1) % _SINK_BLOCKS, 0
         while len(self.pending) >= _SINK_BLOCKS:  # the next block is free once its last write is done
@@ -324,16 +323,20 @@ def _open_direct(path: Path) -> int | None:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT, 0o644)
     except OSError:
         return None
-    probe = mmap.mmap(-1, _ALIGN)
     try:
-        os.pwrite(fd, probe, 0)
+        os.pwrite(fd, _aligned(_ALIGN), 0)
         os.ftruncate(fd, 0)
         return fd
     except OSError:
         os.close(fd)
         return None
-    finally:
-        probe.close()
+
+
+def _aligned(size: int) -> memoryview:
+    """``size`` bytes of private memory starting at an ``_ALIGN`` boundary (what O_DIRECT needs)."""
+    raw = np.empty(size + _ALIGN, dtype=np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return memoryview(raw[start : start + size])
 
 
 def _write_all(fd: int, view: memoryview) -> None:
