@@ -143,11 +143,11 @@ def _write_average(files: list[Path], weights: np.ndarray, header: dict[str, Any
                    metadata: dict[str, str]) -> tuple[list[str], list[str]]:
     """Stream the weighted average into a safetensors file, one tensor in memory at a time.
 
-    A reader thread reads and hashes (xxh3-128) every input byte once, in file order, up to three
-    tensors ahead of the float32 sums (split over a small pool) and the output writes, across tensor
-    boundaries, so the disk is never idle while the caller sums or writes. Inputs are read with positioned
-    reads, not memory maps: mapped pages of K multi-GB inputs would count as this process's resident
-    memory. Returns the names copied from the newest file and the inputs' hashes.
+    A reader thread reads every input byte once, in file order, up to three tensors ahead of the hashing
+    (xxh3-128), the float32 sums (split over a small pool) and the output writes (a writer thread, direct
+    to disk), across tensor boundaries, so the disk is never idle while the caller sums. Inputs are read
+    with positioned reads, not memory maps: mapped pages of K multi-GB inputs would count as this
+    process's resident memory. Returns the names copied from the newest file and the inputs' hashes.
     """
     keys = sorted(header, key=lambda k: header[k]["data_offsets"][0])
     layout, offset = {}, 0
@@ -192,7 +192,9 @@ def _write_average(files: list[Path], weights: np.ndarray, header: dict[str, Any
 
 class _ReadAhead:
     """Reads every input's tensors in consumption order (all inputs of a tensor, tensor after tensor) on a
-    thread, up to ``_READ_AHEAD`` reads ahead (fewer for large tensors), hashing each file's bytes in order."""
+    thread, up to ``_READ_AHEAD`` reads ahead (fewer for large tensors). Each file's bytes are hashed in
+    order as they are handed out, on the caller's thread: with the hash on the reader thread, copying and
+    hashing were the critical path of a warm-cache run (K=2: 0.27–0.29 s against 0.32–0.42 s)."""
 
     def __init__(self, files: list[Path], header: dict[str, Any], keys: list[str]) -> None:
         import xxhash
@@ -224,6 +226,7 @@ class _ReadAhead:
 
     def next(self) -> np.ndarray:
         data = self.pending.popleft().result()
+        self.hashers[self.order[self.consumed][1]].update(data)  # here: the reader thread only copies
         if self.consumed + self.ahead < len(self.order):
             self.pending.append(self.pool.submit(self._fetch, self.consumed + self.ahead))
         self.consumed += 1
@@ -241,7 +244,6 @@ class _ReadAhead:
         (f, base), (start, stop) = self.sources[i], self.header[key]["data_offsets"]
         buffer = self.ring[n % len(self.ring)][: stop - start]
         _read_into(f, buffer, base + start)
-        self.hashers[i].update(buffer)
         return buffer
 
     def __exit__(self, *exc) -> None:
