@@ -186,7 +186,7 @@ def main() -> None:
     tokenizer = train_tokenizer()
     rows = []
     limit = None
-    scaling: dict[int, float] = {}
+    scaling: dict[str, float] = {}  # by corpus label
     for size in args.sizes:
         corpus = build_corpus(size)
         if limit is None:
@@ -196,7 +196,7 @@ def main() -> None:
             limit = raw["tokens"] / raw["wall"]
             rows.append((f"{corpus.stat().st_size / 1e6:.0f} MB", "raw SentencePiece encode (limit)", 1,
                          raw["tokens"], raw["wall"], limit, None))
-        scaling[corpus.stat().st_size] = machine_scaling(corpus, tokenizer, args.repeat)
+        scaling[f"{corpus.stat().st_size / 1e6:.0f} MB"] = machine_scaling(corpus, tokenizer, args.repeat)
         for workers in (1, 2):
             r = run_stage_process(corpus, workers, tokenizer, args.repeat)
             rows.append((f"{corpus.stat().st_size / 1e6:.0f} MB", "corpus stage end to end", r["workers"],
@@ -217,9 +217,8 @@ def main() -> None:
     lines.append("")
     for corpus in dict.fromkeys(r[0] for r in stage_rows):
         one, two = (next(r for r in stage_rows if r[0] == corpus and r[2] == n) for n in (1, 2))
-        machine = scaling[next(size for size in scaling if f"{size / 1e6:.0f} MB" == corpus)]
         lines.append(f"{corpus}: 2 workers / 1 worker = {two[5] / one[5]:.2f}× (target ≥ 1.6; two independent "
-                     f"raw encoders on this machine now: {machine:.2f}×); "
+                     f"raw encoders on this machine now: {scaling[corpus]:.2f}×); "
                      f"1 worker / raw limit = {one[5] / limit:.2f} (target ≥ 0.5)")
     for workers in (1, 2):
         rss = [r[6][0] for r in stage_rows if r[2] == workers]
