@@ -32,7 +32,7 @@ from train_deploy.atomic import fsync_dir, fsync_file, write_json
 from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.indexed import ShardWriter, merge_shards, token_dtype
-from train_deploy.corpus.native import compiled, flatten_ids
+from train_deploy.corpus.native import compiled
 from train_deploy.corpus.readers import (
     Chunk,
     CorpusError,
@@ -209,10 +209,8 @@ def _encode_batch(w: _Worker, raw: list[str], writers: dict[str, ShardWriter], r
     for split, members in (("train", ~valid), ("valid", valid)):
         if not members.any():
             continue
-        ids = w.encoder.encode_documents(list(compress(texts, members)))
-        sizes = [len(x) for x in ids]
-        tokens = flatten_ids(ids, w.dtype, sum(sizes))
-        writers[split].add(tokens, sizes, halves[members, 0].tolist())
+        tokens, sizes = w.encoder.encode_batch(list(compress(texts, members)), w.dtype)
+        writers[split].add(tokens, sizes, halves[members, 0])
         result.tokens_encoded += len(tokens)
         if w.progress is not None:
             _bump(w.progress, len(sizes), len(tokens))

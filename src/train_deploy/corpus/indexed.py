@@ -36,19 +36,19 @@ class ShardWriter:
     def __init__(self, prefix: Path, dtype: np.dtype) -> None:
         self.prefix, self.dtype = prefix, dtype
         self._bin = open(_file(prefix, "bin"), "wb")  # noqa: SIM115 - closed in close()
-        self.sizes: list[int] = []
-        self.hashes: list[int] = []
+        self.sizes: list[np.ndarray] = []
+        self.hashes: list[np.ndarray] = []
 
-    def add(self, tokens: np.ndarray, sizes: list[int], hashes: list[int]) -> None:
+    def add(self, tokens: np.ndarray, sizes: np.ndarray, hashes: np.ndarray) -> None:
         """Append the concatenated tokens of several documents with their sizes and content hashes."""
         tokens.astype(self.dtype, copy=False).tofile(self._bin)
-        self.sizes.extend(sizes)
-        self.hashes.extend(hashes)
+        self.sizes.append(np.asarray(sizes, dtype=np.int32))
+        self.hashes.append(np.asarray(hashes, dtype=np.uint64))
 
     def close(self) -> None:
         self._bin.close()
-        np.asarray(self.sizes, dtype=np.int32).tofile(_file(self.prefix, "sizes"))
-        np.asarray(self.hashes, dtype=np.uint64).tofile(_file(self.prefix, "hash"))
+        for parts, extension, dtype in ((self.sizes, "sizes", np.int32), (self.hashes, "hash", np.uint64)):
+            (np.concatenate(parts) if parts else np.zeros(0, dtype)).tofile(_file(self.prefix, extension))
 
 
 def merge_shards(prefixes: list[Path], out_prefix: Path, dtype: np.dtype,
