@@ -6,7 +6,8 @@
 Builds corpora by repeating the embedded People's Daily corpus (word/POS format) to about each size,
 trains one tokenizer with the default settings, then measures on the same files:
 
-- raw SentencePiece ``encode`` of the already cleaned documents, one process, one thread: the limit;
+- raw SentencePiece encoding of the already cleaned documents (with the end-of-document id, into one
+  array, as the stage calls it), one process, one thread: the limit;
 - the same in 2 independent processes started together, over 1 process alone: how much this machine
   gives two busy processes right now, the ceiling for the 2-worker ratio (on a shared VM it varies);
 - the corpus stage end to end (read, strip POS tags, clean, hash, split, encode, write shards, merge
@@ -103,11 +104,13 @@ def cleaned_documents(corpus: Path) -> list[str]:
 
 def raw_encode(docs: list[str], tokenizer: dict) -> dict:
     """Tokens/s of SentencePiece alone on ``docs``."""
+    from train_deploy.corpus.indexed import token_dtype
     from train_deploy.corpus.tokenizer import TokenEncoder, TokenizerInfo
 
     encoder = TokenEncoder(TokenizerInfo(**tokenizer))
+    dtype = token_dtype(tokenizer["vocab_size"])
     started = time.perf_counter()
-    tokens = sum(len(ids) + 1 for i in range(0, len(docs), 512) for ids in encoder.encode(docs[i : i + 512]))
+    tokens = sum(len(encoder.encode_batch(docs[i : i + 512], dtype)[0]) for i in range(0, len(docs), 512))
     wall = time.perf_counter() - started
     return {"tokens": tokens, "wall": wall}
 
