@@ -30,6 +30,13 @@ def corpus_params(tmp_path: Path, **blocks: dict) -> dict:
     return params
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _own_cache_dir(tmp_path_factory) -> None:
+    """Derived data the project caches per machine (the corpus stage's Unicode tables) goes under the
+    session's temporary folder, for this process and every one it starts, not the user's cache."""
+    os.environ["TRAIN_DEPLOY_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer(tmp_path_factory) -> dict:
     """A SentencePiece tokenizer trained on the People's Daily slice, as the corpus node returns it."""

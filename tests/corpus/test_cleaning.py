@@ -67,3 +67,34 @@ def test_every_bmp_character_cleans_alike_in_batch_and_alone_between_neighbours(
     cleaner = Cleaner(CleaningConfig())
     docs = [f"中{chr(cp)}a{chr(cp)}{chr(cp)} 1" for cp in range(0x10000) if not 0xD800 <= cp < 0xE000]
     assert cleaner.clean_batch(docs) == [cleaner.clean_one(d) for d in docs]
+
+
+def test_unicode_tables_are_built_once_per_machine_and_rebuilt_from_a_bad_cache(tmp_path, monkeypatch):
+    import numpy as np
+
+    from train_deploy.corpus import cleaning
+
+    built = {"control": cleaning._build_class_tables()[0], "space": cleaning._build_class_tables()[1],
+             "mapping": cleaning._build_nfkc_tables()[0], "lengths": cleaning._build_nfkc_tables()[1]}
+
+    def tables() -> dict:
+        cleaning._tables.cache_clear()
+        return cleaning._tables()
+
+    def same(got: dict) -> bool:
+        return all(np.array_equal(got[name], built[name]) and got[name].dtype == built[name].dtype for name in built)
+
+    monkeypatch.setenv("TRAIN_DEPLOY_CACHE_DIR", str(tmp_path / "cache"))
+    try:
+        assert same(tables())
+        (stored,) = (tmp_path / "cache").iterdir()
+        assert stored.name.startswith("unicode-tables-") and stored.stat().st_size == 1_245_184
+        with monkeypatch.context() as m:  # the second process loads them
+            m.setattr(cleaning, "_build_nfkc_tables", lambda: pytest.fail("rebuilt despite the cache"))
+            assert same(tables())
+        stored.write_bytes(stored.read_bytes()[:1000])  # torn or foreign file: rebuilt and replaced
+        assert same(tables()) and stored.stat().st_size == 1_245_184
+        monkeypatch.setenv("TRAIN_DEPLOY_CACHE_DIR", str(stored))  # not a folder: built, not cached
+        assert same(tables())
+    finally:
+        cleaning._tables.cache_clear()

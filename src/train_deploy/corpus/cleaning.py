@@ -11,14 +11,21 @@ give identical results (tested).
 from __future__ import annotations
 
 import functools
+import hashlib
+import logging
+import os
 import re
+import tempfile
 import unicodedata
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
 from train_deploy.corpus.config import CleaningConfig
 from train_deploy.corpus.native import compiled
+
+logger = logging.getLogger(__name__)
 
 # CSI sequences (colours, cursor moves), then two-byte escapes such as ESC c.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -133,9 +140,67 @@ def _shifted(flags: np.ndarray, by: int) -> np.ndarray:
     return out
 
 
-@functools.cache
 def _class_tables() -> tuple[np.ndarray, np.ndarray]:
     """BMP tables: characters `_CONTROL` removes, and whitespace other than the newline."""
+    tables = _tables()
+    return tables["control"], tables["space"]
+
+
+def _nfkc_tables() -> tuple[np.ndarray, np.ndarray]:
+    """For each BMP code point, its NFKC form when it may be normalised on its own: ``mapping[j]`` is the
+    j-th character, ``lengths`` how many (0: it may not; its document takes the exact slow path)."""
+    tables = _tables()
+    return tables["mapping"], tables["lengths"]
+
+
+_TABLES = {"control": ((0x10000,), np.bool_), "space": ((0x10000,), np.bool_),
+           "mapping": ((4, 0x10000), np.uint32), "lengths": ((0x10000,), np.uint8)}
+
+
+@functools.cache
+def _tables() -> dict[str, np.ndarray]:
+    """The BMP tables, built once per machine: building them takes ~40 ms of Python in every process that
+    cleans (each encoding worker, before its first chunk), loading them ~1 ms. The cache file is named by
+    this module's source and the Unicode version, so a change to either builds new tables; a file of the
+    wrong size is rebuilt, and an unwritable cache only costs the build."""
+    key = hashlib.blake2b(unicodedata.unidata_version.encode() + Path(__file__).read_bytes(), digest_size=8)
+    path = cache_dir() / f"unicode-tables-{key.hexdigest()}.bin"  # the arrays of _TABLES, in order, raw
+    sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in _TABLES.values()]
+    try:
+        data = np.fromfile(path, dtype=np.uint8)
+        if len(data) == sum(sizes):
+            offsets = np.cumsum([0, *sizes])
+            return {name: data[offsets[i] : offsets[i + 1]].view(dtype).reshape(shape)
+                    for i, (name, (shape, dtype)) in enumerate(_TABLES.items())}
+    except OSError:
+        pass
+    control, space = _build_class_tables()
+    mapping, lengths = _build_nfkc_tables()
+    tables = {"control": control, "space": space, "mapping": mapping, "lengths": lengths}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for name, (_, dtype) in _TABLES.items():
+                    f.write(np.ascontiguousarray(tables[name], dtype=dtype).tobytes())
+            os.replace(tmp, path)  # whole or not at all; concurrent writers write the same bytes
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+    except OSError as exc:
+        logger.debug("Unicode tables not cached in %s: %s", path.parent, exc)
+    return tables
+
+
+def cache_dir() -> Path:
+    """This machine's cache folder for derived data: ``$TRAIN_DEPLOY_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/train_deploy``, else ``~/.cache/train_deploy``."""
+    if folder := os.environ.get("TRAIN_DEPLOY_CACHE_DIR"):
+        return Path(folder)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "train_deploy"
+
+
+def _build_class_tables() -> tuple[np.ndarray, np.ndarray]:
     bmp = "".join(map(chr, range(0x10000)))  # one scan each instead of 65,536 calls (28 ms → 1 ms a process)
     control, space = np.zeros(0x10000, dtype=bool), np.zeros(0x10000, dtype=bool)
     for table, pattern in ((control, _CONTROL), (space, _SPACES)):  # re's \s is str.isspace()
@@ -148,10 +213,7 @@ def _line_break(match: re.Match[str]) -> str:
     return "\n\n" if match.group().count("\n") > 1 else "\n"
 
 
-@functools.cache
-def _nfkc_tables() -> tuple[np.ndarray, np.ndarray]:
-    """For each BMP code point, its NFKC form when it may be normalised on its own: ``mapping[j]`` is the
-    j-th character, ``lengths`` how many (0: it may not; its document takes the exact slow path)."""
+def _build_nfkc_tables() -> tuple[np.ndarray, np.ndarray]:
     size = 0x10000
     decompositions = {cp: d for cp in range(size) if (d := unicodedata.decomposition(chr(cp)))}
     partners = {0x1161 + i for i in range(21)} | {0x11A8 + i for i in range(27)}  # Hangul V and T jamo
