@@ -89,16 +89,18 @@ def test_round_trip_holds_for_unseen_characters_through_byte_fallback(tiny_token
 def test_batch_encoding_in_this_thread_gives_the_ids_of_the_batch_api(tiny_tokenizer, monkeypatch, dtype):
     encoder = TokenEncoder(TokenizerInfo(**tiny_tokenizer))
     texts = ["中共中央总书记发表1998年新年讲话。", "", "罕见字：龘靐齉爩 😀 English", "同胞们、朋友们\n第二段"] * 3
-    expected = encoder.encode_documents(texts)
-    assert encoder._encode_buffer is not None  # the pinned SentencePiece encodes one text into a buffer
+    expected = encoder._sp.encode(texts, add_eos=True)  # SentencePiece's public batch call
+    assert encoder._one is not None  # the pinned SentencePiece encodes one text in this thread
     monkeypatch.setattr(encoder._sp, "encode", lambda *a, **k: pytest.fail("batch API called: a thread per call"))
+    assert encoder.encode(texts) == [ids[:-1] for ids in expected]
+    assert encoder.encode_documents(texts) == expected
     tokens, sizes = encoder.encode_batch(texts, np.dtype(dtype))
     assert tokens.dtype == dtype and sizes.dtype == np.int32
     assert sizes.tolist() == [len(ids) for ids in expected]
     assert tokens.tolist() == [i for ids in expected for i in ids]
     assert all(ids[-1] == tiny_tokenizer["eos_id"] for ids in expected)
     monkeypatch.undo()
-    encoder._encode_buffer = None  # another SentencePiece, or a PaddleNLP tokenizer: the list path
+    encoder._one = None  # another SentencePiece build, or a PaddleNLP tokenizer: the list path
     fallback, fallback_sizes = encoder.encode_batch(texts, np.dtype(dtype))
     assert fallback.tolist() == tokens.tolist() and fallback_sizes.tolist() == sizes.tolist()
 

@@ -161,22 +161,24 @@ class TokenEncoder:
         else:
             self._sp = None
             self._tokenizer = _auto_tokenizer(folder)
-        self._encode_buffer = None
-        """SentencePiece's one-text encoder into an int32 buffer (pybind ``_EncodeAsBuffer``: text, sampling,
-        nbest size, alpha, bos, eos, reverse), where this SentencePiece has it and its eos is the tokenizer's."""
-        if self._sp is not None and self._sp.eos_id() == info.eos_id:
-            self._encode_buffer = getattr(getattr(self._sp, "_processor", None), "_EncodeAsBuffer", None)
+        processor = getattr(self._sp, "_processor", None)
+        self._one = processor if all(hasattr(processor, f"_EncodeAs{kind}") for kind in ("Ids", "Buffer")) else None
+        """SentencePiece's own one-text calls (pybind ``_EncodeAsIds``, ``_EncodeAsBuffer``: text, sampling,
+        nbest size, alpha, bos, eos, reverse), where this SentencePiece has them. Its batch call starts a new
+        thread for every call, even with ``num_threads=1``: the scheduler may put it on the other core, away
+        from the text just read (with two encoding workers, beside the other one)."""
 
     def encode(self, texts: list[str]) -> list[list[int]]:
         """Ids of each text, without special tokens."""
+        if self._one is not None:
+            encode = self._one._EncodeAsIds
+            return [encode(text, False, -1, 0.0, False, False, False) for text in texts]
         if self._sp is not None:
             return self._sp.encode(texts, num_threads=1)
         return self._tokenizer(texts, add_special_tokens=False)["input_ids"]
 
     def encode_documents(self, texts: list[str]) -> list[list[int]]:
         """Ids of each text followed by the end-of-document id."""
-        if self._sp is not None and self._sp.eos_id() == self.info.eos_id:
-            return self._sp.encode(texts, add_eos=True, num_threads=1)
         eos = self.info.eos_id
         return [ids + [eos] for ids in self.encode(texts)]
 
@@ -184,15 +186,14 @@ class TokenEncoder:
         """The ids of every text followed by the end-of-document id, concatenated into one ``dtype`` array
         (ids must fit it: see ``indexed.token_dtype``), and each document's length (int32).
 
-        With SentencePiece the texts are encoded one by one in this thread into int32 buffers: its batch
-        call starts a new thread for every call (even with ``num_threads=1``), which the scheduler may put
-        on the other core, away from the text just read, and it returns one Python int per id.
+        With SentencePiece the texts are encoded one by one in this thread into int32 buffers: no new
+        thread per call, and no Python int per id.
         """
-        if self._encode_buffer is None:
+        if self._one is None or self._sp.eos_id() != self.info.eos_id:
             ids = self.encode_documents(texts)
             sizes = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
             return flatten_ids(ids, dtype, int(sizes.sum(dtype=np.int64))), sizes
-        encode = self._encode_buffer
+        encode = self._one._EncodeAsBuffer
         buffers = [encode(text, False, -1, 0.0, False, True, False) for text in texts]
         sizes = np.fromiter((memoryview(b).nbytes for b in buffers), dtype=np.int32, count=len(buffers)) >> 2
         ids = np.frombuffer(b"".join(buffers), dtype=np.int32)
