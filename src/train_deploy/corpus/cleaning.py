@@ -160,7 +160,7 @@ _TABLES = {"control": ((0x10000,), np.bool_), "space": ((0x10000,), np.bool_),
 @functools.cache
 def _tables() -> dict[str, np.ndarray]:
     """The BMP tables, built once per machine: building them takes ~40 ms of Python in every process that
-    cleans (each encoding worker, before its first chunk), loading them ~1 ms. The cache file is named by
+    cleans (each encoding worker, before its first chunk), loading them ~2 ms. The cache file is named by
     this module's source and the Unicode version, so a change to either builds new tables; a file of the
     wrong size is rebuilt, and an unwritable cache only costs the build."""
     key = hashlib.blake2b(unicodedata.unidata_version.encode() + Path(__file__).read_bytes(), digest_size=8)
