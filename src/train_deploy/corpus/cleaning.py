@@ -15,13 +15,13 @@ import hashlib
 import logging
 import os
 import re
-import tempfile
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
+from train_deploy.atomic import atomic_path
 from train_deploy.corpus.config import CleaningConfig
 from train_deploy.corpus.native import compiled
 
@@ -178,15 +178,9 @@ def _tables() -> dict[str, np.ndarray]:
     mapping, lengths = _build_nfkc_tables()
     tables = {"control": control, "space": space, "mapping": mapping, "lengths": lengths}
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                for name, (_, dtype) in _TABLES.items():
-                    f.write(np.ascontiguousarray(tables[name], dtype=dtype).tobytes())
-            os.replace(tmp, path)  # whole or not at all; concurrent writers write the same bytes
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:  # concurrent writers write the same bytes
+            for name, (_, dtype) in _TABLES.items():
+                f.write(np.ascontiguousarray(tables[name], dtype=dtype).tobytes())
     except OSError as exc:
         logger.debug("Unicode tables not cached in %s: %s", path.parent, exc)
     return tables
