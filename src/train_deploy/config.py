@@ -69,7 +69,8 @@ def _coerce(hint: Any, value: Any, key: str) -> Any:
     if origin is dict:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        return dict(value)
+        item = get_args(hint)[1] if len(get_args(hint)) == 2 else Any
+        return {k: _coerce(item, v, f"{key}.{k}") for k, v in value.items()}
     if dataclasses.is_dataclass(hint):
         return from_mapping(hint, value, key)
     if hint is Any:

@@ -1,0 +1,264 @@
+"""Typed descriptions that cross stage boundaries, and their JSON form (the only place it is written or read).
+
+Each stage returns one of these instead of a dict: the corpus stage a :class:`TokenizerInfo` and a
+:class:`TokenManifest`, training a :class:`TrainingResult` (the workers get a :class:`RunSpec`),
+averaging a :class:`CheckpointRef` per candidate and a :class:`SelectedCheckpoint`, export a
+:class:`Bundle`. :func:`to_json` / :func:`from_json` convert them; reading checks every key and type and
+names the file and the key in its one-line error (the same validation as the parameter blocks).
+
+A description of a folder has a ``path`` that is never written into its JSON: the folder is staged under
+one name and published under another, and may be copied elsewhere (an MLflow artifact store).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from train_deploy.atomic import atomic_path
+from train_deploy.config import ConfigError, from_mapping
+
+T = TypeVar("T")
+
+_LOCAL = {"json": False}  # metadata of fields that describe this machine or this run, not the artifact
+
+
+class DescriptionError(ValueError):
+    """A description file is missing, unreadable or not of the expected form; the message names the file."""
+
+
+def to_json(obj: Any) -> Any:
+    """The JSON form of a description dataclass (nested ones included), without its local fields."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_json(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if f.metadata.get("json", True)}
+    if isinstance(obj, dict):
+        return {str(k): to_json(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_json(v) for v in obj]
+    return obj
+
+
+def from_json(cls: type[T], data: Any, where: str) -> T:
+    """Build ``cls`` from its JSON form; ``where`` (a file) names the source in the error."""
+    try:
+        return from_mapping(cls, data, where)
+    except ConfigError as exc:  # "<file>.<key>: …" → "<file>: <key>: …"
+        message = str(exc)
+        if message.startswith(where + "."):
+            message = f"{where}: {message[len(where) + 1:]}"
+        raise DescriptionError(message) from None
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write ``obj`` (a description or plain JSON data) as indented UTF-8 JSON, atomically."""
+    with atomic_path(Path(path)) as tmp:
+        tmp.write_text(json.dumps(to_json(obj), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def read_json(cls: type[T], path: Path, **local: Any) -> T:
+    """Read a description of type ``cls`` from ``path``; ``local`` sets its local fields (e.g. ``path``)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DescriptionError(f"{path}: missing") from None
+    except (OSError, ValueError) as exc:
+        raise DescriptionError(f"{path}: unreadable ({exc})") from None
+    if isinstance(data, dict):
+        data = {**data, **local}
+    return from_json(cls, data, str(path))
+
+
+# --- corpus ------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True)
+class TokenizerInfo:
+    """What the encoder and later stages need to know about a saved tokenizer folder."""
+
+    path: str = field(default="", metadata=_LOCAL)
+    """The tokenizer folder (PaddleNLP ``LlamaTokenizer`` layout)."""
+    vocab_size: int
+    eos_id: int
+    hash: str
+    """blake2b of the files that define the tokenizer."""
+    encoder: str
+    """`sentencepiece` (fast path) or `paddlenlp` (any other PaddleNLP tokenizer)."""
+    fingerprint: str
+    """Inputs and configuration the tokenizer was built from; equal fingerprints allow reuse."""
+    source: str
+    """`trained` or the folder it was loaded from."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SplitInfo:
+    """One split of the token files: ``<prefix>.bin`` and ``<prefix>.idx`` in the token folder."""
+
+    prefix: str
+    documents: int
+    tokens: int
+    bin_bytes: int = 0
+    idx_bytes: int = 0
+
+
+@dataclass(kw_only=True, slots=True)
+class DocumentCounts:
+    read: int
+    kept: int
+    dropped: dict[str, int] = field(default_factory=dict)
+    """By cleaning rule: too_short, duplicate, …"""
+    skipped_bad_input: dict[str, int] = field(default_factory=dict)
+    """By kind of bad input, with ``reader.on_error: skip``."""
+
+
+@dataclass(kw_only=True, slots=True)
+class TokenManifest:
+    """The token folder: ``{train,valid}.{bin,idx}`` in PaddleNLP's mmap format, and how they were made."""
+
+    path: str = field(default="", metadata=_LOCAL)
+    reused: bool = field(default=False, metadata=_LOCAL)
+    """This run found the same fingerprint already encoded and kept those files."""
+    format: str
+    fingerprint: str
+    """Inputs, reading, cleaning, split and tokenizer: equal fingerprints, equal bytes."""
+    created_at: str
+    dtype: str
+    """Token id dtype of the ``.bin`` files (uint16 or int32)."""
+    tokenizer: TokenizerInfo
+    splits: dict[str, SplitInfo]
+    documents: DocumentCounts
+    tokens: dict[str, int]
+    input: dict[str, Any]
+    config: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+    workers: int
+    compiled_kernels: bool
+    peak_rss_mb: dict[str, Any]
+    wall_time_seconds: float
+    throughput: dict[str, float]
+
+    def prefix(self, split: str) -> Path:
+        """``<folder>/<prefix>`` of a split (``train`` or ``valid``), as PaddleNLP's readers take it."""
+        return Path(self.path) / self.splits[split].prefix
+
+
+# --- training ----------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True)
+class DataSpec:
+    """The token files and tokenizer a training run reads."""
+
+    train_prefix: str
+    valid_prefix: str
+    dtype: str
+    vocab_size: int
+    eos_id: int
+    corpus_fingerprint: str
+    tokenizer_hash: str
+
+
+@dataclass(kw_only=True, slots=True)
+class MlflowTarget:
+    """The MLflow run rank 0 logs into (the Kedro run's)."""
+
+    tracking_uri: str
+    run_id: str
+
+
+@dataclass(kw_only=True, slots=True)
+class RunSpec:
+    """Everything a worker needs: written by the training node as ``run.json``, read by every rank."""
+
+    run_name: str
+    """Corpus and configuration digest naming the checkpoint and log folders of this run."""
+    training: dict[str, Any]
+    """The ``training`` parameter block; each rank validates it into a ``TrainingConfig``."""
+    data: DataSpec
+    checkpoints: str
+    """The folder of this run's checkpoints (``step_*``), shared by a resumed run."""
+    logs: str
+    """The launcher's log folder (``node<R>/workerlog.<rank>``), the metrics and the result."""
+    mlflow: MlflowTarget | None = None
+
+    @property
+    def metrics_path(self) -> Path:
+        return Path(self.logs) / "metrics.jsonl"
+
+    @property
+    def result_path(self) -> Path:
+        return Path(self.logs) / "result.json"
+
+
+@dataclass(kw_only=True, slots=True)
+class TrainingResult:
+    """Where a training run ended: its last checkpoint and the numbers rank 0 saw."""
+
+    run_name: str
+    """Corpus and configuration digest: checkpoints of equal runs share a folder."""
+    step: int
+    consumed_samples: int
+    finished: bool
+    """False when stopped early by ``schedule.stop_after``."""
+    checkpoints: str
+    checkpoint: str
+    """The last checkpoint's folder."""
+    val_loss: float | None
+    eval_windows: int
+    """Validation windows every evaluation of this run used (the first ones of the split)."""
+    parameters: int
+    layout: dict[str, int]
+
+
+# --- averaging ---------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointRef:
+    """One checkpoint folder (``model.safetensors`` + ``state.json``) and what its state says of it."""
+
+    path: str
+    step: int
+    val_loss: float | None = None
+    averaged_from: list[str] = field(default_factory=list)
+    """Source checkpoints, oldest first, when these weights are an average."""
+    method: str | None = None
+    """``uniform`` or ``ema`` for an averaged checkpoint."""
+
+
+@dataclass(kw_only=True, slots=True)
+class SelectedCheckpoint:
+    """The checkpoint export gets, and why."""
+
+    checkpoint: CheckpointRef
+    which: str
+    """``averaged`` or ``last``."""
+    reason: str
+    validation_loss: float
+    evaluated_on_windows: int
+
+
+# --- export ------------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True)
+class Bundle:
+    """An exported bundle folder (see ``train_deploy.export.bundle``) with its proofs."""
+
+    path: str = field(default="", metadata=_LOCAL)
+    reused: bool = field(default=False, metadata=_LOCAL)
+    """This run found the same checkpoint, tokenizer and configuration already exported."""
+    meta: dict[str, Any]
+    """``bundle.json``: source, model shape, tokenizer, runtime settings, files and their sizes."""
+    parity: dict[str, Any]
+    latency: dict[str, Any]
+    card: str
+    """``MODEL_CARD.md``."""
+
+    @property
+    def fingerprint(self) -> str:
+        return self.meta["fingerprint"]
