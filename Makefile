@@ -9,7 +9,7 @@ PIPELINE ?= train_deploy
 export KEDRO_DISABLE_TELEMETRY := 1
 export DO_NOT_TRACK := 1
 
-.PHONY: run test bench lock clean-data
+.PHONY: run test viz bench lock clean-data
 
 $(STAMP): requirements.lock pyproject.toml setup.py src/train_deploy/corpus/_fast.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,16 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+# The pipeline picture: a static Kedro-Viz site in build/ (view it with `python -m http.server -d build`).
+# `kedro viz build` exits 0 even when the project fails to load, and draws a dataset it cannot build as a
+# MemoryDataset, so every dataset of the pipeline is built first and the pipeline's page is checked after.
+viz: $(STAMP)
+	$(BIN)/kedro catalog describe-datasets --pipeline $(PIPELINE) > /dev/null
+	rm -rf build
+	$(BIN)/kedro viz build
+	test -s build/api/deploy-viz-metadata && test -s build/api/pipelines/$(PIPELINE) \
+		|| { echo "kedro viz build wrote no page for pipeline $(PIPELINE): see its ERROR above" >&2; exit 1; }
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_tokenize.py
