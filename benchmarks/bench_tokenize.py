@@ -59,7 +59,7 @@ def build_corpus(size_mb: int) -> Path:
 
 def build_plain_text(corpus: Path) -> Path:
     """The same text as the People's Daily file, tags already stripped: one paragraph per line."""
-    from train_deploy.corpus.readers import strip_pos_tags
+    from train_deploy.corpus.people_daily import strip_pos_tags
 
     path = corpus.with_name(corpus.stem + "_plain.txt")
     if not path.exists():

@@ -32,7 +32,8 @@ def build_dumps(size_mb: int) -> tuple[Path, Path]:
     single, multi = WORK / f"wiki_{size_mb}MB.single.xml.bz2", WORK / f"wiki_{size_mb}MB.multistream.xml.bz2"
     if single.exists() and multi.exists():
         return single, multi
-    from train_deploy.corpus.readers import people_daily_path, strip_pos_tags
+    from train_deploy.corpus.people_daily import strip_pos_tags
+    from train_deploy.corpus.readers import people_daily_path
 
     lines = [line for line in strip_pos_tags(people_daily_path().read_text(encoding="utf-8").splitlines()) if line]
     head = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" xml:lang="zh">\n'

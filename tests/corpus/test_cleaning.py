@@ -58,7 +58,8 @@ def test_vectorised_batch_cleaning_equals_the_regular_expression_rules(flags):
 
 
 def people_daily_docs() -> list[str]:
-    from train_deploy.corpus.readers import people_daily_path, strip_pos_tags
+    from train_deploy.corpus.people_daily import strip_pos_tags
+    from train_deploy.corpus.readers import people_daily_path
 
     return strip_pos_tags(people_daily_path().read_text(encoding="utf-8").splitlines()[:3000])
 

@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from tests.corpus.test_build import encode, output_bytes
-from train_deploy.corpus import build, cleaning, native, readers
+from train_deploy.corpus import build, cleaning, native, people_daily
 from train_deploy.corpus.cleaning import _class_tables, _nfkc_tables, clean_codes_numpy, nfkc_fold_numpy
-from train_deploy.corpus.readers import people_daily_path, strip_pos_tag_bytes_numpy
+from train_deploy.corpus.people_daily import strip_pos_tag_bytes_numpy
+from train_deploy.corpus.readers import people_daily_path
 
 needs_kernels = pytest.mark.skipif(native.compiled is None, reason="the C kernels were not built here")
 
@@ -65,7 +66,7 @@ def test_compiled_flattening_equals_numpy_and_refuses_ids_that_do_not_fit(dtype)
 
 def test_without_the_kernels_the_stage_writes_the_same_bytes(tmp_path, tiny_tokenizer, monkeypatch):
     _, first = encode(tmp_path / "built", tiny_tokenizer)
-    for module in (native, readers, cleaning, build):
+    for module in (native, people_daily, cleaning, build):
         monkeypatch.setattr(module, "compiled", None)
     _, second = encode(tmp_path / "numpy", tiny_tokenizer)
     assert not second["compiled_kernels"]

@@ -1,6 +1,6 @@
 /* Optional compiled kernels of the corpus stage; train_deploy.corpus.native falls back to numpy without them.
  *
- * strip_pos_tags(bytes) -> bytes   the People's Daily `word/POS` tag removal of readers._strip_pos_tag_bytes
+ * strip_pos_tags(bytes) -> bytes   the People's Daily `word/POS` tag removal of people_daily.strip_pos_tag_bytes
  * flatten_ids(list[list[int]], itemsize) -> bytes   token id lists as one uint16/int32 array (native order)
  * nfkc_fold(codes, mapping, lengths) -> (bytearray, bytes)
  *     cleaning's table NFKC (cleaning._expand): the folded uint32 codes, and the int64 indices of the code
