@@ -11,9 +11,6 @@ give identical results (tested).
 from __future__ import annotations
 
 import functools
-import hashlib
-import logging
-import os
 import re
 import unicodedata
 from collections.abc import Callable
@@ -21,11 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from train_deploy.atomic import atomic_path
+from train_deploy.cache import cached_arrays
 from train_deploy.corpus.config import CleaningConfig
 from train_deploy.corpus.native import compiled
-
-logger = logging.getLogger(__name__)
 
 # CSI sequences (colours, cursor moves), then two-byte escapes such as ESC c.
 _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -161,38 +156,16 @@ _TABLES = {"control": ((0x10000,), np.bool_), "space": ((0x10000,), np.bool_),
 @functools.cache
 def _tables() -> dict[str, np.ndarray]:
     """The BMP tables, built once per machine: building them takes ~40 ms of Python in every process that
-    cleans (each encoding worker, before its first chunk), loading them ~2 ms. The cache file is named by
-    this module's source and the Unicode version, so a change to either builds new tables; a file of the
-    wrong size is rebuilt, and an unwritable cache only costs the build."""
-    key = hashlib.blake2b(unicodedata.unidata_version.encode() + Path(__file__).read_bytes(), digest_size=8)
-    path = cache_dir() / f"unicode-tables-{key.hexdigest()}.bin"  # the arrays of _TABLES, in order, raw
-    sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in _TABLES.values()]
-    try:
-        data = np.fromfile(path, dtype=np.uint8)
-        if len(data) == sum(sizes):
-            offsets = np.cumsum([0, *sizes])
-            return {name: data[offsets[i] : offsets[i + 1]].view(dtype).reshape(shape)
-                    for i, (name, (shape, dtype)) in enumerate(_TABLES.items())}
-    except OSError:
-        pass
+    cleans (each encoding worker, before its first chunk), loading them ~2 ms. The cache is keyed by this
+    module's source and the Unicode version, so a change to either builds new tables."""
+    key = unicodedata.unidata_version.encode() + Path(__file__).read_bytes()
+    return cached_arrays("unicode-tables", key, _TABLES, _build_tables)
+
+
+def _build_tables() -> dict[str, np.ndarray]:
     control, space = _build_class_tables()
     mapping, lengths = _build_nfkc_tables()
-    tables = {"control": control, "space": space, "mapping": mapping, "lengths": lengths}
-    try:
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:  # concurrent writers write the same bytes
-            for name, (_, dtype) in _TABLES.items():
-                f.write(np.ascontiguousarray(tables[name], dtype=dtype).tobytes())
-    except OSError as exc:
-        logger.debug("Unicode tables not cached in %s: %s", path.parent, exc)
-    return tables
-
-
-def cache_dir() -> Path:
-    """This machine's cache folder for derived data: ``$TRAIN_DEPLOY_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/train_deploy``, else ``~/.cache/train_deploy``."""
-    if folder := os.environ.get("TRAIN_DEPLOY_CACHE_DIR"):
-        return Path(folder)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "train_deploy"
+    return {"control": control, "space": space, "mapping": mapping, "lengths": lengths}
 
 
 def _build_class_tables() -> tuple[np.ndarray, np.ndarray]:
