@@ -90,7 +90,7 @@ def test_selection_by_steps_range_and_best_validation_loss(run):
 
 def test_too_few_checkpoints_is_an_error_or_a_warning(run, caplog):
     with pytest.raises(CheckpointError, match=r"5 checkpoint\(s\) fit averaging.select=last_k, fewer than k=8"):
-        select_checkpoints(run, AveragingConfig(k=8))
+        select_checkpoints(run, AveragingConfig(k=8, too_few="raise"))
     assert len(select_checkpoints(run, AveragingConfig(k=8, too_few="warn"))) == 5
     assert "fewer than k=8" in caplog.text
     with pytest.raises(CheckpointError, match=r"no complete checkpoint for step 35"):

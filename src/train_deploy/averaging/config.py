@@ -14,12 +14,16 @@ class AveragingConfig:
     """last_k: the K newest; steps: exactly `steps`; up_to_step: the K newest at or below `max_step`;
     best_k: the K with the lowest validation loss recorded in their state.json."""
     k: int = 3
+    """Checkpoints averaged by last_k, up_to_step and best_k (at least 1)."""
     steps: list[int] = field(default_factory=list)
+    """select: steps: the training steps of the checkpoints to average."""
     max_step: int | None = None
+    """select: up_to_step: the newest step that may be averaged."""
     method: Literal["uniform", "ema"] = "uniform"
     """uniform: plain mean; ema: the i-th newest checkpoint weighs decay**i (normalised)."""
     decay: float = 0.5
-    too_few: Literal["raise", "warn"] = "raise"
+    """method: ema: weight ratio of each checkpoint to the next newer one, in (0, 1]."""
+    too_few: Literal["raise", "warn"] = "warn"
     """Fewer checkpoints than k: stop with an error, or warn and average what exists."""
     choose: Literal["better", "averaged", "last"] = "better"
     """Which checkpoint the evaluation node passes on to export."""

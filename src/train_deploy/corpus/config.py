@@ -61,19 +61,23 @@ class TokenizerConfig:
     """Train a SentencePiece tokenizer on a sample of the cleaned corpus, or load an existing one."""
 
     mode: Literal["train", "load"] = "train"
+    """`train`: a new SentencePiece model on a sample of this corpus; `load`: an existing tokenizer (`load_path`)."""
     load_path: str | None = None
     """`load`: a local directory that `paddlenlp.transformers.AutoTokenizer.from_pretrained` accepts."""
     output_dir: str = "data/06_models/tokenizer"
     """Where the tokenizer is saved (PaddleNLP `LlamaTokenizer` layout); training and export read it."""
     vocab_size: int = 8000
+    """Ids in the trained vocabulary, unk/bos/eos included (32 to 1000000); the model's vocabulary follows it."""
     model_type: Literal["bpe", "unigram"] = "bpe"
+    """SentencePiece algorithm: byte-pair merges or a unigram language model."""
     character_coverage: float = 0.9995
+    """Share of the sample's characters the vocabulary covers (0.98 to 1.0); rarer ones need byte_fallback."""
     byte_fallback: bool = True
     """Unknown characters become UTF-8 bytes instead of <unk>, so decode(encode(text)) == text."""
     add_dummy_prefix: bool = False
     """SentencePiece's leading `▁` before every document: useful for space-separated languages, one wasted
     token per document for Chinese, so off by default."""
-    sample_bytes: int = 32 * 1024 * 1024
+    sample_bytes: int = 16 * 1024 * 1024
     """Training sample size, taken evenly from every chunk of the cleaned corpus."""
     max_sentence_chars: int = 4096
     """Longer sample documents are cut at line boundaries into pieces up to this size for training."""
@@ -106,9 +110,13 @@ class CorpusConfig:
     """The whole `corpus` parameter block."""
 
     reader: ReaderConfig = field(default_factory=ReaderConfig)
+    """Where documents come from (`corpus.reader`)."""
     cleaning: CleaningConfig = field(default_factory=CleaningConfig)
+    """Normalisation and filters applied to every document (`corpus.cleaning`)."""
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """The tokenizer trained or loaded (`corpus.tokenizer`)."""
     encoding: EncodingConfig = field(default_factory=EncodingConfig)
+    """Encoding into token files (`corpus.encoding`)."""
 
     def __post_init__(self) -> None:
         r, c, t, e = self.reader, self.cleaning, self.tokenizer, self.encoding

@@ -13,6 +13,7 @@ class ServerConfig:
     """Paddle Inference: how the bundle's ``server/`` model is run by :class:`LanguageModel`."""
 
     device: Literal["cpu", "gpu"] = "cpu"
+    """Device of the Paddle Inference predictor; gpu needs the paddlepaddle-gpu wheel."""
     cpu_threads: int = 2
     """Math-library threads per predictor on CPU."""
     onednn: bool = False
@@ -30,6 +31,7 @@ class ServerConfig:
     tensorrt: bool = False
     """GPU: run supported subgraphs with TensorRT."""
     tensorrt_precision: Literal["fp16", "fp32"] = "fp16"
+    """Precision of the TensorRT engines."""
     tensorrt_max_batch: int = 8
     """Largest batch of the TensorRT dynamic-shape profile (sequence: 1 to the model's context)."""
 
@@ -39,7 +41,9 @@ class EdgeConfig:
     """ONNX for edge devices: paddle2onnx, then onnxruntime's dynamic int8 quantisation."""
 
     opset: int = 17
+    """ONNX opset of the conversion, 11 to 21."""
     int8: bool = True
+    """Also write an int8 model (dynamic quantisation of the weights) beside the fp32 ONNX model."""
     per_channel: bool = False
     """Per-output-channel weight scales (a little more accurate, a little larger)."""
     threads: int = 2
@@ -65,10 +69,13 @@ class LatencyConfig:
     """Latency measured into the bundle's latency.json (benchmarks/bench_export.py compares in depth)."""
 
     batch_sizes: list[int] = field(default_factory=lambda: [1, 8])
+    """Batch sizes timed, each at least 1."""
     seq_length: int = 128
     """Capped by the model's context."""
     warmup: int = 2
+    """Untimed calls per form and batch size before timing."""
     repeats: int = 10
+    """Timed calls per form and batch size."""
     rounds: int = 2
     """The repeats are split into this many rounds, each timing every form in turn (fair under drift)."""
 
@@ -82,9 +89,13 @@ class ExportConfig:
     reuse: bool = True
     """Reuse the newest bundle exported from the same checkpoint, tokenizer and configuration."""
     server: ServerConfig = field(default_factory=ServerConfig)
+    """The Paddle Inference form (`export.server`)."""
     edge: EdgeConfig = field(default_factory=EdgeConfig)
+    """The ONNX forms (`export.edge`)."""
     parity: ParityConfig = field(default_factory=ParityConfig)
+    """Checks that every form matches the trained model (`export.parity`)."""
     latency: LatencyConfig = field(default_factory=LatencyConfig)
+    """The latency measurement (`export.latency`)."""
 
     def __post_init__(self) -> None:
         check(11 <= self.edge.opset <= 21, "export.edge.opset",

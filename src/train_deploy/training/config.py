@@ -52,22 +52,29 @@ class BatchConfig:
     global_batch_size: int = 16
     """Sequences per optimizer step: micro_batch_size × dp × gradient-accumulation steps."""
     seq_length: int = 128
+    """Tokens per training window (at least 2, at most the model's max_position_embeddings)."""
 
 
 @dataclass(kw_only=True, slots=True)
 class OptimizerConfig:
-    learning_rate: float = 3e-4
+    learning_rate: float = 1e-3
     """Peak learning rate at reference_batch_size; scaled to the global batch by lr_scaling."""
     reference_batch_size: int = 16
+    """Global batch size (sequences) at which learning_rate applies unscaled."""
     lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
     """linear: twice the global batch, twice the rate (the usual rule of thumb); sqrt: √ of the ratio."""
     min_lr_ratio: float = 0.1
     """Cosine decay ends at this fraction of the peak rate."""
-    warmup_steps: int = 20
+    warmup_steps: int = 10
+    """Optimizer steps of linear warm-up to the peak rate, before the cosine decay."""
     weight_decay: float = 0.1
+    """AdamW decoupled weight decay; not applied to 1-D parameters (norms)."""
     beta1: float = 0.9
+    """AdamW decay rate of the first-moment (mean gradient) estimate, in [0, 1)."""
     beta2: float = 0.95
+    """AdamW decay rate of the second-moment (squared gradient) estimate, in [0, 1)."""
     epsilon: float = 1e-8
+    """AdamW term added to the denominator for numerical stability."""
     grad_clip: float = 1.0
     """Clip gradients by global norm (0 = off)."""
 
@@ -81,7 +88,10 @@ class PrecisionConfig:
     amp: bool = False
     """Mixed precision; needs a GPU."""
     dtype: Literal["bfloat16", "float16"] = "bfloat16"
+    """Low-precision type under amp; float16 adds a dynamic loss scale, bfloat16 needs none."""
     level: Literal["O1", "O2"] = "O1"
+    """O1: float32 weights, white-listed ops in low precision; O2: low-precision weights with float32 master
+    copies in the optimizer."""
     recompute: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
 
@@ -89,14 +99,21 @@ class PrecisionConfig:
 @dataclass(kw_only=True, slots=True)
 class ScheduleConfig:
     max_steps: int = 100
-    log_every: int = 10
-    eval_every: int = 50
+    """Optimizer steps of the whole schedule (the cosine decay ends here)."""
+    log_every: int = 5
+    """Log loss, learning rate, gradient norm, throughput and MFU every this many steps."""
+    eval_every: int = 25
+    """Compute the validation loss every this many steps, and at the last step."""
     eval_batches: int = 4
-    checkpoint_every: int = 50
-    keep_last: int = 3
+    """Validation batches of global_batch_size windows per evaluation (the first windows of the split)."""
+    checkpoint_every: int = 25
+    """Write a checkpoint every this many steps, and at the last step."""
+    keep_last: int = 4
+    """Complete checkpoints kept on disk (the newest); 0 keeps all."""
     resume: Literal["auto", "never"] = "auto"
     """auto: continue from the latest complete checkpoint in output_dir."""
     seed: int = 1234
+    """Seed of parameter initialisation and of the order of training windows."""
     stop_after: int | None = None
     """Stop (with a checkpoint) after this step without finishing the schedule: tests and time-boxed jobs."""
 
@@ -104,22 +121,27 @@ class ScheduleConfig:
 @dataclass(kw_only=True, slots=True)
 class DeviceConfig:
     type: Literal["cpu", "gpu"] = "cpu"
+    """Device of every worker process; gpu needs the paddlepaddle-gpu wheel."""
     peak_tflops: float | None = None
     """Peak dense TFLOP/s of one device in the training dtype, for MFU; null = a short matmul calibration."""
 
 
 @dataclass(kw_only=True, slots=True)
 class LaunchConfig:
-    nproc_per_node: int = 1
+    nproc_per_node: int = 2
+    """Worker processes per node (one per GPU on gpu); the world size is nproc_per_node × nnodes."""
     nnodes: int = 1
+    """Machines in the job; more than 1 needs master."""
     master: str | None = None
     """host:port of node 0; needed when nnodes > 1."""
     node_rank: int = 0
+    """This machine's rank, 0 .. nnodes - 1; node 0 runs the pipeline, the others join with train-deploy-join."""
     max_restart: int = 0
     """Failed workers are relaunched this many times and resume from the last complete checkpoint (Paddle's
     launcher does it itself in elastic mode, with an etcd:// master; otherwise the training node does)."""
     log_dir: str = "data/07_model_output/train_logs"
     job_id: str = "train_deploy"
+    """Paddle launcher job name; nodes of one job must share it."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -127,13 +149,21 @@ class TrainingConfig:
     """The whole ``training`` parameter block."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
+    """Model shape (`training.model`)."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Parallel degrees (`training.parallel`)."""
     batch: BatchConfig = field(default_factory=BatchConfig)
+    """Batch sizes and sequence length (`training.batch`)."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """AdamW and its learning-rate schedule (`training.optimizer`)."""
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    """Mixed precision and recomputation (`training.precision`)."""
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    """Steps, logging, evaluation and checkpoints (`training.schedule`)."""
     device: DeviceConfig = field(default_factory=DeviceConfig)
+    """Hardware (`training.device`)."""
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    """Processes and nodes (`training.launch`)."""
     output_dir: str = "data/06_models/checkpoints"
 
     @classmethod
