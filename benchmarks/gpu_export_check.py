@@ -24,7 +24,7 @@ from bench_export import WORK, build  # noqa: E402
 def main() -> None:
     import paddle
 
-    from train_deploy.averaging.evaluate import load_model
+    from train_deploy.evaluation import load_model
     from train_deploy.export.checks import latency_report
     from train_deploy.export.config import LatencyConfig, ServerConfig
     from train_deploy.export.graph import eager_logits, load_inference_model, save_server_model

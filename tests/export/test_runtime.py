@@ -20,7 +20,7 @@ def models(tiny_bundle) -> dict[str, LanguageModel]:
 
 
 def test_scores_are_the_trained_models_log_probabilities(models, tiny_checkpoint):
-    from train_deploy.averaging.evaluate import load_model
+    from train_deploy.evaluation import load_model
     from train_deploy.export.graph import eager_logits
 
     trained = load_model(tiny_checkpoint)

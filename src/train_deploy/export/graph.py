@@ -1,10 +1,11 @@
 """The inference graph: a checkpoint's weights in a compact Llama forward pass, saved for Paddle Inference.
 
 Training uses the auto-parallel ``LlamaForCausalLMNet``, which ``paddle.jit.save`` cannot trace. The
-checkpoint is loaded into PaddleNLP's plain ``LlamaForCausalLM`` (same parameter names, same logits),
-and ``CompactLlama`` computes the same logits from its weights with fewer and cheaper operators: at
-batch 1 on CPU an inference pass costs more in small operators than in arithmetic, and Paddle's CPU
-elementwise kernels are ~25× slower when they broadcast over a middle axis than on equal shapes.
+checkpoint is loaded into PaddleNLP's plain ``LlamaForCausalLM`` (``train_deploy.evaluation.load_model``;
+same parameter names, same logits), and ``CompactLlama`` computes the same logits from its weights with
+fewer and cheaper operators: at batch 1 on CPU an inference pass costs more in small operators than in
+arithmetic, and Paddle's CPU elementwise kernels are ~25× slower when they broadcast over a middle axis
+than on equal shapes.
 
 * RMSNorm scales are folded into the next matrix product, and ``1/sqrt(head_dim)`` into the query's;
   Q, K and V come from one product (grouped key/value heads are repeated in the weights);
@@ -29,27 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from train_deploy.training.checkpoint import STATE_FILE, CheckpointError, load_weights, read_state
+from train_deploy.evaluation import load_model
+from train_deploy.training.checkpoint import STATE_FILE, CheckpointError, read_state
 
 SERVER_MODEL = "model"  # Paddle Inference writes model.json + model.pdiparams
 _SUPPORTED = {"alibi": False, "rope_scaling_type": None, "use_long_sequence_strategies": False,
               "hidden_act": "silu"}  # configuration keys the compact graph implements only at these values
-
-
-def load_reference_model(checkpoint: Path):
-    """PaddleNLP's ``LlamaForCausalLM`` with the checkpoint's weights in float32, eval mode."""
-    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
-
-    state = read_state(checkpoint)
-    config = LlamaConfig.from_dict(state["model_config"])
-    config.use_flash_attention = False  # portable attention: the same numbers on CPU and GPU
-    config.use_fused_rms_norm = config.use_fused_rope = False
-    config.use_cache, config.recompute, config.tensor_parallel_degree = False, False, 1
-    config.dtype = "float32"
-    model = LlamaForCausalLM(config)
-    load_weights(model, checkpoint)  # float32: the model was built with dtype float32
-    model.eval()
-    return model
 
 
 def load_inference_model(checkpoint: Path):
@@ -59,7 +45,7 @@ def load_inference_model(checkpoint: Path):
         if config.get(key, value) != value:
             raise CheckpointError(f"{Path(checkpoint) / STATE_FILE}: model_config.{key} = {config[key]!r} is not "
                                   f"supported by the export graph (only {value!r})")
-    return compact_model(load_reference_model(checkpoint))
+    return compact_model(load_model(checkpoint))
 
 
 def compact_model(reference):
