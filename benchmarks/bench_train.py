@@ -27,6 +27,8 @@ import sys
 import time
 from pathlib import Path
 
+from train_deploy.handoffs import DataSpec, RunSpec, from_json, to_json
+
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[_var] = "1"
 
@@ -38,20 +40,23 @@ PARAMS = {
 }
 
 
-def prepare_tokens() -> dict:
-    """Token files of the embedded corpus (the corpus stage with its defaults, reused when unchanged)."""
+def prepare_tokens() -> DataSpec:
+    """Token files of the embedded corpus: the corpus stage with its defaults, published as the catalog does
+    (kept when unchanged)."""
+    from train_deploy.datasets import ArtifactFolderDataset
     from train_deploy.pipelines.corpus.nodes import encode_tokens, plan_inputs, prepare_tokenizer
 
-    plan = plan_inputs({"tokenizer": {"output_dir": str(WORK / "tokenizer")},
-                        "encoding": {"output_dir": str(WORK / "tokens"), "progress": False}})
-    tokenizer = prepare_tokenizer(plan)
-    manifest = encode_tokens(plan, tokenizer)
-    return {"train_prefix": str(WORK / "tokens" / "train"), "valid_prefix": str(WORK / "tokens" / "valid"),
-            "dtype": manifest["tokenizer"]["dtype"], "vocab_size": tokenizer["vocab_size"],
-            "eos_id": tokenizer["eos_id"], "eval_samples": 16}
+    def publish(work, folder: Path, description: str):
+        dataset = ArtifactFolderDataset(path=str(folder), description=f"train_deploy.handoffs.{description}")
+        dataset.save(work)
+        return dataset.load()
+
+    config, plan = plan_inputs({"encoding": {"progress": False}})
+    tokenizer = publish(prepare_tokenizer(config, plan), WORK / "tokenizer", "TokenizerInfo")
+    return DataSpec.of(publish(encode_tokens(config, plan, tokenizer), WORK / "tokens", "TokenManifest"))
 
 
-def plain_loop(data: dict, steps: int) -> dict:
+def plain_loop(data: DataSpec, steps: int) -> dict:
     """(a): the textbook single-process loop on the same model, data order and batch."""
     import paddle
 
@@ -61,10 +66,10 @@ def plain_loop(data: dict, steps: int) -> dict:
 
     config = TrainingConfig.from_params(PARAMS)
     paddle.seed(config.schedule.seed)
-    model = build_model(config, data["vocab_size"], data["eos_id"])
+    model = build_model(config, data.vocab_size, data.eos_id)
     optimizer = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=model.parameters(), weight_decay=0.1,
                                        grad_clip=paddle.nn.ClipGradByGlobalNorm(1.0))
-    windows = TokenWindows(Path(data["train_prefix"]), 128, config.schedule.seed, data["dtype"])
+    windows = TokenWindows(Path(data.train_prefix), 128, config.schedule.seed, data.dtype)
     timings = []
     for step in range(steps):
         started = time.perf_counter()
@@ -81,21 +86,20 @@ def plain_loop(data: dict, steps: int) -> dict:
     return {"tokens_per_second": 32 * 128 * len(steady) / sum(steady), "loss": float(loss) * 4}
 
 
-def stage(data: dict, nproc: int, parallel: dict, steps: int) -> dict:
+def stage(data: DataSpec, nproc: int, parallel: dict, steps: int) -> dict:
     from train_deploy.training.config import TrainingConfig
-    from train_deploy.training.launch import run_launcher, write_run_file
+    from train_deploy.training.launch import run_training
 
     folder = WORK / f"stage_{nproc}_{'_'.join(f'{k}{v}' for k, v in parallel.items())}"
     params = copy.deepcopy(PARAMS)
     params["parallel"] = parallel
     params["schedule"]["max_steps"] = steps
-    params["launch"] = {"nproc_per_node": nproc, "log_dir": str(folder / "logs")}
-    for name in ("metrics.jsonl", "result.json"):
-        (folder / name).unlink(missing_ok=True)
-    run = {"training": params, "data": data, "output_dir": str(folder / "checkpoints"),
-           "metrics_path": str(folder / "metrics.jsonl"), "result_path": str(folder / "result.json"), "mlflow": None}
-    run_launcher(TrainingConfig.from_params(params), write_run_file(folder / "run.json", run))
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()][1:]
+    params["launch"] = {"nproc_per_node": nproc}
+    spec = RunSpec(run_name=folder.name, training=params, data=data, checkpoints=str(folder / "checkpoints"),
+                   logs=str(folder / "logs"))
+    spec.metrics_path.unlink(missing_ok=True)
+    run_training(TrainingConfig.from_params(params), spec)
+    rows = [json.loads(line) for line in spec.metrics_path.read_text().splitlines()][1:]
     rate = sum(r["tokens_per_second"] for r in rows) / len(rows)
     return {"tokens_per_second": rate, "mfu": sum(r["mfu"] for r in rows) / len(rows), "loss": rows[-1]["loss"]}
 
@@ -106,14 +110,14 @@ def main() -> None:
     parser.add_argument("--plain", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain:  # child process for (a): one thread, nothing else loaded
-        print(json.dumps(plain_loop(json.loads(args.plain), args.steps)))  # noqa: T201
+        print(json.dumps(plain_loop(from_json(DataSpec, json.loads(args.plain), "--plain"), args.steps)))  # noqa: T201
         return
     import logging
 
     logging.basicConfig(level=logging.WARNING)
     WORK.mkdir(parents=True, exist_ok=True)
     data = prepare_tokens()
-    out = subprocess.run([sys.executable, __file__, "--plain", json.dumps(data), "--steps", str(args.steps)],
+    out = subprocess.run([sys.executable, __file__, "--plain", json.dumps(to_json(data)), "--steps", str(args.steps)],
                          check=True, capture_output=True, text=True).stdout
     plain = json.loads(out.strip().splitlines()[-1])
     rows = [("(a) plain single-process Paddle loop", 1, plain["tokens_per_second"], None)]

@@ -6,7 +6,7 @@
 #
 # Needs the project environment with Paddle's GPU wheel in place of the CPU one, e.g.
 #   .venv/bin/pip install paddlepaddle-gpu==3.3.1 -i https://www.paddlepaddle.org.cn/packages/stable/cu126/
-# Prints one table row; the full metrics are in benchmarks/.work/gpu_check/metrics.jsonl.
+# Prints one table row; the full metrics are in benchmarks/.work/gpu_check/logs/metrics.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PEAK="${1:-989}"
@@ -17,31 +17,35 @@ import json, sys, time
 from pathlib import Path
 import paddle
 assert paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0, "no CUDA device visible to Paddle"
+from train_deploy.datasets import ArtifactFolderDataset
+from train_deploy.handoffs import DataSpec, RunSpec
 from train_deploy.pipelines.corpus.nodes import encode_tokens, plan_inputs, prepare_tokenizer
 from train_deploy.training.config import TrainingConfig
-from train_deploy.training.launch import run_launcher, write_run_file
+from train_deploy.training.launch import run_training
 
 work = Path("benchmarks/.work/gpu_check")
-plan = plan_inputs({"tokenizer": {"output_dir": str(work / "tokenizer"), "vocab_size": 8192},
-                    "encoding": {"output_dir": str(work / "tokens"), "progress": False}})
-tokenizer = prepare_tokenizer(plan)
-manifest = encode_tokens(plan, tokenizer)
+
+def publish(node_work, folder, description):
+    dataset = ArtifactFolderDataset(path=str(folder), description=f"train_deploy.handoffs.{description}")
+    dataset.save(node_work)
+    return dataset.load()
+
+config, plan = plan_inputs({"tokenizer": {"vocab_size": 8192}, "encoding": {"progress": False}})
+tokenizer = publish(prepare_tokenizer(config, plan), work / "tokenizer", "TokenizerInfo")
+tokens = publish(encode_tokens(config, plan, tokenizer), work / "tokens", "TokenManifest")
 params = {
     "model": {"preset": "350m"},
     "batch": {"micro_batch_size": 8, "global_batch_size": 8, "seq_length": 1024},
     "precision": {"amp": True, "dtype": "bfloat16", "level": "O2"},
     "schedule": {"max_steps": 40, "log_every": 10, "eval_every": 100000, "checkpoint_every": 100000, "resume": "never"},
     "device": {"type": "gpu", "peak_tflops": float(sys.argv[1])},
-    "launch": {"nproc_per_node": 1, "log_dir": str(work / "logs")},
+    "launch": {"nproc_per_node": 1},
 }
-(work / "metrics.jsonl").unlink(missing_ok=True)
-run = {"training": params, "output_dir": str(work / "checkpoints"), "metrics_path": str(work / "metrics.jsonl"),
-       "result_path": str(work / "result.json"), "mlflow": None,
-       "data": {"train_prefix": str(work / "tokens/train"), "valid_prefix": str(work / "tokens/valid"),
-                "dtype": manifest["tokenizer"]["dtype"], "vocab_size": tokenizer["vocab_size"],
-                "eos_id": tokenizer["eos_id"], "eval_samples": 16}}
-run_launcher(TrainingConfig.from_params(params), write_run_file(work / "run.json", run))
-rows = [json.loads(l) for l in (work / "metrics.jsonl").read_text().splitlines()][1:]
+spec = RunSpec(run_name="gpu_check", training=params, data=DataSpec.of(tokens),
+               checkpoints=str(work / "checkpoints"), logs=str(work / "logs"))
+spec.metrics_path.unlink(missing_ok=True)
+run_training(TrainingConfig.from_params(params), spec)
+rows = [json.loads(l) for l in spec.metrics_path.read_text().splitlines()][1:]
 tps = sum(r["tokens_per_second"] for r in rows) / len(rows)
 mfu = sum(r["mfu"] for r in rows) / len(rows)
 mem = max(r["memory_mb"] for r in rows)

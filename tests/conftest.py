@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from train_deploy.handoffs import DataSpec
+
 os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
@@ -47,20 +49,13 @@ def tiny_tokenizer(tmp_path_factory) -> dict:
 
 
 @pytest.fixture(scope="session")
-def tiny_tokens(tmp_path_factory, tiny_tokenizer) -> dict:
-    """The `data` block of a run: the People's Daily slice encoded with the tiny tokenizer."""
-    from train_deploy.corpus.build import encode_corpus
-    from train_deploy.corpus.config import CorpusConfig
-    from train_deploy.corpus.readers import plan_corpus
-    from train_deploy.corpus.tokenizer import TokenizerInfo
+def tiny_tokens(tiny_token_files) -> DataSpec:
+    """A run's ``data``: the tiny token files (:func:`tiny_token_files`) and their tokenizer.
 
-    folder = tmp_path_factory.mktemp("tokens")
-    config = CorpusConfig.from_params(corpus_params(folder, encoding={"validation_fraction": 0.05}))
-    manifest = encode_corpus(config, plan_corpus(config.reader), TokenizerInfo(**tiny_tokenizer))
-    tokens = Path(manifest["directory"])
-    return {"train_prefix": str(tokens / "train"), "valid_prefix": str(tokens / "valid"),
-            "dtype": manifest["tokenizer"]["dtype"], "vocab_size": tiny_tokenizer["vocab_size"],
-            "eos_id": tiny_tokenizer["eos_id"], "eval_samples": 16}
+    A tiny run evaluates its first ``eval_batches × global_batch_size`` validation windows
+    (``TrainingResult.eval_windows``; ``tests.training.conftest.TINY_EVAL_WINDOWS``).
+    """
+    return DataSpec.of(tiny_token_files)
 
 
 @pytest.fixture(scope="session")
@@ -68,6 +63,4 @@ def tiny_checkpoint(tmp_path_factory, tiny_tokens) -> Path:
     """The last checkpoint of a 6-step tiny run through Paddle's launcher (one process)."""
     from tests.training.conftest import launch, training_params
 
-    folder = tmp_path_factory.mktemp("tiny_run")
-    result = launch(folder, tiny_tokens, training_params(1))
-    return Path(result["checkpoint"])
+    return Path(launch(tmp_path_factory.mktemp("tiny_run"), tiny_tokens, training_params(1)).checkpoint)

@@ -161,6 +161,14 @@ class DataSpec:
     corpus_fingerprint: str
     tokenizer_hash: str
 
+    @classmethod
+    def of(cls, token_files: TokenManifest) -> DataSpec:
+        """The token files ``token_files`` describes and the tokenizer they were encoded with."""
+        tokenizer = token_files.tokenizer
+        return cls(train_prefix=str(token_files.prefix("train")), valid_prefix=str(token_files.prefix("valid")),
+                   dtype=token_files.dtype, vocab_size=tokenizer.vocab_size, eos_id=tokenizer.eos_id,
+                   corpus_fingerprint=token_files.fingerprint, tokenizer_hash=tokenizer.hash)
+
 
 @dataclass(kw_only=True, slots=True)
 class MlflowTarget:

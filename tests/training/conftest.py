@@ -1,4 +1,4 @@
-"""Tiny token files and run descriptions for real multi-process training tests."""
+"""Tiny run descriptions for real multi-process training tests, launched as the training node does."""
 
 from __future__ import annotations
 
@@ -8,15 +8,18 @@ from pathlib import Path
 
 from safetensors.numpy import load_file
 
+from train_deploy.handoffs import DataSpec, RunSpec, TrainingResult, read_json
 from train_deploy.training.config import TrainingConfig
-from train_deploy.training.launch import run_launcher, write_run_file
+from train_deploy.training.launch import run_training
 
 TINY_TRAINING = {
     "model": {"preset": "tiny"},
     "batch": {"micro_batch_size": 4, "global_batch_size": 8, "seq_length": 32},
     "optimizer": {"learning_rate": 2e-3, "warmup_steps": 2, "reference_batch_size": 8},
-    "schedule": {"max_steps": 6, "log_every": 1, "eval_every": 3, "checkpoint_every": 3, "keep_last": 3},
+    "schedule": {"max_steps": 6, "log_every": 1, "eval_every": 3, "eval_batches": 2, "checkpoint_every": 3,
+                 "keep_last": 3},
 }
+TINY_EVAL_WINDOWS = 2 * 8  # eval_batches × global_batch_size: every evaluation's validation windows
 
 
 def training_params(nproc: int = 1, **blocks) -> dict:
@@ -27,18 +30,24 @@ def training_params(nproc: int = 1, **blocks) -> dict:
     return params
 
 
-def launch(folder: Path, data: dict, params: dict) -> dict:
-    """Run the workers with Paddle's launcher as the training node does; return result.json."""
-    params = copy.deepcopy(params)
-    params.setdefault("launch", {})["log_dir"] = str(folder / "logs")
-    run = {"training": params, "data": data, "output_dir": str(folder / "checkpoints"),
-           "metrics_path": str(folder / "metrics.jsonl"), "result_path": str(folder / "result.json"), "mlflow": None}
-    run_launcher(TrainingConfig.from_params(params), write_run_file(folder / "run.json", run))
-    return json.loads((folder / "result.json").read_text(encoding="utf-8"))
+def run_spec(folder: Path, data: DataSpec, params: dict) -> RunSpec:
+    """The run's description: checkpoints in ``folder/checkpoints``, logs, metrics and result in ``folder/logs``."""
+    return RunSpec(run_name=folder.name, training=copy.deepcopy(params), data=data,
+                   checkpoints=str(folder / "checkpoints"), logs=str(folder / "logs"))
+
+
+def launch(folder: Path, data: DataSpec, params: dict) -> TrainingResult:
+    """Run the workers with Paddle's launcher as the training node does; return their result."""
+    return run_training(TrainingConfig.from_params(params), run_spec(folder, data, params))
+
+
+def result(folder: Path) -> TrainingResult:
+    """The result of the last run launched in ``folder``."""
+    return read_json(TrainingResult, Path(folder) / "logs" / "result.json")
 
 
 def losses(folder: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line)["loss"] for line in (folder / "logs" / "metrics.jsonl").read_text().splitlines()]
 
 
 def weights(folder: Path, step: int) -> dict:

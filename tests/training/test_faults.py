@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -58,7 +59,7 @@ def test_killed_worker_fails_the_job_within_a_minute_and_a_rerun_completes(tmp_p
 
     params["schedule"]["max_steps"] = 8  # the rerun resumes from the last complete checkpoint
     result = launch(tmp_path, tiny_tokens, params)
-    assert result["finished"] and result["step"] == 8
+    assert result.finished and result.step == 8
     assert "Resumed from" in (tmp_path / "logs" / "node0" / "workerlog.0").read_text()
 
 
@@ -89,7 +90,7 @@ def test_two_launchers_as_two_nodes_match_data_parallel(tmp_path, tiny_tokens):
     for t in threads:
         t.join(timeout=300)
     assert not isinstance(results.get(0), Exception), results
-    assert results[0]["layout"]["dp"] == 2
+    assert results[0].layout["dp"] == 2
     np.testing.assert_allclose(losses(tmp_path / "nodes"), losses(single), rtol=1e-5)
 
 
@@ -97,7 +98,7 @@ def _join(folder, data, params, rank):
     """What `train-deploy-join --run run.json --node-rank 1` does on the second machine."""
     from train_deploy.training.launch import join_main
 
-    run_file = folder / "run.json"
+    run_file = folder / "logs" / "run.json"
     while not run_file.exists():
         time.sleep(0.1)
     join_main(["--run", str(run_file), "--node-rank", str(rank)])
@@ -105,7 +106,8 @@ def _join(folder, data, params, rank):
 
 
 def test_a_worker_that_raises_is_named_with_its_error(tmp_path, tiny_tokens):
-    data = {**tiny_tokens, "valid_prefix": str(tmp_path / "missing"), "train_prefix": str(tmp_path / "nothing")}
+    data = dataclasses.replace(tiny_tokens, valid_prefix=str(tmp_path / "missing"),
+                               train_prefix=str(tmp_path / "nothing"))
     with pytest.raises(TrainingFailed) as exc:
         launch(tmp_path, data, training_params(1))
     message = str(exc.value)
@@ -125,5 +127,5 @@ def test_with_max_restart_the_launcher_restarts_workers_and_they_resume(tmp_path
     os.kill(victim.pid, signal.SIGKILL)
     thread.join(timeout=240)
     assert not thread.is_alive()
-    assert outcome["result"]["finished"] and outcome["result"]["step"] == 40
+    assert outcome["result"].finished and outcome["result"].step == 40
     assert "Resumed from" in (tmp_path / "logs" / "node0" / "workerlog.0").read_text()

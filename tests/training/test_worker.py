@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from tests.training.conftest import launch, losses, training_params, weights
+from tests.training.conftest import TINY_EVAL_WINDOWS, launch, losses, result, training_params, weights
 
 pytestmark = pytest.mark.slow
 
@@ -28,10 +30,14 @@ def assert_losses_match(folder, reference, rtol=1e-5):
                                             (2, {"dp": 2, "sharding_stage": 1})],
                          ids=["dp2", "mp2", "dp2xmp2", "dp2-sharding1"])
 def test_parallel_layouts_match_the_single_process_loss(tmp_path, tiny_tokens, reference, nproc, parallel):
-    result = launch(tmp_path, tiny_tokens, training_params(nproc, parallel=parallel))
-    assert result["finished"] and result["layout"]["dp"] == parallel["dp"]
-    assert result["layout"]["mp"] == parallel.get("mp", 1)
+    got = launch(tmp_path, tiny_tokens, training_params(nproc, parallel=parallel))
+    assert got.finished and got.layout["dp"] == parallel["dp"]
+    assert got.layout["mp"] == parallel.get("mp", 1)
     assert_losses_match(tmp_path, reference)
+    # Every rank evaluates its share of the same windows; the loss is over all of them.
+    expected = result(reference)
+    assert got.eval_windows == expected.eval_windows == TINY_EVAL_WINDOWS
+    assert got.val_loss == pytest.approx(expected.val_loss, rel=1e-5)
 
 
 def test_loss_falls_on_the_tiny_model(reference):
@@ -41,9 +47,9 @@ def test_loss_falls_on_the_tiny_model(reference):
 
 def test_resume_after_stop_reaches_the_same_weights(tmp_path, tiny_tokens, reference):
     first = launch(tmp_path, tiny_tokens, training_params(1, schedule={"stop_after": 3}))
-    assert (first["step"], first["finished"]) == (3, False)
+    assert (first.step, first.finished) == (3, False)
     second = launch(tmp_path, tiny_tokens, training_params(1))
-    assert (second["step"], second["finished"]) == (6, True)
+    assert (second.step, second.finished) == (6, True)
     resumed, uninterrupted = weights(tmp_path, 6), weights(reference, 6)
     assert max(float(np.abs(resumed[k] - uninterrupted[k]).max()) for k in uninterrupted) <= 1e-6
     assert "Resumed from" in (tmp_path / "logs" / "node0" / "workerlog.0").read_text()
@@ -51,8 +57,8 @@ def test_resume_after_stop_reaches_the_same_weights(tmp_path, tiny_tokens, refer
 
 def test_tensor_parallel_checkpoint_resumes_with_data_parallel(tmp_path, tiny_tokens, reference):
     launch(tmp_path, tiny_tokens, training_params(2, parallel={"mp": 2, "dp": 1}, schedule={"stop_after": 3}))
-    result = launch(tmp_path, tiny_tokens, training_params(2, parallel={"dp": 2}))
-    assert result["finished"] and result["layout"]["dp"] == 2
+    resumed = launch(tmp_path, tiny_tokens, training_params(2, parallel={"dp": 2}))
+    assert resumed.finished and resumed.layout["dp"] == 2
     log = (tmp_path / "logs" / "node0" / "workerlog.0").read_text()
     assert "saved with dp=1 mp=2, now dp=2 mp=1" in log
     # Adam amplifies last-bit differences between layouts, so the weights are close, not identical.
@@ -72,6 +78,15 @@ def test_sharded_optimizer_state_checkpoints_unified_and_resumes(tmp_path, tiny_
     moments = load_file(str(tmp_path / "checkpoints" / "step_00000003" / "optimizer.safetensors"))
     full = load_file(str(reference / "checkpoints" / "step_00000003" / "optimizer.safetensors"))
     assert {k: v.shape for k, v in moments.items()} == {k: v.shape for k, v in full.items()}  # whole tensors
-    result = launch(tmp_path, tiny_tokens, sharded)
-    assert result["finished"]
+    assert launch(tmp_path, tiny_tokens, sharded).finished
     assert_losses_match(tmp_path, reference, rtol=1e-4)
+
+
+def test_a_validation_split_smaller_than_one_evaluation_batch_is_skipped_with_a_warning(tmp_path, tiny_tokens):
+    np.arange(3 * 32 + 1, dtype=tiny_tokens.dtype).tofile(tmp_path / "short.bin")  # 3 windows, a batch is 4
+    data = dataclasses.replace(tiny_tokens, valid_prefix=str(tmp_path / "short"))
+    got = launch(tmp_path, data, training_params(1, schedule={"max_steps": 3}))
+    assert got.finished and got.val_loss is None and got.eval_windows == 0
+    log = (tmp_path / "logs" / "node0" / "workerlog.0").read_text()
+    assert ("No validation: the validation split holds 3 windows of 32 tokens, fewer than one evaluation batch "
+            "(micro_batch_size × dp = 4); raise corpus.encoding.validation_fraction") in log

@@ -1,18 +1,18 @@
 """Start the training workers with Paddle's own launcher, stream their progress, and wait.
 
-The node writes ``run.json`` (the resolved job) and runs::
+:func:`run_training` writes the run's :class:`~train_deploy.handoffs.RunSpec` as ``<logs>/run.json`` and
+runs::
 
     python -m paddle.distributed.launch --nproc_per_node G [--nnodes N --master HOST:PORT --rank R]
-        --log_dir LOG_DIR --max_restart K .../worker.py --run run.json
+        --log_dir <logs>/node<R> --max_restart K .../worker.py --run <logs>/run.json
 
-The other machines of a multi-node job join with ``train-deploy-join --run run.json --node-rank R``
-(``run.json`` on storage every node sees): the same launcher command with their own rank.
+The other machines of a multi-node job join with ``train-deploy-join --run <logs>/run.json --node-rank R``
+(the log folder on storage every node sees): the same launcher command with their own rank.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -21,27 +21,42 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
+from train_deploy.handoffs import RunSpec, TrainingResult, read_json, write_json
 from train_deploy.training import worker
 from train_deploy.training.config import TrainingConfig
 
 logger = logging.getLogger(__name__)
+
+RUN_FILE = "run.json"
 
 
 class TrainingFailed(RuntimeError):
     """A worker died or raised; the message names the rank and ends with the tail of its log."""
 
 
-def launcher_command(config: TrainingConfig, run_file: Path, node_rank: int | None = None) -> list[str]:
+def run_training(config: TrainingConfig, spec: RunSpec) -> TrainingResult:
+    """Run (or resume) the job ``spec`` describes on this node's workers; return rank 0's result.
+
+    Writes ``<spec.logs>/run.json`` for the workers (and the nodes that join), relaunches failed workers
+    up to ``launch.max_restart`` times, and raises :class:`TrainingFailed` when they still fail.
+    """
+    spec_file = Path(spec.logs) / RUN_FILE
+    write_json(spec_file, spec)
+    run_launcher(config, spec_file, Path(spec.logs))
+    return read_json(TrainingResult, spec.result_path)
+
+
+def launcher_command(config: TrainingConfig, spec_file: Path, log_dir: Path, node_rank: int | None = None) -> list[str]:
+    """Paddle's launcher for this node; its logs go to ``<log_dir>/node<rank>``."""
     la = config.launch
+    rank = la.node_rank if node_rank is None else node_rank
     command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(la.nproc_per_node),
-               "--log_dir", str(Path(la.log_dir) / f"node{la.node_rank if node_rank is None else node_rank}"),
-               "--job_id", la.job_id, "--max_restart", str(la.max_restart)]
+               "--log_dir", str(Path(log_dir) / f"node{rank}"), "--job_id", la.job_id,
+               "--max_restart", str(la.max_restart)]
     if la.nnodes > 1:
-        command += ["--nnodes", str(la.nnodes), "--master", str(la.master),
-                    "--rank", str(la.node_rank if node_rank is None else node_rank)]
-    return command + [worker.__file__, "--run", str(run_file)]
+        command += ["--nnodes", str(la.nnodes), "--master", str(la.master), "--rank", str(rank)]
+    return command + [worker.__file__, "--run", str(spec_file)]
 
 
 def worker_environment(config: TrainingConfig) -> dict[str, str]:
@@ -56,7 +71,7 @@ def worker_environment(config: TrainingConfig) -> dict[str, str]:
     return env
 
 
-def run_launcher(config: TrainingConfig, run_file: Path, node_rank: int | None = None) -> None:
+def run_launcher(config: TrainingConfig, spec_file: Path, log_dir: Path, node_rank: int | None = None) -> None:
     """Run the launcher for this node, echoing rank 0's progress; raise :class:`TrainingFailed` on failure.
 
     Paddle's launcher honours ``--max_restart`` only in elastic mode (an etcd master); otherwise this
@@ -65,7 +80,7 @@ def run_launcher(config: TrainingConfig, run_file: Path, node_rank: int | None =
     """
     for attempt in range(config.launch.max_restart + 1):
         try:
-            _launch_once(config, run_file, node_rank)
+            _launch_once(config, spec_file, log_dir, node_rank)
             return
         except TrainingFailed as exc:
             if attempt == config.launch.max_restart:
@@ -74,19 +89,19 @@ def run_launcher(config: TrainingConfig, run_file: Path, node_rank: int | None =
                            exc, attempt + 1, config.launch.max_restart)
 
 
-def _launch_once(config: TrainingConfig, run_file: Path, node_rank: int | None) -> None:
-    command = launcher_command(config, run_file, node_rank)
-    log_dir = Path(command[command.index("--log_dir") + 1])
-    if log_dir.exists():  # keep an earlier attempt's logs beside, not mixed with, this one's
-        previous = log_dir.with_name(f"{log_dir.name}.previous")
+def _launch_once(config: TrainingConfig, spec_file: Path, log_dir: Path, node_rank: int | None) -> None:
+    command = launcher_command(config, spec_file, log_dir, node_rank)
+    node_logs = Path(command[command.index("--log_dir") + 1])
+    if node_logs.exists():  # keep an earlier attempt's logs beside, not mixed with, this one's
+        previous = node_logs.with_name(f"{node_logs.name}.previous")
         shutil.rmtree(previous, ignore_errors=True)
-        os.replace(log_dir, previous)
-    log_dir.mkdir(parents=True)
+        os.replace(node_logs, previous)
+    node_logs.mkdir(parents=True)
     logger.info("Launching: %s", " ".join(command))
-    with open(log_dir / "launcher.log", "w", encoding="utf-8") as launcher_log:
+    with open(node_logs / "launcher.log", "w", encoding="utf-8") as launcher_log:
         process = subprocess.Popen(command, stdout=launcher_log, stderr=subprocess.STDOUT, text=True,
                                    env=worker_environment(config))
-        progress = _LogFollower(log_dir / "workerlog.0", total=config.schedule.max_steps)
+        progress = _LogFollower(node_logs / "workerlog.0", total=config.schedule.max_steps)
         try:
             while process.poll() is None:
                 time.sleep(0.5)
@@ -95,7 +110,7 @@ def _launch_once(config: TrainingConfig, run_file: Path, node_rank: int | None) 
         finally:
             progress.close()
     if process.returncode != 0:
-        raise TrainingFailed(_failure_message(log_dir, process.returncode))
+        raise TrainingFailed(_failure_message(node_logs, process.returncode))
 
 
 class _LogFollower:
@@ -157,18 +172,12 @@ def _tail(text: str, lines: int = 5) -> str:
     return " | ".join(line.strip() for line in text.strip().splitlines()[-lines:])
 
 
-def write_run_file(path: Path, payload: dict[str, Any]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2), encoding="utf-8")
-    return path
-
-
 def join_main(argv: list[str] | None = None) -> None:
     """``train-deploy-join``: run this machine's share of a multi-node job started by ``kedro run``."""
     parser = argparse.ArgumentParser(description=join_main.__doc__)
-    parser.add_argument("--run", required=True, help="run.json of the job (shared storage)")
+    parser.add_argument("--run", required=True, help="run.json of the job (in its log folder, on shared storage)")
     parser.add_argument("--node-rank", type=int, required=True, help="this machine's rank, 1 .. nnodes - 1")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    run = json.loads(Path(args.run).read_text(encoding="utf-8"))
-    run_launcher(TrainingConfig.from_params(run["training"]), Path(args.run), node_rank=args.node_rank)
+    spec = read_json(RunSpec, Path(args.run))
+    run_launcher(TrainingConfig.from_params(spec.training), Path(args.run), Path(spec.logs), node_rank=args.node_rank)

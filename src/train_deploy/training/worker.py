@@ -8,47 +8,101 @@
     python -m paddle.distributed.launch --nnodes N --master HOST:PORT --rank R --nproc_per_node G \
         worker.py --run run.json
 
-``run.json`` is written by the Kedro node (``train_deploy.training.launch``): the ``training`` parameter
-block, where the token files are, and the MLflow run to log into. The loop reads top to bottom:
-set-up, model, optimizer, parallelize, resume, then steps of gradient accumulation, clipping, AdamW,
-metrics, evaluation and checkpoints. Only rank 0 logs and writes; every rank joins collectives.
+``run.json`` is the :class:`~train_deploy.handoffs.RunSpec` the training node writes
+(``train_deploy.training.launch``): the ``training`` parameter block, the token files, the checkpoint and
+log folders, and the MLflow run to log into. :func:`main` reads top to bottom: set-up, model, optimizer,
+parallelize, resume, then the loop: steps of gradient accumulation, clipping and AdamW, with metrics,
+evaluation and checkpoints. Only rank 0 logs and writes; every rank joins the collectives.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
 import sys
-import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from train_deploy.evaluation import mean_token_loss, next_token_loss, perplexity, validation_windows
+from train_deploy.handoffs import RunSpec, TrainingResult, read_json, to_json, write_json
+from train_deploy.training.checkpoint import (
+    latest_checkpoint,
+    restore_training_state,
+    step_dir,
+    training_state,
+    write_checkpoint,
+)
+from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
+from train_deploy.training.data import TokenWindows
+from train_deploy.training.metrics import MetricsLog, Throughput, calibrated_peak_flops, grad_norm, memory_mb
+from train_deploy.training.model import build_model, flops_per_token
+from train_deploy.training.parallelize import data_rank, parallelize
+
 logger = logging.getLogger("train_deploy.training.worker")
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = _parse(argv)
-    run = json.loads(Path(args.run).read_text(encoding="utf-8"))
+    spec = read_json(RunSpec, Path(_parse(argv).run))
+    job = set_up(spec)
+    config = job.config
 
+    # model, optimizer, parallelism: each step wraps what the one before built
+    model = build_model(config, spec.data.vocab_size, spec.data.eos_id)
+    size = ModelSize.of(model)
+    optimizer, lr = build_optimizer(model, config)
+    model, optimizer, scaler = apply_precision(model, optimizer, config)
+    model, optimizer, mesh = parallelize(model, optimizer, layout=job.layout, device=config.device.type)
+    trainer = Trainer(model=model, optimizer=optimizer, lr=lr, scaler=scaler, mesh=mesh, job=job)
+
+    # resume, data, metrics
+    progress = resume(trainer)
+    train = TokenWindows(Path(spec.data.train_prefix), config.batch.seq_length, config.schedule.seed,
+                         spec.data.dtype)
+    valid = validation_set(job)
+    metrics = MetricsLog(spec.metrics_path, spec.mlflow, enabled=job.is_master)
+    throughput = _throughput(job, size)
+    logger.info("Model: %s, %.2f M parameters, %.1f MFLOP/token; layout dp=%d mp=%d pp=%d sharding=%d, "
+                "%d accumulation step(s), peak lr %.3g", config.model.preset, size.parameters / 1e6,
+                throughput.flops_per_token / 1e6, job.layout.dp, job.layout.mp, job.layout.pp,
+                job.layout.sharding_stage, job.layout.accumulation_steps, lr.base_lr)
+
+    # loop
+    train_loop(trainer, progress, train, valid, metrics, throughput, size)
+    if job.is_master:
+        write_json(spec.result_path, _result(job, progress, size, valid))
+    finish(job)
+
+
+# --- set-up ----------------------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True, slots=True)
+class Job:
+    """This process's place in the run, fixed at start-up."""
+
+    spec: RunSpec
+    config: TrainingConfig
+    layout: Layout
+    world: int
+    rank: int
+    is_master: bool
+    dp_rank: int
+    """Index along the data-parallel axis: which share of each global batch this rank reads."""
+
+
+def set_up(spec: RunSpec) -> Job:
+    """Validate the configuration and layout, join the process group, pick the device and seed."""
     import paddle
     import paddle.distributed as dist
 
-    from train_deploy.training import checkpoint as ckpt
-    from train_deploy.training.config import TrainingConfig, resolve_layout
-    from train_deploy.training.data import TokenWindows
-    from train_deploy.training.model import build_model, flops_per_token
-    from train_deploy.training.parallelize import data_rank, parallelize
-
-    # --- set-up ------------------------------------------------------------------------------------
-    config = TrainingConfig.from_params(run["training"])
-    data = run["data"]
+    config = TrainingConfig.from_params(spec.training)
     world, rank = dist.get_world_size(), dist.get_rank()
-    layout = resolve_layout(config, world, data["vocab_size"])
+    layout = resolve_layout(config, world, spec.data.vocab_size)
     is_master = rank == 0
     logging.basicConfig(level=logging.INFO if is_master else logging.WARNING,
                         format=f"%(asctime)s rank {rank} %(levelname)s %(message)s", stream=sys.stdout)
@@ -56,159 +110,54 @@ def main(argv: list[str] | None = None) -> None:
         dist.init_parallel_env()
     paddle.set_device("gpu" if config.device.type == "gpu" else "cpu")
     paddle.seed(config.schedule.seed)
-    b, s, o = config.batch, config.schedule, config.optimizer
-    output_dir = Path(run["output_dir"])
+    return Job(spec=spec, config=config, layout=layout, world=world, rank=rank, is_master=is_master,
+               dp_rank=data_rank(rank, layout))
 
-    # --- model, optimizer, parallelism -------------------------------------------------------------
-    model = build_model(config, data["vocab_size"], data["eos_id"])
-    parameters = sum(int(np.prod(p.shape)) for p in model.parameters())
-    embedding = int(np.prod(model.llama.embed_tokens.weight.shape))
-    peak_lr = o.scaled_learning_rate(b.global_batch_size)
-    schedule = paddle.optimizer.lr.LambdaDecay(peak_lr, _lr_lambda(o.warmup_steps, s.max_steps, o.min_lr_ratio))
-    no_decay = {p.name for n, p in model.named_parameters() if p.ndim == 1}  # norms: no weight decay
-    optimizer = paddle.optimizer.AdamW(
-        learning_rate=schedule, parameters=model.parameters(), beta1=o.beta1, beta2=o.beta2, epsilon=o.epsilon,
-        weight_decay=o.weight_decay, apply_decay_param_fun=lambda name: name not in no_decay,
-        grad_clip=paddle.nn.ClipGradByGlobalNorm(o.grad_clip) if o.grad_clip > 0 else None,
-    )
-    amp = config.precision
-    if amp.amp and amp.level == "O2":  # low-precision weights with float32 master copies in the optimizer
-        model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2", dtype=amp.dtype,
-                                               master_weight=True)
-    # float16 needs a dynamic loss scale to keep small gradients representable; bfloat16 does not.
-    scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15) if amp.amp and amp.dtype == "float16" else None
-    model, optimizer, mesh = parallelize(model, optimizer, layout=layout, device=config.device.type)
-    placements = [dist.Shard(0)] + [dist.Replicate()] * (len(mesh.shape) - 1)
-    if layout.pp > 1:
-        placements = [dist.Replicate(), dist.Shard(0), dist.Replicate()]
 
-    # --- resume --------------------------------------------------------------------------------------
-    step, consumed = 0, 0
-    latest = ckpt.latest_checkpoint(output_dir) if s.resume == "auto" else None
-    if latest is not None:
-        state = _load_checkpoint(model, optimizer, latest)
-        step, consumed = state["step"], state["consumed_samples"]
-        schedule.last_epoch = step
-        schedule.last_lr = schedule.get_lr()
-        logger.info("Resumed from %s: step %d, %d samples consumed (saved with dp=%d mp=%d, now dp=%d mp=%d)",
-                    latest, step, consumed, state["layout"]["dp"], state["layout"]["mp"], layout.dp, layout.mp)
+def finish(job: Job) -> None:
+    if job.world > 1:
+        import paddle.distributed as dist
 
-    train = TokenWindows(Path(data["train_prefix"]), b.seq_length, s.seed, data["dtype"])
-    valid = _validation_windows(data, b.seq_length, s.seed)
-    if valid is not None and len(valid) < b.micro_batch_size * layout.dp:
-        logger.warning("No validation: the validation split holds %d windows of %d tokens, fewer than one "
-                       "evaluation batch (micro_batch_size × dp = %d); raise corpus.encoding.validation_fraction",
-                       len(valid), b.seq_length, b.micro_batch_size * layout.dp)
-        valid = None
-    my_dp = data_rank(rank, layout)
-    tokens_per_step = b.global_batch_size * b.seq_length
-    flops = flops_per_token(config.model.shape(), parameters, embedding, b.seq_length)
-    peak_flops = (config.device.peak_tflops * 1e12) if config.device.peak_tflops else _calibrate_peak_flops()
-    metrics_log = _MetricsLog(run, is_master)
-    logger.info("Model: %s, %.2f M parameters, %.1f MFLOP/token; layout dp=%d mp=%d pp=%d sharding=%d, "
-                "%d accumulation step(s), peak lr %.3g", config.model.preset, parameters / 1e6, flops / 1e6,
-                layout.dp, layout.mp, layout.pp, layout.sharding_stage, layout.accumulation_steps, peak_lr)
-
-    def to_dist(array: np.ndarray):
-        return dist.auto_parallel.api.dtensor_from_local(paddle.to_tensor(array), mesh, placements)
-
-    def batch_loss(windows: np.ndarray):
-        with paddle.amp.auto_cast(enable=amp.amp, level=amp.level, dtype=amp.dtype):
-            logits = model(input_ids=to_dist(windows[:, :-1]))
-        return paddle.nn.functional.cross_entropy(logits.astype("float32"), to_dist(windows[:, 1:]).unsqueeze(-1))
-
-    def evaluate() -> float | None:
-        if valid is None:
-            return None
-        model.eval()
-        losses = []
-        rows = b.micro_batch_size * layout.dp
-        with paddle.no_grad():
-            for first in range(0, len(valid), rows):
-                block = valid[first : first + rows]
-                if len(block) < rows:
-                    break
-                mine = block[my_dp * b.micro_batch_size : (my_dp + 1) * b.micro_batch_size]
-                losses.append(float(batch_loss(mine)))
-        model.train()
-        return float(np.mean(losses)) if losses else None
-
-    def save(val_loss: float | None) -> None:
-        model_state = {name: _full(p) for name, p in model.named_parameters()}
-        optimizer_state = _optimizer_state(model, optimizer)
-        if is_master:
-            state = {"step": step, "consumed_samples": consumed, "val_loss": val_loss, "lr": schedule.get_lr(),
-                     "layout": {"dp": layout.dp, "mp": layout.mp, "pp": layout.pp,
-                                "sharding_stage": layout.sharding_stage},
-                     "model_config": model.config.to_dict(), "training": run["training"], "data": data,
-                     "parameters": parameters}
-            path = ckpt.write_checkpoint(output_dir, step, model_state, optimizer_state, state, s.keep_last)
-            logger.info("Checkpoint %s", path)
-        if world > 1:
-            dist.barrier()
-
-    # --- loop ----------------------------------------------------------------------------------------
-    model.train()
-    last_val = None
-    window_start, window_tokens = time.perf_counter(), 0
-    stop = min(s.max_steps, s.stop_after or s.max_steps)
-    while step < stop:
-        loss_sum = 0.0
-        for k in range(layout.accumulation_steps):
-            first = consumed + (k * layout.dp + my_dp) * b.micro_batch_size
-            loss = batch_loss(train.batch(first, b.micro_batch_size)) / layout.accumulation_steps
-            (scaler.scale(loss) if scaler else loss).backward()
-            loss_sum += float(loss)
-        if scaler is not None:
-            scaler.unscale_(optimizer)  # clip and report the true gradient norm
-        grad_norm = _grad_norm(model) if (step + 1) % s.log_every == 0 else None
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        optimizer.clear_grad()
-        lr = schedule.get_lr()
-        schedule.step()
-        step += 1
-        consumed += b.global_batch_size
-        window_tokens += tokens_per_step
-        if not math.isfinite(loss_sum):
-            raise FloatingPointError(f"loss is {loss_sum} at step {step}; lower training.optimizer.learning_rate")
-        if step % s.eval_every == 0 or step == s.max_steps:
-            last_val = evaluate()
-        if grad_norm is not None or step == stop:
-            elapsed = time.perf_counter() - window_start
-            tokens_per_second = window_tokens / elapsed
-            metrics = {"loss": loss_sum, "lr": lr, "tokens_per_second": tokens_per_second,
-                       "mfu": tokens_per_second * flops / (peak_flops * world), "memory_mb": _memory_mb(config)}
-            if grad_norm is not None:
-                metrics["grad_norm"] = grad_norm
-            if last_val is not None and (step % s.eval_every == 0 or step == s.max_steps):
-                metrics.update(val_loss=last_val, val_perplexity=math.exp(min(last_val, 50.0)))
-            metrics_log.log(step, metrics)
-            window_start, window_tokens = time.perf_counter(), 0
-        if step % s.checkpoint_every == 0 or step == stop:
-            save(last_val)
-    if is_master:
-        result = {"step": step, "consumed_samples": consumed, "finished": step >= s.max_steps,
-                  "checkpoint": str(ckpt.step_dir(output_dir, step)), "val_loss": last_val,
-                  "parameters": parameters, "layout": {"dp": layout.dp, "mp": layout.mp, "pp": layout.pp}}
-        Path(run["result_path"]).write_text(json.dumps(result, indent=2), encoding="utf-8")
-    if world > 1:
         # Leave together: a rank that exits while a peer still holds open connections makes gloo abort the
         # peer at shutdown ("Connection reset by peer"), failing a finished job.
         dist.barrier()
         dist.destroy_process_group()
 
 
-# --- helpers ---------------------------------------------------------------------------------------
-
-
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="train_deploy training worker")
     parser.add_argument("--run", required=True, help="run.json written by the training node")
     return parser.parse_args(argv)
+
+
+# --- model and optimizer ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSize:
+    parameters: int
+    embedding: int
+
+    @classmethod
+    def of(cls, model) -> ModelSize:
+        return cls(parameters=sum(int(np.prod(p.shape)) for p in model.parameters()),
+                   embedding=int(np.prod(model.llama.embed_tokens.weight.shape)))
+
+
+def build_optimizer(model, config: TrainingConfig):
+    """AdamW with the peak rate scaled to the global batch, warm-up then cosine decay; norms not decayed."""
+    import paddle
+
+    o, s = config.optimizer, config.schedule
+    peak_lr = o.scaled_learning_rate(config.batch.global_batch_size)
+    lr = paddle.optimizer.lr.LambdaDecay(peak_lr, _lr_lambda(o.warmup_steps, s.max_steps, o.min_lr_ratio))
+    no_decay = {p.name for p in model.parameters() if p.ndim == 1}
+    optimizer = paddle.optimizer.AdamW(
+        learning_rate=lr, parameters=model.parameters(), beta1=o.beta1, beta2=o.beta2, epsilon=o.epsilon,
+        weight_decay=o.weight_decay, apply_decay_param_fun=lambda name: name not in no_decay,
+        grad_clip=paddle.nn.ClipGradByGlobalNorm(o.grad_clip) if o.grad_clip > 0 else None,
+    )
+    return optimizer, lr
 
 
 def _lr_lambda(warmup: int, total: int, min_ratio: float):
@@ -223,141 +172,215 @@ def _lr_lambda(warmup: int, total: int, min_ratio: float):
     return factor
 
 
-def _full(tensor):
-    """The whole tensor on every rank (a collective when it is sharded)."""
-    import paddle.distributed as dist
-
-    if tensor.is_dist():
-        tensor = dist.reshard(tensor, tensor.process_mesh, [dist.Replicate()] * len(tensor.placements))
-        return tensor._local_value()
-    return tensor
-
-
-def _optimizer_state(model, optimizer) -> dict[str, Any]:
-    """AdamW state keyed ``<structured parameter name>/<state>``: independent of Paddle's generated names."""
+def apply_precision(model, optimizer, config: TrainingConfig):
+    """Mixed precision: O2 keeps low-precision weights with float32 master copies; float16 needs a loss scale."""
     import paddle
 
-    owners = {p.name: n for n, p in model.named_parameters()}
-    out = {}
-    for key, value in optimizer.state_dict().items():
-        if not isinstance(value, paddle.Tensor):
-            continue
-        owner = max((name for name in owners if key.startswith(name + "_")), key=len, default=None)
-        if owner is not None:
-            out[f"{owners[owner]}/{key[len(owner) + 1:]}"] = _full(value)
-    return out
+    amp = config.precision
+    if amp.amp and amp.level == "O2":
+        model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2", dtype=amp.dtype,
+                                               master_weight=True)
+    # float16 needs a dynamic loss scale to keep small gradients representable; bfloat16 does not.
+    scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15) if amp.amp and amp.dtype == "float16" else None
+    return model, optimizer, scaler
 
 
-def _load_checkpoint(model, optimizer, folder: Path) -> dict[str, Any]:
-    """Load unified weights and optimizer state into the (already parallelised) model and optimizer."""
-    import paddle
-    import paddle.distributed as dist
+@dataclass(kw_only=True, slots=True)
+class Trainer:
+    """The parallelised model and what updates it."""
 
-    from train_deploy.training import checkpoint as ckpt
+    model: Any
+    optimizer: Any
+    lr: Any
+    """The learning-rate schedule (``paddle.optimizer.lr.LambdaDecay``); its position is the step."""
+    scaler: Any | None
+    """float16's loss scale, else None."""
+    mesh: Any
+    job: Job
 
-    state = ckpt.read_state(folder)
-    weights = ckpt.read_tensors(folder / ckpt.MODEL_FILE)
-    moments = ckpt.read_tensors(folder / ckpt.OPTIMIZER_FILE)
-    params = dict(model.named_parameters())
-    missing = sorted(set(params) - set(weights))
-    if missing:
-        raise ckpt.CheckpointError(f"{folder / ckpt.MODEL_FILE}: no tensor {missing[0]!r} for this model")
-    # Creating the sharded optimizer state runs one fake step that moves the weights: weights after it.
-    optimizer.state_dict()
-    for name, param in params.items():
-        if list(weights[name].shape) != list(param.shape):
-            raise ckpt.CheckpointError(f"{folder / ckpt.MODEL_FILE}: {name} has shape {list(weights[name].shape)}, "
-                                       f"the model expects {list(param.shape)}")
-        param.set_value(dist.shard_tensor(weights[name].astype(param.dtype), param.process_mesh, param.placements))
-    current = optimizer.state_dict()
-    restored = {k: v for k, v in current.items() if not isinstance(v, paddle.Tensor)}
-    for key, value in moments.items():
-        structured, suffix = key.split("/", 1)
-        target = f"{params[structured].name}_{suffix}"
-        if target not in current:
-            raise ckpt.CheckpointError(f"{folder / ckpt.OPTIMIZER_FILE}: {key} has no counterpart in this optimizer")
-        like = current[target]  # sharded as this layout and ZeRO stage want it
-        placements = like.placements if like.is_dist() else [dist.Replicate()] * len(params[structured].placements)
-        mesh = like.process_mesh if like.is_dist() else params[structured].process_mesh
-        restored[target] = dist.shard_tensor(paddle.to_tensor(value).astype(like.dtype), mesh, placements)
-    optimizer.set_state_dict(restored)
-    if (folder / ckpt.RNG_FILE).is_file():  # written by this project's own run, so unpickling it is safe
-        paddle.set_rng_state(paddle.load(str(folder / ckpt.RNG_FILE)))
-    return state
+    def loss(self, windows: np.ndarray):
+        """Mean next-token loss of the global batch whose data-parallel share on this rank is ``windows``."""
+        import paddle
+
+        amp = self.job.config.precision
+        with paddle.amp.auto_cast(enable=amp.amp, level=amp.level, dtype=amp.dtype):
+            logits = self.model(input_ids=self._sharded(windows[:, :-1]))
+        return next_token_loss(logits, self._sharded(windows[:, 1:]))
+
+    def batch_loss(self, batch: np.ndarray) -> tuple[float, int]:
+        """``evaluation.BatchLoss`` of ``micro_batch_size × dp`` windows: each rank forwards its own share."""
+        micro, share = self.job.config.batch.micro_batch_size, self.job.dp_rank
+        tokens = int(batch[:, 1:].size)
+        return float(self.loss(batch[share * micro : (share + 1) * micro])) * tokens, tokens
+
+    def update(self, measure_norm: bool) -> float | None:
+        """Apply the accumulated gradients (unscaled, clipped); return their norm if ``measure_norm``."""
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # clip and report the true gradient norm
+        norm = grad_norm(self.model) if measure_norm else None
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.clear_grad()
+        return norm
+
+    def _sharded(self, array: np.ndarray):
+        """``array`` (this rank's rows) as the global tensor whose rows are split over the dp axis."""
+        import paddle
+        import paddle.distributed as dist
+
+        if self.job.layout.pp > 1:  # mesh [pp, dp, mp]
+            placements = [dist.Replicate(), dist.Shard(0), dist.Replicate()]
+        else:  # mesh [dp, mp]
+            placements = [dist.Shard(0)] + [dist.Replicate()] * (len(self.mesh.shape) - 1)
+        return dist.auto_parallel.api.dtensor_from_local(paddle.to_tensor(array), self.mesh, placements)
 
 
-def _grad_norm(model) -> float:
-    import paddle
-
-    total = None
-    for p in model.parameters():
-        if p.grad is None:
-            continue
-        square = paddle.sum(paddle.square(p.grad.astype("float32")))
-        total = square if total is None else total + square
-    return float(paddle.sqrt(total)) if total is not None else 0.0
+# --- resume ----------------------------------------------------------------------------------------
 
 
-def _validation_windows(data: dict[str, Any], seq_length: int, seed: int) -> np.ndarray | None:
-    from train_deploy.training.data import TokenWindows
+@dataclass(slots=True)
+class Progress:
+    """Where the loop is: what a checkpoint records and a resumed run continues from."""
 
+    step: int = 0
+    consumed_samples: int = 0
+    """Global sample index of the next batch (``TokenWindows`` order)."""
+    val_loss: float | None = None
+    """The last evaluation's."""
+
+
+def resume(trainer: Trainer) -> Progress:
+    """Continue from the run's latest complete checkpoint (``schedule.resume: auto``), else from step 0."""
+    job = trainer.job
+    latest = latest_checkpoint(Path(job.spec.checkpoints)) if job.config.schedule.resume == "auto" else None
+    if latest is None:
+        return Progress()
+    state = restore_training_state(trainer.model, trainer.optimizer, latest)
+    progress = Progress(step=state["step"], consumed_samples=state["consumed_samples"])
+    trainer.lr.last_epoch = progress.step
+    trainer.lr.last_lr = trainer.lr.get_lr()
+    logger.info("Resumed from %s: step %d, %d samples consumed (saved with dp=%d mp=%d, now dp=%d mp=%d)",
+                latest, progress.step, progress.consumed_samples, state["layout"]["dp"], state["layout"]["mp"],
+                job.layout.dp, job.layout.mp)
+    return progress
+
+
+def validation_set(job: Job) -> np.ndarray | None:
+    """The windows every evaluation uses: the split's first ``eval_batches × global_batch_size``, in whole
+    evaluation batches of ``micro_batch_size × dp``; None (with a warning) when there is not one batch."""
+    b, data = job.config.batch, job.spec.data
+    rows = b.micro_batch_size * job.layout.dp
     try:
-        windows = TokenWindows(Path(data["valid_prefix"]), seq_length, seed, data["dtype"])
+        windows = validation_windows(data.valid_prefix, data.dtype, b.seq_length,
+                                     job.config.schedule.eval_batches * b.global_batch_size)
     except (ValueError, FileNotFoundError) as exc:
         logger.warning("No validation: %s", exc)
         return None
-    return windows.in_file_order(data.get("eval_samples", 64))
+    if len(windows) < rows:
+        logger.warning("No validation: the validation split holds %d windows of %d tokens, fewer than one "
+                       "evaluation batch (micro_batch_size × dp = %d); raise corpus.encoding.validation_fraction",
+                       len(windows), b.seq_length, rows)
+        return None
+    return windows[: len(windows) // rows * rows]
 
 
-def _calibrate_peak_flops() -> float:
-    """Measured float32 matmul FLOP/s of this process: the "peak" when none is configured."""
-    import paddle
-
-    n = 512
-    a, b = paddle.randn([n, n]), paddle.randn([n, n])
-    paddle.matmul(a, b)
-    started, runs = time.perf_counter(), 0
-    while time.perf_counter() - started < 0.3:
-        paddle.matmul(a, b).numpy()
-        runs += 1
-    return 2 * n**3 * runs / (time.perf_counter() - started)
+# --- loop ------------------------------------------------------------------------------------------
 
 
-def _memory_mb(config) -> float:
-    if config.device.type == "gpu":
-        import paddle
+def train_loop(trainer: Trainer, progress: Progress, train: TokenWindows, valid: np.ndarray | None,
+               metrics: MetricsLog, throughput: Throughput, size: ModelSize) -> None:
+    """Step until ``max_steps`` (or ``stop_after``): evaluate, report and checkpoint on their schedules."""
+    s, b = trainer.job.config.schedule, trainer.job.config.batch
+    stop = min(s.max_steps, s.stop_after or s.max_steps)
+    trainer.model.train()
+    while progress.step < stop:
+        loss, lr, norm = train_step(trainer, train, progress, measure_norm=(progress.step + 1) % s.log_every == 0)
+        throughput.add(b.global_batch_size * b.seq_length)
+        evaluated = progress.step % s.eval_every == 0 or progress.step == s.max_steps
+        if evaluated:
+            progress.val_loss = evaluate(trainer, valid)
+        if norm is not None or progress.step == stop:
+            report = {"loss": loss, "lr": lr, **throughput.report(),
+                      "memory_mb": memory_mb(trainer.job.config.device.type)}
+            if norm is not None:
+                report["grad_norm"] = norm
+            if evaluated and progress.val_loss is not None:
+                report.update(val_loss=progress.val_loss, val_perplexity=perplexity(progress.val_loss))
+            metrics.log(progress.step, report)
+        if progress.step % s.checkpoint_every == 0 or progress.step == stop:
+            save(trainer, progress, size)
 
-        return paddle.device.cuda.max_memory_allocated() / 2**20
-    import psutil
 
-    return psutil.Process().memory_info().rss / 2**20
+def train_step(trainer: Trainer, train: TokenWindows, progress: Progress,
+               measure_norm: bool) -> tuple[float, float, float | None]:
+    """One optimizer step over the global batch at ``progress``; return its loss, learning rate and grad norm."""
+    job = trainer.job
+    b, layout = job.config.batch, job.layout
+    loss_sum = 0.0
+    for k in range(layout.accumulation_steps):  # this rank's micro-batch k of the global batch
+        first = progress.consumed_samples + (k * layout.dp + job.dp_rank) * b.micro_batch_size
+        loss = trainer.loss(train.batch(first, b.micro_batch_size)) / layout.accumulation_steps
+        (trainer.scaler.scale(loss) if trainer.scaler else loss).backward()
+        loss_sum += float(loss)
+    norm = trainer.update(measure_norm)
+    lr = trainer.lr.get_lr()
+    trainer.lr.step()
+    progress.step += 1
+    progress.consumed_samples += b.global_batch_size
+    if not math.isfinite(loss_sum):
+        raise FloatingPointError(f"loss is {loss_sum} at step {progress.step}; lower training.optimizer.learning_rate")
+    return loss_sum, lr, norm
 
 
-class _MetricsLog:
-    """Rank 0 only: per-step metrics to ``metrics.jsonl``, the log, and the Kedro run's MLflow run."""
+def evaluate(trainer: Trainer, valid: np.ndarray | None) -> float | None:
+    """Validation loss on ``valid`` (every rank forwards its share of each batch), or None without it."""
+    if valid is None:
+        return None
+    trainer.model.eval()
+    try:
+        rows = trainer.job.config.batch.micro_batch_size * trainer.job.layout.dp
+        return mean_token_loss(valid, trainer.batch_loss, batch_size=rows)
+    finally:
+        trainer.model.train()
 
-    def __init__(self, run: dict[str, Any], is_master: bool) -> None:
-        self.enabled = is_master
-        self.path = Path(run["metrics_path"])
-        self.client = self.run_id = None
-        mlflow = run.get("mlflow") or {}
-        if is_master and mlflow.get("run_id"):
-            from mlflow.tracking import MlflowClient
 
-            self.client, self.run_id = MlflowClient(tracking_uri=mlflow["tracking_uri"]), mlflow["run_id"]
+def save(trainer: Trainer, progress: Progress, size: ModelSize) -> None:
+    """Checkpoint the whole model and optimizer state: every rank gathers its shards, rank 0 writes."""
+    import paddle.distributed as dist
 
-    def log(self, step: int, metrics: dict[str, float]) -> None:
-        if not self.enabled or not metrics:
-            return
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"step": step, **metrics}) + "\n")
-        logger.info("step %d  %s", step, "  ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
-        if self.client is not None:
-            from mlflow.entities import Metric
+    job, layout = trainer.job, trainer.job.layout
+    weights, moments = training_state(trainer.model, trainer.optimizer)
+    if job.is_master:
+        state = {"step": progress.step, "consumed_samples": progress.consumed_samples, "val_loss": progress.val_loss,
+                 "lr": trainer.lr.get_lr(),
+                 "layout": {"dp": layout.dp, "mp": layout.mp, "pp": layout.pp, "sharding_stage": layout.sharding_stage},
+                 "model_config": trainer.model.config.to_dict(), "training": job.spec.training,
+                 "data": to_json(job.spec.data), "parameters": size.parameters}
+        path = write_checkpoint(Path(job.spec.checkpoints), progress.step, weights, moments, state,
+                                job.config.schedule.keep_last)
+        logger.info("Checkpoint %s", path)
+    if job.world > 1:
+        dist.barrier()
 
-            now = int(time.time() * 1000)
-            self.client.log_batch(self.run_id, metrics=[Metric(f"train.{k}", float(v), now, step)
-                                                        for k, v in metrics.items()])
+
+def _result(job: Job, progress: Progress, size: ModelSize, valid: np.ndarray | None) -> TrainingResult:
+    return TrainingResult(
+        run_name=job.spec.run_name, step=progress.step, consumed_samples=progress.consumed_samples,
+        finished=progress.step >= job.config.schedule.max_steps, checkpoints=job.spec.checkpoints,
+        checkpoint=str(step_dir(Path(job.spec.checkpoints), progress.step)), val_loss=progress.val_loss,
+        seq_length=job.config.batch.seq_length, eval_windows=0 if valid is None else len(valid),
+        parameters=size.parameters,
+        layout={"dp": job.layout.dp, "mp": job.layout.mp, "pp": job.layout.pp})
+
+
+def _throughput(job: Job, size: ModelSize) -> Throughput:
+    config = job.config
+    flops = flops_per_token(config.model.shape(), size.parameters, size.embedding, config.batch.seq_length)
+    peak = config.device.peak_tflops * 1e12 if config.device.peak_tflops else calibrated_peak_flops()
+    return Throughput(flops_per_token=flops, peak_flops=peak * job.world)
 
 
 if __name__ == "__main__":
