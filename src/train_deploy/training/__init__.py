@@ -2,5 +2,6 @@
 
 ``config`` validates the ``training`` block, ``data`` samples fixed-length windows from the ``.bin``
 token files, ``parallelize`` applies dp/mp/pp/sharding in one place, ``checkpoint`` writes unified
-safetensors checkpoints, ``worker`` is the training loop that ``launch`` starts with Paddle's launcher.
+safetensors checkpoints and restores them into any layout, ``metrics`` measures and reports from rank 0,
+``worker`` is the training loop that ``launch`` starts with Paddle's launcher.
 """

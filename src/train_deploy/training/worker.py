@@ -47,6 +47,7 @@ logger = logging.getLogger("train_deploy.training.worker")
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Train the run ``--run`` describes (a ``RunSpec``), continuing from its latest checkpoint."""
     spec = read_json(RunSpec, Path(_parse(argv).run))
     job = set_up(spec)
     config = job.config
