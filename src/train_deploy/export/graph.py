@@ -53,38 +53,18 @@ def compact_model(reference):
     import paddle
     import paddle.nn.functional as F
 
+    config = reference.config
+    weights = _compact_weights(reference)
+
     class CompactLlama(paddle.nn.Layer):
         def __init__(self) -> None:
             super().__init__()
-            config, llama = reference.config, reference.llama
-            self.heads = heads = config.num_attention_heads
-            self.head_dim = head_dim = config.hidden_size // heads
-            self.eps, self.layers = config.rms_norm_eps, len(llama.layers)
-            self._add("embed", _array(llama.embed_tokens.weight))
-            for i, layer in enumerate(llama.layers):
-                attn, mlp = layer.self_attn, layer.mlp
-                q = _array(attn.q_proj.weight) / math.sqrt(head_dim)
-                k = _repeat_heads(_array(attn.k_proj.weight), config.num_key_value_heads, heads)
-                v = _repeat_heads(_array(attn.v_proj.weight), config.num_key_value_heads, heads)
-                norm = _array(layer.input_layernorm.weight)[:, None]
-                self._add(f"qkv_{i}", norm * np.concatenate([q, k, v], 1))
-                self._add(f"o_{i}", _array(attn.o_proj.weight))
-                norm = _array(layer.post_attention_layernorm.weight)[:, None]
-                self._add(f"gate_{i}", norm * _array(mlp.gate_proj.weight))
-                self._add(f"up_{i}", norm * _array(mlp.up_proj.weight))
-                self._add(f"down_{i}", _array(mlp.down_proj.weight))
-            head = _array(reference.lm_head.weight)
-            head = head.T if reference.lm_head.transpose_y else head  # tied to the embedding: [vocab, hidden]
-            self._add("lm_head", _array(llama.norm.weight)[:, None] * head)
-            cos, sin = _rotary_tables(config.max_position_embeddings, head_dim, config.rope_theta)
-            self._add("cos", cos[:, None, :])  # [position, 1, head_dim]
-            self._add("sin", sin[:, None, :])
-            self._add("rotate_half", _rotate_half_matrix(head_dim))
-
-        def _add(self, name: str, value: np.ndarray) -> None:
-            value = np.ascontiguousarray(value, dtype=np.float32)
-            self.add_parameter(name, self.create_parameter(
-                list(value.shape), dtype="float32", default_initializer=paddle.nn.initializer.Assign(value)))
+            self.heads = config.num_attention_heads
+            self.head_dim = config.hidden_size // config.num_attention_heads
+            self.eps, self.layers = config.rms_norm_eps, len(reference.llama.layers)
+            for name, value in weights.items():
+                self.add_parameter(name, self.create_parameter(
+                    list(value.shape), dtype="float32", default_initializer=paddle.nn.initializer.Assign(value)))
 
         def _norm(self, x):
             return x * paddle.rsqrt((x * x).mean(-1, keepdim=True) + self.eps)
@@ -119,6 +99,33 @@ def compact_model(reference):
     model = CompactLlama()
     model.eval()
     return model
+
+
+def _compact_weights(reference) -> dict[str, np.ndarray]:
+    """:class:`CompactLlama`'s parameters from ``reference``'s weights, norms and scales folded in (float32)."""
+    config, llama = reference.config, reference.llama
+    heads = config.num_attention_heads
+    head_dim = config.hidden_size // heads
+    weights = {"embed": _array(llama.embed_tokens.weight)}
+    for i, layer in enumerate(llama.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        q = _array(attn.q_proj.weight) / math.sqrt(head_dim)
+        k = _repeat_heads(_array(attn.k_proj.weight), config.num_key_value_heads, heads)
+        v = _repeat_heads(_array(attn.v_proj.weight), config.num_key_value_heads, heads)
+        norm = _array(layer.input_layernorm.weight)[:, None]
+        weights[f"qkv_{i}"] = norm * np.concatenate([q, k, v], 1)
+        weights[f"o_{i}"] = _array(attn.o_proj.weight)
+        norm = _array(layer.post_attention_layernorm.weight)[:, None]
+        weights[f"gate_{i}"] = norm * _array(mlp.gate_proj.weight)
+        weights[f"up_{i}"] = norm * _array(mlp.up_proj.weight)
+        weights[f"down_{i}"] = _array(mlp.down_proj.weight)
+    head = _array(reference.lm_head.weight)
+    head = head.T if reference.lm_head.transpose_y else head  # tied to the embedding: [vocab, hidden]
+    weights["lm_head"] = _array(llama.norm.weight)[:, None] * head
+    cos, sin = _rotary_tables(config.max_position_embeddings, head_dim, config.rope_theta)
+    weights["cos"], weights["sin"] = cos[:, None, :], sin[:, None, :]  # [position, 1, head_dim]
+    weights["rotate_half"] = _rotate_half_matrix(head_dim)
+    return {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in weights.items()}
 
 
 def _array(parameter) -> np.ndarray:
