@@ -51,6 +51,7 @@ def make_checkpoints(count: int, megabytes: int) -> list[Path]:
 
 
 def child(mode: str, paths: list[str]) -> dict:
+    from train_deploy.atomic import atomic_folder
     from train_deploy.averaging.average import average_checkpoints
     from train_deploy.averaging.config import AveragingConfig
     from train_deploy.corpus.build import peak_rss_mb
@@ -67,7 +68,8 @@ def child(mode: str, paths: list[str]) -> dict:
                 while src.read(1 << 24):
                     pass
     else:
-        average_checkpoints([Path(p) for p in paths], AveragingConfig(k=len(paths)), WORK / "out")
+        with atomic_folder(WORK / "out") as staging:  # staged and published as the catalog does
+            average_checkpoints([Path(p) for p in paths], AveragingConfig(k=len(paths)), staging)
     wall = time.perf_counter() - started
     return {"mb": size / 1e6, "wall": wall, "rss_mb": peak_rss_mb()}
 

@@ -52,7 +52,7 @@ def main() -> None:
 
     import paddle
 
-    from train_deploy.averaging.evaluate import load_model
+    from train_deploy.evaluation import load_model
     from train_deploy.export.checks import latency_report
     from train_deploy.export.config import LatencyConfig, ServerConfig
     from train_deploy.export.edge import INT8_FILE, ONNX_FILE, convert_to_onnx, quantize_int8

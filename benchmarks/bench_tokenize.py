@@ -37,6 +37,8 @@ import sys
 import time
 from pathlib import Path
 
+from train_deploy.handoffs import TokenizerInfo
+
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[_var] = "1"
 
@@ -69,7 +71,7 @@ def build_plain_text(corpus: Path) -> Path:
     return path
 
 
-def params(corpus: Path, workers: int, out: Path) -> dict:
+def params(corpus: Path, workers: int) -> dict:
     reader = {"source": "people_daily", "paths": [str(corpus)]}
     if corpus.name.endswith(".xml.bz2"):  # benchmarks/bench_wiki.py
         reader = {"source": "wiki_xml", "paths": [str(corpus)]}
@@ -78,15 +80,18 @@ def params(corpus: Path, workers: int, out: Path) -> dict:
     return {
         "reader": reader,
         "cleaning": {"deduplicate": False},
-        "tokenizer": {"output_dir": str(WORK / "tokenizer")},
-        "encoding": {"output_dir": str(out), "workers": workers, "reuse": False, "progress": False},
+        "encoding": {"workers": workers, "reuse": False, "progress": False},
     }
 
 
-def train_tokenizer() -> dict:
+def train_tokenizer() -> TokenizerInfo:
+    """The default tokenizer, built by the corpus node and published as the catalog does (kept if unchanged)."""
+    from train_deploy.datasets import ArtifactFolderDataset
     from train_deploy.pipelines.corpus.nodes import plan_inputs, prepare_tokenizer
 
-    return prepare_tokenizer(plan_inputs({"tokenizer": {"output_dir": str(WORK / "tokenizer")}}))
+    folder = ArtifactFolderDataset(path=str(WORK / "tokenizer"), description="train_deploy.handoffs.TokenizerInfo")
+    folder.save(prepare_tokenizer(*plan_inputs({})))
+    return folder.load()
 
 
 def cleaned_documents(corpus: Path) -> list[str]:
@@ -95,7 +100,7 @@ def cleaned_documents(corpus: Path) -> list[str]:
     from train_deploy.corpus.config import CorpusConfig
     from train_deploy.corpus.readers import ReadStats, iter_documents, plan_corpus
 
-    config = CorpusConfig.from_params(params(corpus, 1, WORK / "unused"))
+    config = CorpusConfig.from_params(params(corpus, 1))
     cleaner = Cleaner(config.cleaning)
     plan = plan_corpus(config.reader)
     raw = [d for c in plan.chunks for d in iter_documents(c, config.reader, ReadStats())]
@@ -103,26 +108,26 @@ def cleaned_documents(corpus: Path) -> list[str]:
             if len(t) >= config.cleaning.min_chars]
 
 
-def raw_encode(docs: list[str], tokenizer: dict) -> dict:
+def raw_encode(docs: list[str], tokenizer: TokenizerInfo) -> dict:
     """Tokens/s of SentencePiece alone on ``docs``."""
     from train_deploy.corpus.indexed import token_dtype
-    from train_deploy.corpus.tokenizer import TokenEncoder, TokenizerInfo
+    from train_deploy.corpus.tokenizer import TokenEncoder
 
-    encoder = TokenEncoder(TokenizerInfo(**tokenizer))
-    dtype = token_dtype(tokenizer["vocab_size"])
+    encoder = TokenEncoder(tokenizer)
+    dtype = token_dtype(tokenizer.vocab_size)
     started = time.perf_counter()
     tokens = sum(len(encoder.encode_batch(docs[i : i + 512], dtype)[0]) for i in range(0, len(docs), 512))
     wall = time.perf_counter() - started
     return {"tokens": tokens, "wall": wall}
 
 
-def machine_scaling(corpus: Path, tokenizer: dict, repeat: int) -> float:
+def machine_scaling(corpus: Path, tokenizer: TokenizerInfo, repeat: int) -> float:
     """Throughput of 2 independent raw encoders started together over 1 alone (median of ``repeat`` pairs).
 
     What this machine gives two busy processes at the moment: the ceiling for 2 workers / 1 worker.
     """
     def run(processes: int) -> float:
-        command = [sys.executable, __file__, "--raw-child", str(corpus), "--tokenizer", json.dumps(tokenizer)]
+        command = [sys.executable, __file__, "--raw-child", str(corpus), "--tokenizer", tokenizer.path]
         children = [subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                     for _ in range(processes)]
         for child in children:  # each has read and cleaned the corpus
@@ -136,36 +141,38 @@ def machine_scaling(corpus: Path, tokenizer: dict, repeat: int) -> float:
     return statistics.median(run(2) / run(1) for _ in range(repeat))  # pairs taken back to back
 
 
-def stage(corpus: Path, workers: int, tokenizer: dict, keep: Path | None = None) -> dict:
-    """One run of the stage's encoding (the tokenizer already exists) in this process; the token files are
-    removed afterwards unless ``keep`` names where to leave them."""
+def stage(corpus: Path, workers: int, tokenizer: TokenizerInfo, keep: Path | None = None) -> dict:
+    """One run of the stage's encoding (the tokenizer already exists) in this process, staged and published
+    as the catalog does; the token files are removed afterwards unless ``keep`` names where to leave them."""
+    from train_deploy.atomic import atomic_folder
     from train_deploy.corpus.build import encode_corpus
     from train_deploy.corpus.config import CorpusConfig
     from train_deploy.corpus.readers import plan_corpus
-    from train_deploy.corpus.tokenizer import TokenizerInfo
 
     out = keep or WORK / f"out_{corpus.stem}_{workers}"
     shutil.rmtree(out, ignore_errors=True)
-    config = CorpusConfig.from_params(params(corpus, workers, out))
+    config = CorpusConfig.from_params(params(corpus, workers))
     started = time.perf_counter()
-    manifest = encode_corpus(config, plan_corpus(config.reader), TokenizerInfo(**tokenizer))
+    with atomic_folder(out) as staging:
+        manifest = encode_corpus(config, plan_corpus(config.reader), tokenizer, staging)
     wall = time.perf_counter() - started
     if keep is None:
         shutil.rmtree(out, ignore_errors=True)
-    peaks = [manifest["peak_rss_mb"]["this_process"], *manifest["peak_rss_mb"]["helpers"]]
-    return {"tokens": manifest["tokens"]["total"], "wall": wall, "workers": manifest["workers"],
-            "chunks": manifest["input"]["chunks"], "rss_mb": sum(peaks), "rss_single_mb": max(peaks)}
+    peaks = [manifest.peak_rss_mb["this_process"], *manifest.peak_rss_mb["helpers"]]
+    return {"tokens": manifest.tokens["total"], "wall": wall, "workers": manifest.workers,
+            "chunks": manifest.input["chunks"], "rss_mb": sum(peaks), "rss_single_mb": max(peaks)}
 
 
-def run_stage_process(corpus: Path, workers: int, tokenizer: dict) -> dict:
+def run_stage_process(corpus: Path, workers: int, tokenizer: TokenizerInfo) -> dict:
     """One run of :func:`stage` in a fresh process."""
     command = [sys.executable, __file__, "--stage", str(corpus), "--workers", str(workers),
-               "--tokenizer", json.dumps(tokenizer)]
+               "--tokenizer", tokenizer.path]
     return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip()
                       .splitlines()[-1])
 
 
-def run_stages(corpus: Path, worker_counts: tuple[int, ...], tokenizer: dict, repeat: int) -> dict[int, list[dict]]:
+def run_stages(corpus: Path, worker_counts: tuple[int, ...], tokenizer: TokenizerInfo,
+               repeat: int) -> dict[int, list[dict]]:
     """``repeat`` runs of the stage for each worker count, taken in turns (1, 2, 1, 2, ...) so that each
     count meets the same states of a shared machine."""
     runs: dict[int, list[dict]] = {workers: [] for workers in worker_counts}
@@ -185,13 +192,13 @@ def main() -> None:
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stage:  # child process: one measurement, JSON on the last line
-        print(json.dumps(stage(Path(args.stage), args.workers, json.loads(args.tokenizer))))  # noqa: T201
+        print(json.dumps(stage(Path(args.stage), args.workers, TokenizerInfo.read_folder(Path(args.tokenizer)))))  # noqa: T201
         return
     if args.raw_child:  # child process: clean, say ready, encode when told to go
         docs = cleaned_documents(Path(args.raw_child))
         print("ready", flush=True)  # noqa: T201
         sys.stdin.readline()
-        print(json.dumps(raw_encode(docs, json.loads(args.tokenizer))))  # noqa: T201
+        print(json.dumps(raw_encode(docs, TokenizerInfo.read_folder(Path(args.tokenizer)))))  # noqa: T201
         return
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")

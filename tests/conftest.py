@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from train_deploy.handoffs import DataSpec
+from train_deploy.datasets import ArtifactFolderDataset, FolderWork
+from train_deploy.handoffs import DataSpec, TokenizerInfo, TokenManifest, TrainingResult
 
 os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -19,17 +21,25 @@ TINY_TOKENIZER = {"vocab_size": 2000, "character_coverage": 0.98}
 TINY_SLICE = 200_000
 
 
-def corpus_params(tmp_path: Path, **blocks: dict) -> dict:
-    """A `corpus` parameter block writing under ``tmp_path``, with ``blocks`` merged over each sub-block."""
+def corpus_params(**blocks: dict) -> dict:
+    """A `corpus` parameter block for the tiny slice, with ``blocks`` merged over each sub-block."""
     params = {
         "reader": {"max_bytes": TINY_SLICE, "chunk_bytes": 32 * 1024},
         "cleaning": {},
-        "tokenizer": {**TINY_TOKENIZER, "output_dir": str(tmp_path / "tokenizer")},
-        "encoding": {"output_dir": str(tmp_path / "tokens"), "workers": 1, "progress": False},
+        "tokenizer": dict(TINY_TOKENIZER),
+        "encoding": {"workers": 1, "progress": False},
     }
     for name, values in blocks.items():
         params[name] = {**params[name], **values}
     return params
+
+
+def publish(work: FolderWork, folder: Path, description: type, **dataset: Any) -> Any:
+    """Save a node's :class:`FolderWork` at ``folder`` through the catalog's folder dataset; return its load."""
+    target = ArtifactFolderDataset(path=str(folder), description=f"{description.__module__}.{description.__name__}",
+                                   **dataset)
+    target.save(work)
+    return target.load()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -40,12 +50,22 @@ def _own_cache_dir(tmp_path_factory) -> None:
 
 
 @pytest.fixture(scope="session")
-def tiny_tokenizer(tmp_path_factory) -> dict:
-    """A SentencePiece tokenizer trained on the People's Daily slice, as the corpus node returns it."""
+def tiny_tokenizer(tmp_path_factory) -> TokenizerInfo:
+    """A SentencePiece tokenizer trained on the People's Daily slice, published as the corpus stage does."""
     from train_deploy.pipelines.corpus.nodes import plan_inputs, prepare_tokenizer
 
-    folder = tmp_path_factory.mktemp("tokenizer")
-    return prepare_tokenizer(plan_inputs(corpus_params(folder)))
+    folder = tmp_path_factory.mktemp("tokenizer") / "tokenizer"
+    return publish(prepare_tokenizer(*plan_inputs(corpus_params())), folder, TokenizerInfo)
+
+
+@pytest.fixture(scope="session")
+def tiny_token_files(tmp_path_factory, tiny_tokenizer) -> TokenManifest:
+    """The People's Daily slice encoded with the tiny tokenizer (5% for validation), published as the stage does."""
+    from train_deploy.pipelines.corpus.nodes import encode_tokens, plan_inputs
+
+    config, plan = plan_inputs(corpus_params(encoding={"validation_fraction": 0.05}))
+    folder = tmp_path_factory.mktemp("token_files") / "tokens"
+    return publish(encode_tokens(config, plan, tiny_tokenizer), folder, TokenManifest)
 
 
 @pytest.fixture(scope="session")
@@ -59,8 +79,14 @@ def tiny_tokens(tiny_token_files) -> DataSpec:
 
 
 @pytest.fixture(scope="session")
-def tiny_checkpoint(tmp_path_factory, tiny_tokens) -> Path:
-    """The last checkpoint of a 6-step tiny run through Paddle's launcher (one process)."""
+def tiny_run(tmp_path_factory, tiny_tokens) -> TrainingResult:
+    """A 6-step tiny run through Paddle's launcher (one process), checkpoints at steps 3 and 6."""
     from tests.training.conftest import launch, training_params
 
-    return Path(launch(tmp_path_factory.mktemp("tiny_run"), tiny_tokens, training_params(1)).checkpoint)
+    return launch(tmp_path_factory.mktemp("tiny_run"), tiny_tokens, training_params(1))
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_run) -> Path:
+    """The last checkpoint of :func:`tiny_run`."""
+    return Path(tiny_run.checkpoint)

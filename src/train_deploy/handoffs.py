@@ -23,6 +23,10 @@ from train_deploy.config import ConfigError, from_mapping
 
 T = TypeVar("T")
 
+# The file in each artifact folder that describes it.
+TOKENIZER_FILE, MANIFEST_FILE, STATE_FILE = "train_deploy_tokenizer.json", "manifest.json", "state.json"
+BUNDLE_FILE, PARITY_FILE, LATENCY_FILE, CARD_FILE = "bundle.json", "parity.json", "latency.json", "MODEL_CARD.md"
+
 _LOCAL = {"json": False}  # metadata of fields that describe this machine or this run, not the artifact
 
 
@@ -59,18 +63,18 @@ def write_json(path: Path, obj: Any) -> None:
         tmp.write_text(json.dumps(to_json(obj), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def read_json(cls: type[T], path: Path, **local: Any) -> T:
-    """Read a description of type ``cls`` from ``path``; ``local`` sets its local fields (e.g. ``path``)."""
-    path = Path(path)
+def read_json(cls: type[T], file: Path, **local: Any) -> T:
+    """Read a description of type ``cls`` from ``file``; ``local`` sets its local fields (e.g. ``path``)."""
+    file = Path(file)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise DescriptionError(f"{path}: missing") from None
+        raise DescriptionError(f"{file}: missing") from None
     except (OSError, ValueError) as exc:
-        raise DescriptionError(f"{path}: unreadable ({exc})") from None
+        raise DescriptionError(f"{file}: unreadable ({exc})") from None
     if isinstance(data, dict):
         data = {**data, **local}
-    return from_json(cls, data, str(path))
+    return from_json(cls, data, str(file))
 
 
 # --- corpus ------------------------------------------------------------------------------------------
@@ -92,6 +96,12 @@ class TokenizerInfo:
     """Inputs and configuration the tokenizer was built from; equal fingerprints allow reuse."""
     source: str
     """`trained` or the folder it was loaded from."""
+    reused: bool = field(default=False, metadata=_LOCAL)
+    """This run found an identical tokenizer already saved and kept it."""
+
+    @classmethod
+    def read_folder(cls, folder: Path) -> TokenizerInfo:
+        return read_json(cls, Path(folder) / TOKENIZER_FILE, path=str(folder))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -141,12 +151,26 @@ class TokenManifest:
     wall_time_seconds: float
     throughput: dict[str, float]
 
+    @classmethod
+    def read_folder(cls, folder: Path) -> TokenManifest:
+        return read_json(cls, Path(folder) / MANIFEST_FILE, path=str(folder))
+
     def prefix(self, split: str) -> Path:
         """``<folder>/<prefix>`` of a split (``train`` or ``valid``), as PaddleNLP's readers take it."""
         return Path(self.path) / self.splits[split].prefix
 
 
 # --- training ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkFolder:
+    """A folder that processes fill while a node runs (checkpoints, launcher logs); one sub-folder a run."""
+
+    path: str
+
+    def run(self, run_name: str) -> Path:
+        return Path(self.path) / run_name
 
 
 @dataclass(kw_only=True, slots=True)
@@ -216,6 +240,8 @@ class TrainingResult:
     checkpoint: str
     """The last checkpoint's folder."""
     val_loss: float | None
+    seq_length: int
+    """Tokens per training window (``training.batch.seq_length``)."""
     eval_windows: int
     """Validation windows every evaluation of this run used (the first ones of the split)."""
     parameters: int
@@ -236,6 +262,20 @@ class CheckpointRef:
     """Source checkpoints, oldest first, when these weights are an average."""
     method: str | None = None
     """``uniform`` or ``ema`` for an averaged checkpoint."""
+
+    @classmethod
+    def read_folder(cls, folder: Path) -> CheckpointRef:
+        """The reference to a checkpoint folder, from its ``state.json``."""
+        path = Path(folder) / STATE_FILE
+        try:
+            state = json.loads(path.read_text(encoding="utf-8"))
+            averaged = state.get("averaged") or {}
+            return cls(path=str(folder), step=int(state["step"]), val_loss=state.get("val_loss"),
+                       averaged_from=[s["path"] for s in averaged.get("sources", [])], method=averaged.get("method"))
+        except FileNotFoundError:
+            raise DescriptionError(f"{path}: missing") from None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise DescriptionError(f"{path}: unreadable checkpoint state ({exc!r})") from None
 
 
 @dataclass(kw_only=True, slots=True)
@@ -270,3 +310,20 @@ class Bundle:
     @property
     def fingerprint(self) -> str:
         return self.meta["fingerprint"]
+
+    @classmethod
+    def read_folder(cls, folder: Path) -> Bundle:
+        folder = Path(folder)
+        parts = {}
+        for key, name in (("meta", BUNDLE_FILE), ("parity", PARITY_FILE), ("latency", LATENCY_FILE)):
+            try:
+                parts[key] = json.loads((folder / name).read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                raise DescriptionError(f"{folder / name}: missing; is {folder} an exported bundle?") from None
+            except (OSError, ValueError) as exc:
+                raise DescriptionError(f"{folder / name}: unreadable ({exc})") from None
+        try:
+            card = (folder / CARD_FILE).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise DescriptionError(f"{folder / CARD_FILE}: unreadable ({exc})") from None
+        return from_json(cls, {**parts, "card": card, "path": str(folder)}, str(folder / BUNDLE_FILE))

@@ -45,7 +45,7 @@ class ShowBundle:
     def after_pipeline_run(self, pipeline, catalog) -> None:
         if "export_bundle" not in pipeline.all_outputs():
             return
-        folder = catalog.load("export_bundle")["path"]
+        folder = catalog.load("export_bundle").path
         sys.stdout.write(
             f"\nExported bundle: {folder}\n"
             f"  model card: {folder}/MODEL_CARD.md\n"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from train_deploy.atomic import atomic_folder
 from train_deploy.averaging.average import (
     average_checkpoints,
     averaging_weights,
@@ -16,9 +17,17 @@ from train_deploy.averaging.average import (
     select_checkpoints,
 )
 from train_deploy.averaging.config import AveragingConfig
-from train_deploy.training.checkpoint import CheckpointError
+from train_deploy.training.checkpoint import CheckpointError, read_state
 
 MODEL_CONFIG = {"hidden_size": 8, "vocab_size": 16}
+
+
+def average_into(paths: list[Path], config: AveragingConfig, folder: Path) -> Path:
+    """Average ``paths`` into ``folder``, staged and published as the catalog's folder dataset does."""
+    with atomic_folder(folder) as staging:
+        reference = average_checkpoints(paths, config, staging)
+    assert reference.step == read_state(paths[-1])["step"] and len(reference.averaged_from) == len(paths)
+    return folder
 
 
 def make_checkpoint(folder: Path, step: int, seed: int, val_loss: float | None = None, **changes) -> Path:
@@ -48,7 +57,7 @@ def test_uniform_average_equals_the_numpy_mean_tensor_by_tensor(run, tmp_path):
     config = AveragingConfig(k=3)
     chosen = select_checkpoints(run, config)
     assert [p.name for p in chosen] == ["step_00000030", "step_00000040", "step_00000050"]
-    out = average_checkpoints(chosen, config, tmp_path / "out")
+    out = average_into(chosen, config, tmp_path / "out")
     averaged = load_file(str(out / "model.safetensors"))
     sources = [load_file(str(p / "model.safetensors")) for p in chosen]
     for key in ("a.weight", "b.bias"):
@@ -66,7 +75,7 @@ def test_exponential_average_follows_its_formula(run, tmp_path):
     weights = averaging_weights(3, config)
     np.testing.assert_allclose(weights, np.array([0.25, 0.5, 1.0]) / 1.75)
     chosen = select_checkpoints(run, config)
-    averaged = load_file(str(average_checkpoints(chosen, config, tmp_path / "out") / "model.safetensors"))
+    averaged = load_file(str(average_into(chosen, config, tmp_path / "out") / "model.safetensors"))
     sources = [load_file(str(p / "model.safetensors"))["a.weight"] for p in chosen]
     np.testing.assert_allclose(averaged["a.weight"], sum(w * s for w, s in zip(weights, sources, strict=True)),
                                rtol=1e-6, atol=1e-7)
@@ -75,7 +84,7 @@ def test_exponential_average_follows_its_formula(run, tmp_path):
 def test_one_checkpoint_is_the_identity(run, tmp_path):
     config = AveragingConfig(k=1)
     (chosen,) = select_checkpoints(run, config)
-    averaged = load_file(str(average_checkpoints([chosen], config, tmp_path / "out") / "model.safetensors"))
+    averaged = load_file(str(average_into([chosen], config, tmp_path / "out") / "model.safetensors"))
     original = load_file(str(chosen / "model.safetensors"))
     assert all((averaged[k] == original[k]).all() for k in original)
 
@@ -118,7 +127,7 @@ def test_truncated_or_corrupt_file_is_named(run, tmp_path):
     model = chosen[-1] / "model.safetensors"
     model.write_bytes(model.read_bytes()[:-10])
     with pytest.raises(CheckpointError, match=rf"{model}: truncated \(\d+ bytes, the header describes \d+\)"):
-        average_checkpoints(chosen, AveragingConfig(k=2), tmp_path / "out")
+        average_into(chosen, AveragingConfig(k=2), tmp_path / "out")
     model.write_bytes(b"not a checkpoint at all")
     with pytest.raises(CheckpointError, match=rf"{model}: (truncated|not a safetensors file)"):
         check_compatible(chosen)
@@ -137,7 +146,7 @@ def test_bfloat16_checkpoints_average_in_float32_and_stay_bfloat16(tmp_path):
         save_paddle({"w": paddle.full([3, 5], value, dtype="bfloat16")}, str(folder / "model.safetensors"))
         (folder / "state.json").write_text(json.dumps({"step": step, "model_config": MODEL_CONFIG}))
         folders.append(folder)
-    out = average_checkpoints(folders, AveragingConfig(k=3), tmp_path / "out")
+    out = average_into(folders, AveragingConfig(k=3), tmp_path / "out")
     averaged = load_paddle(str(out / "model.safetensors"))["w"]
     assert averaged.dtype == paddle.bfloat16
     np.testing.assert_allclose(averaged.astype("float32").numpy(), np.full((3, 5), 7 / 3), rtol=1e-2)
@@ -146,7 +155,7 @@ def test_bfloat16_checkpoints_average_in_float32_and_stay_bfloat16(tmp_path):
 def test_averaged_checkpoint_loads_into_the_model_and_evaluates(tmp_path):
     import paddle
 
-    from train_deploy.averaging.evaluate import load_model, validation_loss
+    from train_deploy.evaluation import load_model, validation_loss
     from train_deploy.training.checkpoint import write_checkpoint
     from train_deploy.training.config import TrainingConfig
     from train_deploy.training.model import build_model
@@ -158,7 +167,7 @@ def test_averaged_checkpoint_loads_into_the_model_and_evaluates(tmp_path):
         write_checkpoint(tmp_path / "ck", step, dict(model.named_parameters()), {},
                          {"step": step, "model_config": model.config.to_dict()}, keep_last=5)
     chosen = select_checkpoints(tmp_path / "ck", AveragingConfig(k=2))
-    out = average_checkpoints(chosen, AveragingConfig(k=2), tmp_path / "out")
+    out = average_into(chosen, AveragingConfig(k=2), tmp_path / "out")
     windows = np.random.RandomState(0).randint(0, 64, size=(4, 17))
     loss = validation_loss(load_model(out), windows)
     assert 2.0 < loss < 6.0  # an untrained 64-word model: about ln(64) = 4.16
@@ -172,7 +181,7 @@ def test_large_tensors_split_across_threads_average_the_same(tmp_path, method):
         big["big.weight"] = np.random.RandomState(step).randn(1024, 2100).astype(np.float32)  # > 2M elements
         folders.append(make_checkpoint(tmp_path / "ck", step, seed=step, tensors=dict(big)))
     config = AveragingConfig(k=3, method=method, decay=0.5)
-    out = load_file(str(average_checkpoints(folders, config, tmp_path / "out") / "model.safetensors"))
+    out = load_file(str(average_into(folders, config, tmp_path / "out") / "model.safetensors"))
     sources = [load_file(str(f / "model.safetensors"))["big.weight"] for f in folders]
     expected = sum(w * s for w, s in zip(averaging_weights(3, config), sources, strict=True))
     np.testing.assert_allclose(out["big.weight"], expected, rtol=1e-5, atol=1e-6)

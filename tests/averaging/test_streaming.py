@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from tests.averaging.test_average import make_checkpoint
+from tests.averaging.test_average import average_into, make_checkpoint
 from train_deploy.averaging import streaming
-from train_deploy.averaging.average import average_checkpoints
 from train_deploy.averaging.config import AveragingConfig
 
 
@@ -24,7 +23,7 @@ def test_read_ahead_ring_keeps_every_tensor_and_hash_right(tmp_path, monkeypatch
     folders = [make_checkpoint(tmp_path / "ck", step=s, seed=s, tensors={
         f"layer{j}.weight": np.random.RandomState(10 * s + j).randn(3 + j, 5).astype(np.float32) for j in range(4)})
         for s in range(1, 6)]
-    out = average_checkpoints(folders, AveragingConfig(k=5), tmp_path / "out")
+    out = average_into(folders, AveragingConfig(k=5), tmp_path / "out")
     averaged = load_file(str(out / "model.safetensors"))
     sources = [load_file(str(f / "model.safetensors")) for f in folders]
     for key in sources[0]:

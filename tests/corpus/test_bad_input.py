@@ -10,25 +10,27 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import corpus_params
+from train_deploy.atomic import atomic_folder
 from train_deploy.config import ConfigError
 from train_deploy.corpus.build import encode_corpus
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.readers import CorpusError, plan_corpus
-from train_deploy.corpus.tokenizer import TokenizerInfo
+from train_deploy.handoffs import TokenizerInfo, TokenManifest, from_json, to_json
 
 GOOD = "".join(f"第{i}篇正常的文档，内容足够长。\n\n" for i in range(30))
 
 
-def run(tmp_path: Path, tokenizer: dict, paths: list[Path], workers: int = 1, **reader) -> dict:
-    params = corpus_params(tmp_path, reader={"source": "text", "paths": [str(p) for p in paths], "max_bytes": None,
-                                             **reader}, encoding={"workers": workers})
+def run(tmp_path: Path, tokenizer: TokenizerInfo, paths: list[Path], workers: int = 1, **reader) -> TokenManifest:
+    """Encode into ``tmp_path/tokens`` staged and published as the catalog's folder dataset does."""
+    params = corpus_params(reader={"source": "text", "paths": [str(p) for p in paths], "max_bytes": None, **reader},
+                           encoding={"workers": workers})
     config = CorpusConfig.from_params(params)
-    return encode_corpus(config, plan_corpus(config.reader), TokenizerInfo(**tokenizer))
+    with atomic_folder(tmp_path / "tokens") as staging:
+        return encode_corpus(config, plan_corpus(config.reader), tokenizer, staging)
 
 
 def assert_nothing_written(tmp_path: Path) -> None:
-    out = tmp_path / "tokens"
-    leftovers = [p.name for p in out.iterdir()] if out.exists() else []
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name == "tokens" or p.name.startswith(".tokens")]
     assert leftovers == [], f"partial outputs left behind: {leftovers}"
 
 
@@ -68,8 +70,8 @@ def test_invalid_utf8_names_file_and_line_or_is_skipped(tmp_path, tiny_tokenizer
     assert assert_one_line(exc) == f"{bad} line 1201: not valid UTF-8 (byte 0xd5 at column 1)"
     assert_nothing_written(tmp_path)
     manifest = run(tmp_path, tiny_tokenizer, [bad], workers=workers, chunk_bytes=4096, on_error="skip")
-    assert manifest["documents"]["skipped_bad_input"] == {"invalid_utf8": 1}
-    assert manifest["warnings"] == [f"{bad} line 1201: not valid UTF-8 (byte 0xd5 at column 1)"]
+    assert manifest.documents.skipped_bad_input == {"invalid_utf8": 1}
+    assert manifest.warnings == [f"{bad} line 1201: not valid UTF-8 (byte 0xd5 at column 1)"]
 
 
 def test_binary_garbage_is_refused_or_skipped(tmp_path, tiny_tokenizer):
@@ -81,8 +83,8 @@ def test_binary_garbage_is_refused_or_skipped(tmp_path, tiny_tokenizer):
         run(tmp_path, tiny_tokenizer, [garbage, good])
     assert assert_one_line(exc).startswith(f"{garbage}: looks binary (NUL byte at offset 0)")
     manifest = run(tmp_path, tiny_tokenizer, [garbage, good], on_error="skip")
-    assert manifest["input"]["skipped_files"] == {str(garbage): "looks binary (NUL byte at offset 0)"}
-    assert manifest["documents"]["kept"] == 30
+    assert manifest.input["skipped_files"] == {str(garbage): "looks binary (NUL byte at offset 0)"}
+    assert manifest.documents.kept == 30
 
 
 def test_random_bytes_without_nul_fail_as_invalid_utf8(tmp_path, tiny_tokenizer):
@@ -110,28 +112,30 @@ def test_a_single_100_mb_line_is_refused_or_skipped_with_bounded_memory(tmp_path
     small.write_text(GOOD + "\n\n" + GOOD, encoding="utf-8")
     peak_small, manifest_small = _skip_run_in_fresh_process(tmp_path / "a", tiny_tokenizer, small)
     peak_huge, manifest = _skip_run_in_fresh_process(tmp_path / "b", tiny_tokenizer, huge)
-    assert manifest["documents"]["skipped_bad_input"] == {"line_too_long": 1}
-    assert manifest["documents"]["kept"] == manifest_small["documents"]["kept"] == 30  # the rest are duplicates
+    assert manifest.documents.skipped_bad_input == {"line_too_long": 1}
+    assert manifest.documents.kept == manifest_small.documents.kept == 30  # the rest are duplicates
     assert peak_huge - peak_small < 40, f"peak RSS grew by {peak_huge - peak_small:.0f} MB for a 100 MB line"
 
 
-def _skip_run_in_fresh_process(tmp_path: Path, tokenizer: dict, path: Path) -> tuple[float, dict]:
+def _skip_run_in_fresh_process(tmp_path: Path, tokenizer: TokenizerInfo, path: Path) -> tuple[float, TokenManifest]:
     """Peak RSS (MB) of a process that encodes ``path`` with ``on_error: skip``, and the manifest."""
     import subprocess
     import sys
 
+    tokenizer_json = json.dumps({**to_json(tokenizer), "path": tokenizer.path})
     script = f"""
 import json, resource
 from tests.corpus.test_bad_input import run
+from train_deploy.handoffs import TokenizerInfo, from_json, to_json
 from pathlib import Path
-manifest = run(Path({str(tmp_path)!r}), json.loads({json.dumps(json.dumps(tokenizer))}), [Path({str(path)!r})],
-               on_error="skip")
-print(json.dumps([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, manifest]))
+tokenizer = from_json(TokenizerInfo, json.loads({tokenizer_json!r}), "tokenizer")
+manifest = run(Path({str(tmp_path)!r}), tokenizer, [Path({str(path)!r})], on_error="skip")
+print(json.dumps([resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, to_json(manifest)]))
 """
     out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[2])
     peak, manifest = json.loads(out.stdout.strip().splitlines()[-1])
-    return peak, manifest
+    return peak, from_json(TokenManifest, manifest, "manifest")
 
 
 def test_jsonl_line_without_the_text_field(tmp_path, tiny_tokenizer):
@@ -143,8 +147,8 @@ def test_jsonl_line_without_the_text_field(tmp_path, tiny_tokenizer):
         run(tmp_path, tiny_tokenizer, [path], source="jsonl")
     assert assert_one_line(exc) == f"{path} line 4: no field 'text' (corpus.reader.text_field)"
     manifest = run(tmp_path, tiny_tokenizer, [path], source="jsonl", on_error="skip")
-    assert manifest["documents"]["skipped_bad_input"] == {"missing_field": 1}
-    assert manifest["documents"]["kept"] == 5
+    assert manifest.documents.skipped_bad_input == {"missing_field": 1}
+    assert manifest.documents.kept == 5
 
 
 def test_truncated_bz2_is_named(tmp_path, tiny_tokenizer):
@@ -158,8 +162,8 @@ def test_truncated_bz2_is_named(tmp_path, tiny_tokenizer):
     assert assert_one_line(exc).startswith(f"{path}: compressed stream is truncated or corrupt")
     assert_nothing_written(tmp_path)
     manifest = run(tmp_path, tiny_tokenizer, [path], source="jsonl", on_error="skip")
-    assert manifest["documents"]["skipped_bad_input"] == {"truncated_archive": 1}
-    assert 0 < manifest["documents"]["kept"] < 20000
+    assert manifest.documents.skipped_bad_input == {"truncated_archive": 1}
+    assert 0 < manifest.documents.kept < 20000
 
 
 def test_truncated_wiki_dump_is_named(tmp_path, tiny_tokenizer):
@@ -207,7 +211,7 @@ def test_existing_outputs_survive_a_failed_rebuild(tmp_path, tiny_tokenizer):
     with pytest.raises(CorpusError, match="not valid UTF-8"):
         run(tmp_path, tiny_tokenizer, [good])
     after = {p.name: p.read_bytes() for p in (tmp_path / "tokens").iterdir()}
-    assert after == before and json.loads(after["manifest.json"])["fingerprint"] == first["fingerprint"]
+    assert after == before and json.loads(after["manifest.json"])["fingerprint"] == first.fingerprint
 
 
 @pytest.mark.parametrize(
@@ -222,7 +226,7 @@ def test_existing_outputs_survive_a_failed_rebuild(tmp_path, tiny_tokenizer):
     ],
 )
 def test_configuration_errors_name_the_key(tmp_path, block, message):
-    params = corpus_params(tmp_path)
+    params = corpus_params()
     for name, values in block.items():
         params[name].update(values)
     with pytest.raises(ConfigError) as exc:

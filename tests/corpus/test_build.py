@@ -9,17 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import corpus_params
-from train_deploy.corpus.build import encode_corpus, sample_documents
+from tests.conftest import corpus_params, publish
+from train_deploy.corpus.build import sample_documents
 from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.readers import ReadStats, iter_documents, plan_corpus
-from train_deploy.corpus.tokenizer import TokenEncoder, TokenizerInfo
+from train_deploy.corpus.tokenizer import TokenEncoder, _hash_folder
+from train_deploy.handoffs import TokenizerInfo, TokenManifest, to_json
+from train_deploy.pipelines.corpus.nodes import encode_tokens, plan_inputs
 
 
-def encode(tmp_path: Path, tokenizer: dict, **blocks) -> tuple[CorpusConfig, dict]:
-    config = CorpusConfig.from_params(corpus_params(tmp_path, **blocks))
-    return config, encode_corpus(config, plan_corpus(config.reader), TokenizerInfo(**tokenizer))
+def encode(tmp_path: Path, tokenizer: TokenizerInfo, **blocks) -> tuple[CorpusConfig, TokenManifest]:
+    """Run the encoding node and publish its work at ``tmp_path/tokens`` as the catalog does."""
+    config, plan = plan_inputs(corpus_params(**blocks))
+    return config, publish(encode_tokens(config, plan, tokenizer), tmp_path / "tokens", TokenManifest)
 
 
 def output_bytes(folder: Path) -> dict[str, bytes]:
@@ -29,11 +32,11 @@ def output_bytes(folder: Path) -> dict[str, bytes]:
 def test_output_is_byte_identical_with_one_and_two_workers(tmp_path, tiny_tokenizer):
     _, one = encode(tmp_path / "w1", tiny_tokenizer, encoding={"workers": 1})
     _, two = encode(tmp_path / "w2", tiny_tokenizer, encoding={"workers": 2})
-    assert one["input"]["chunks"] > 2 and two["workers"] == 2
+    assert one.input["chunks"] > 2 and two.workers == 2
     first, second = output_bytes(tmp_path / "w1" / "tokens"), output_bytes(tmp_path / "w2" / "tokens")
     assert set(first) == {"train.bin", "train.idx", "valid.bin", "valid.idx"}
     assert first == second
-    assert one["fingerprint"] == two["fingerprint"]
+    assert one.fingerprint == two.fingerprint
 
 
 def test_a_multistream_wiki_dump_is_shared_by_the_workers_and_encodes_like_a_single_stream(tmp_path, tiny_tokenizer):
@@ -52,10 +55,10 @@ def test_a_multistream_wiki_dump_is_shared_by_the_workers_and_encodes_like_a_sin
             "chunk_bytes": 4096})
         outputs.append(output_bytes(folder / "tokens"))
         manifests.append(manifest)
-    assert manifests[0]["input"]["chunks"] >= 4 and manifests[1]["workers"] == 2
-    assert manifests[2]["input"]["chunks"] == 1
+    assert manifests[0].input["chunks"] >= 4 and manifests[1].workers == 2
+    assert manifests[2].input["chunks"] == 1
     assert outputs[0] == outputs[1] == outputs[2]
-    assert manifests[0]["documents"]["kept"] == 320
+    assert manifests[0].documents.kept == 320
 
 
 def test_paddlenlp_reads_the_token_files_and_they_decode_to_the_cleaned_documents(tmp_path, tiny_tokenizer):
@@ -64,15 +67,15 @@ def test_paddlenlp_reads_the_token_files_and_they_decode_to_the_cleaned_document
     config, manifest = encode(tmp_path, tiny_tokenizer, cleaning={"deduplicate": False},
                               encoding={"validation_fraction": 0.0})
     dataset = MMapIndexedDataset(str(tmp_path / "tokens" / "train"))
-    assert make_dataset(str(tmp_path / "tokens" / "train"), "mmap").sizes.sum() == manifest["tokens"]["total"]
+    assert make_dataset(str(tmp_path / "tokens" / "train"), "mmap").sizes.sum() == manifest.tokens["total"]
     cleaner = Cleaner(config.cleaning)
     plan = plan_corpus(config.reader)
     expected = [t for c in plan.chunks for raw in iter_documents(c, config.reader, ReadStats())
                 if len(t := cleaner(raw)) >= config.cleaning.min_chars]
-    assert len(dataset) == len(expected) == manifest["splits"]["train"]["documents"]
+    assert len(dataset) == len(expected) == manifest.splits["train"].documents
     assert list(dataset.doc_idx[:3]) == [0, 1, 2]
-    encoder = TokenEncoder(TokenizerInfo(**tiny_tokenizer))
-    eos = tiny_tokenizer["eos_id"]
+    encoder = TokenEncoder(tiny_tokenizer)
+    eos = tiny_tokenizer.eos_id
     for i in random.Random(0).sample(range(len(expected)), 50):
         ids = dataset[i].tolist()
         assert ids[-1] == eos and eos not in ids[:-1]
@@ -80,14 +83,14 @@ def test_paddlenlp_reads_the_token_files_and_they_decode_to_the_cleaned_document
 
 
 def test_round_trip_holds_for_unseen_characters_through_byte_fallback(tiny_tokenizer):
-    encoder = TokenEncoder(TokenizerInfo(**tiny_tokenizer))
+    encoder = TokenEncoder(tiny_tokenizer)
     for text in ["罕见字：龘靐齉爩，emoji 😀，English words, 1234567。\n第二段"]:
         assert encoder.decode(encoder.encode([text])[0]) == text
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32])
 def test_batch_encoding_in_this_thread_gives_the_ids_of_the_batch_api(tiny_tokenizer, monkeypatch, dtype):
-    encoder = TokenEncoder(TokenizerInfo(**tiny_tokenizer))
+    encoder = TokenEncoder(tiny_tokenizer)
     texts = ["中共中央总书记发表1998年新年讲话。", "", "罕见字：龘靐齉爩 😀 English", "同胞们、朋友们\n第二段"] * 3
     expected = encoder._sp.encode(texts, add_eos=True)  # SentencePiece's public batch call
     assert encoder._one is not None  # the pinned SentencePiece encodes one text in this thread
@@ -98,7 +101,7 @@ def test_batch_encoding_in_this_thread_gives_the_ids_of_the_batch_api(tiny_token
     assert tokens.dtype == dtype and sizes.dtype == np.int32
     assert sizes.tolist() == [len(ids) for ids in expected]
     assert tokens.tolist() == [i for ids in expected for i in ids]
-    assert all(ids[-1] == tiny_tokenizer["eos_id"] for ids in expected)
+    assert all(ids[-1] == tiny_tokenizer.eos_id for ids in expected)
     monkeypatch.undo()
     encoder._one = None  # another SentencePiece build, or a PaddleNLP tokenizer: the list path
     fallback, fallback_sizes = encoder.encode_batch(texts, np.dtype(dtype))
@@ -108,12 +111,12 @@ def test_batch_encoding_in_this_thread_gives_the_ids_of_the_batch_api(tiny_token
 def test_saved_tokenizer_loads_in_paddlenlp_with_the_same_ids(tiny_tokenizer):
     from paddlenlp.transformers import AutoTokenizer, LlamaTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer["path"])
+    tokenizer = AutoTokenizer.from_pretrained(tiny_tokenizer.path)
     assert isinstance(tokenizer, LlamaTokenizer)
     text = "中共中央总书记发表1998年新年讲话。\n同胞们、朋友们"
-    ids = TokenEncoder(TokenizerInfo(**tiny_tokenizer)).encode([text])[0]
+    ids = TokenEncoder(tiny_tokenizer).encode([text])[0]
     assert tokenizer(text, add_special_tokens=False)["input_ids"] == ids
-    assert tokenizer.eos_token_id == tiny_tokenizer["eos_id"] and len(tokenizer) == tiny_tokenizer["vocab_size"]
+    assert tokenizer.eos_token_id == tiny_tokenizer.eos_id and len(tokenizer) == tiny_tokenizer.vocab_size
     assert tokenizer.convert_ids_to_tokens(ids[0]) != "▁"  # no dummy prefix wasted on Chinese
 
 
@@ -123,38 +126,33 @@ def test_duplicates_are_dropped_and_counted(tmp_path, tiny_tokenizer):
     path.write_text("\n\n".join(docs + docs[:10] + ["短"]) + "\n", encoding="utf-8")
     _, manifest = encode(tmp_path, tiny_tokenizer, reader={"source": "text", "paths": [str(path)], "chunk_bytes": 4096},
                          encoding={"validation_fraction": 0.2})
-    assert manifest["documents"]["read"] == 51
-    assert manifest["documents"]["dropped"] == {"too_short": 1, "duplicate": 10}
-    assert manifest["documents"]["kept"] == 40
-    assert sum(s["documents"] for s in manifest["splits"].values()) == 40
-    assert 0 < manifest["splits"]["valid"]["documents"] < 40
+    assert manifest.documents.read == 51
+    assert manifest.documents.dropped == {"too_short": 1, "duplicate": 10}
+    assert manifest.documents.kept == 40
+    assert sum(s.documents for s in manifest.splits.values()) == 40
+    assert 0 < manifest.splits["valid"].documents < 40
 
 
 def test_validation_split_is_chosen_by_document_hash_and_seed(tmp_path, tiny_tokenizer):
     _, a = encode(tmp_path / "a", tiny_tokenizer, encoding={"validation_fraction": 0.1})
     _, b = encode(tmp_path / "b", tiny_tokenizer, encoding={"validation_fraction": 0.1, "split_seed": 7})
-    assert 0.05 < a["splits"]["valid"]["documents"] / a["documents"]["kept"] < 0.15
+    assert 0.05 < a.splits["valid"].documents / a.documents.kept < 0.15
     assert (tmp_path / "a/tokens/valid.bin").read_bytes() != (tmp_path / "b/tokens/valid.bin").read_bytes()
 
 
 def test_manifest_records_fingerprint_counts_and_throughput(tmp_path, tiny_tokenizer):
     _, manifest = encode(tmp_path, tiny_tokenizer)
     on_disk = json.loads((tmp_path / "tokens" / "manifest.json").read_text(encoding="utf-8"))
-    assert on_disk == manifest
+    assert on_disk == to_json(manifest) and manifest.path == str(tmp_path / "tokens")
     for key in ("fingerprint", "input", "tokenizer", "splits", "documents", "tokens", "throughput",
-                "wall_time_seconds", "peak_rss_mb"):
-        assert key in manifest
-    assert 10 < manifest["peak_rss_mb"]["this_process"] < 10_000 and manifest["peak_rss_mb"]["helpers"] == []
-    assert manifest["tokenizer"]["hash"] == manifest_tokenizer_hash(manifest)
-    assert manifest["throughput"]["tokens_per_second"] > 0
-    assert manifest["splits"]["train"]["bin_bytes"] == (tmp_path / "tokens/train.bin").stat().st_size
-    assert manifest["tokens"]["total"] * 2 == sum(s["bin_bytes"] for s in manifest["splits"].values())
-
-
-def manifest_tokenizer_hash(manifest: dict) -> str:
-    from train_deploy.corpus.tokenizer import _hash_folder
-
-    return _hash_folder(Path(manifest["tokenizer"]["path"]))
+                "wall_time_seconds", "peak_rss_mb", "dtype"):
+        assert key in on_disk
+    assert 10 < manifest.peak_rss_mb["this_process"] < 10_000 and manifest.peak_rss_mb["helpers"] == []
+    assert manifest.tokenizer.hash == _hash_folder(Path(tiny_tokenizer.path))
+    assert manifest.throughput["tokens_per_second"] > 0
+    assert manifest.splits["train"].bin_bytes == (tmp_path / "tokens/train.bin").stat().st_size
+    assert manifest.tokens["total"] * 2 == sum(s.bin_bytes for s in manifest.splits.values())
+    assert [p.name for p in tmp_path.iterdir()] == ["tokens"]  # no staging or shard folder left beside it
 
 
 def test_unchanged_corpus_reuses_outputs_and_a_changed_one_is_rebuilt(tmp_path, tiny_tokenizer, caplog):
@@ -165,17 +163,17 @@ def test_unchanged_corpus_reuses_outputs_and_a_changed_one_is_rebuilt(tmp_path, 
     mtime = (tmp_path / "tokens/train.bin").stat().st_mtime_ns
     with caplog.at_level("INFO"):
         _, again = encode(tmp_path, tiny_tokenizer, **blocks)
-    assert again["reused"] and again["fingerprint"] == first["fingerprint"]
-    assert "reusing the token files" in caplog.text
+    assert again.reused and again.fingerprint == first.fingerprint
+    assert f"The token files in {tmp_path / 'tokens'} is up to date: kept" in caplog.text
     assert (tmp_path / "tokens/train.bin").stat().st_mtime_ns == mtime
     source.write_text(source.read_text(encoding="utf-8") + "\n\n新的一篇文章加入了语料。", encoding="utf-8")
     _, changed = encode(tmp_path, tiny_tokenizer, **blocks)
-    assert not changed["reused"] and changed["fingerprint"] != first["fingerprint"]
-    assert changed["documents"]["kept"] == first["documents"]["kept"] + 1
+    assert not changed.reused and changed.fingerprint != first.fingerprint
+    assert changed.documents.kept == first.documents.kept + 1
 
 
 def test_tokenizer_sample_is_spread_over_all_chunks(tmp_path):
-    config = CorpusConfig.from_params(corpus_params(tmp_path, tokenizer={"sample_bytes": 20_000}))
+    config = CorpusConfig.from_params(corpus_params(tokenizer={"sample_bytes": 20_000}))
     plan = plan_corpus(config.reader)
     sample = list(sample_documents(config, plan))
     size = sum(len(d.encode()) for d in sample)

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.export.conftest import export_params
-from train_deploy.corpus.tokenizer import TokenizerInfo
-from train_deploy.export.bundle import export_bundle
+from tests.conftest import publish
+from tests.export.conftest import export_into, export_params, selected
 from train_deploy.export.checks import ParityError
-from train_deploy.export.config import ExportConfig
+from train_deploy.handoffs import Bundle
 from train_deploy.training.checkpoint import CheckpointError
 
 pytestmark = pytest.mark.slow
@@ -38,10 +38,16 @@ def test_bundle_holds_server_edge_tokenizer_proofs_and_card(tiny_bundle):
     assert "## Intended use and limits" in card
 
 
-def test_same_checkpoint_and_configuration_reuse_the_bundle(tiny_bundle, tiny_checkpoint, tiny_tokenizer):
-    config = ExportConfig.from_params(export_params(tiny_bundle.parent.parent))
-    folder, reused = export_bundle(tiny_checkpoint, TokenizerInfo(**tiny_tokenizer), config, "tiny", {})
-    assert reused and folder == tiny_bundle
+def test_same_checkpoint_and_configuration_keep_the_bundle_as_a_new_linked_version(tiny_bundle, tiny_checkpoint,
+                                                                                  tiny_tokenizer, tiny_token_files):
+    from train_deploy.pipelines.export.nodes import export_model
+
+    work = export_model(export_params(), selected(tiny_checkpoint), tiny_tokenizer, tiny_token_files)
+    kept = publish(work, tiny_bundle.parent.parent, Bundle, versions=True)
+    assert kept.reused and Path(kept.path) != tiny_bundle and kept.fingerprint == json.loads(
+        (tiny_bundle / "bundle.json").read_text(encoding="utf-8"))["fingerprint"]
+    for name in ("server/model.pdiparams", "edge/model.onnx", "MODEL_CARD.md"):  # hard links, not copies
+        assert (Path(kept.path) / name).stat().st_ino == (tiny_bundle / name).stat().st_ino
 
 
 def _nothing_written(output_dir: Path) -> bool:
@@ -50,34 +56,33 @@ def _nothing_written(output_dir: Path) -> bool:
     return not left
 
 
-def test_missing_or_corrupt_checkpoint_is_named(tmp_path, tiny_checkpoint, tiny_tokenizer):
-    config = ExportConfig.from_params(export_params(tmp_path / "out"))
-    tokenizer = TokenizerInfo(**tiny_tokenizer)
+def test_missing_or_corrupt_checkpoint_is_named(tmp_path, tiny_checkpoint, tiny_tokenizer, tiny_token_files):
+    out = tmp_path / "out" / "bundle"
     with pytest.raises(CheckpointError, match=r"step_00000099/state.json: unreadable checkpoint state"):
-        export_bundle(tiny_checkpoint.parent / "step_00000099", tokenizer, config, "tiny", {})
+        export_into(out, tiny_checkpoint.parent / "step_00000099", tiny_tokenizer, tiny_token_files)
     broken = tmp_path / "step_00000006"
     shutil.copytree(tiny_checkpoint, broken)
     with open(broken / "model.safetensors", "r+b") as f:
         f.truncate(f.seek(0, 2) // 2)
     with pytest.raises(CheckpointError, match=r"step_00000006/model.safetensors: corrupt or truncated"):
-        export_bundle(broken, tokenizer, config, "tiny", {})
+        export_into(out, broken, tiny_tokenizer, tiny_token_files)
     assert _nothing_written(tmp_path / "out")
 
 
-def test_tokenizer_with_another_vocabulary_is_refused(tmp_path, tiny_checkpoint, tiny_tokenizer):
-    config = ExportConfig.from_params(export_params(tmp_path / "out"))
-    other = TokenizerInfo(**{**tiny_tokenizer, "vocab_size": tiny_tokenizer["vocab_size"] + 100})
+def test_tokenizer_with_another_vocabulary_is_refused(tmp_path, tiny_checkpoint, tiny_tokenizer, tiny_token_files):
+    other = dataclasses.replace(tiny_tokenizer, vocab_size=tiny_tokenizer.vocab_size + 100)
     with pytest.raises(CheckpointError, match=rf"the tokenizer has {other.vocab_size} ids but .*step_00000006 was "
-                                              rf"trained with {tiny_tokenizer['vocab_size']}"):
-        export_bundle(tiny_checkpoint, other, config, "tiny", {})
+                                              rf"trained with {tiny_tokenizer.vocab_size}"):
+        export_into(tmp_path / "out" / "bundle", tiny_checkpoint, other, tiny_token_files)
     assert _nothing_written(tmp_path / "out")
 
 
-def test_failed_parity_fails_with_the_numbers_and_keeps_no_bundle(tmp_path, tiny_checkpoint, tiny_tokenizer):
-    config = ExportConfig.from_params(export_params(tmp_path / "out", parity={"max_logit_diff": 1e-12}))
+def test_failed_parity_fails_with_the_numbers_and_keeps_no_bundle(tmp_path, tiny_checkpoint, tiny_tokenizer,
+                                                                   tiny_token_files):
     with pytest.raises(ParityError, match=r"parity failed: paddle_inference max \|logit diff\| \S+ > 1e-12; "
                                           r"onnx_fp32 max \|logit diff\|"):
-        export_bundle(tiny_checkpoint, TokenizerInfo(**tiny_tokenizer), config, "tiny", {})
+        export_into(tmp_path / "out" / "bundle", tiny_checkpoint, tiny_tokenizer, tiny_token_files,
+                    parity={"max_logit_diff": 1e-12})
     assert _nothing_written(tmp_path / "out")
-    (report,) = (tmp_path / "out" / "tiny").glob("*.parity-failed.json")
+    (report,) = (tmp_path / "out").glob("parity-failed-*.json")
     assert not json.loads(report.read_text(encoding="utf-8"))["passed"]

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from train_deploy.atomic import atomic_folder
 from train_deploy.averaging.config import AveragingConfig
 from train_deploy.averaging.streaming import DirectSink, ReadAhead
+from train_deploy.handoffs import CheckpointRef
 from train_deploy.training.checkpoint import MODEL_FILE, STATE_FILE, CheckpointError, complete_checkpoints, read_state
 
 logger = logging.getLogger(__name__)
@@ -29,9 +29,9 @@ logger = logging.getLogger(__name__)
 _FLOATING = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 
 
-def select_checkpoints(folder: Path, config: AveragingConfig) -> list[Path]:
-    """The checkpoints to average, oldest first."""
-    found = complete_checkpoints(folder)
+def select_checkpoints(folder: str | Path, config: AveragingConfig) -> list[Path]:
+    """The checkpoints in ``folder`` to average, oldest first."""
+    found = complete_checkpoints(Path(folder))
     by_step = {read_state(p)["step"]: p for p in found}
     if config.select == "steps":
         missing = [s for s in config.steps if s not in by_step]
@@ -104,30 +104,29 @@ def check_compatible(paths: list[Path]) -> dict[str, Any]:
     return reference
 
 
-def average_checkpoints(paths: list[Path], config: AveragingConfig, output_dir: Path) -> Path:
-    """Average ``paths`` (oldest first) into ``output_dir`` atomically; return the new checkpoint folder."""
+def average_checkpoints(paths: list[Path], config: AveragingConfig, folder: Path) -> CheckpointRef:
+    """Average ``paths`` (oldest first) into the empty ``folder``; return the new checkpoint."""
     header = check_compatible(paths)
     weights = averaging_weights(len(paths), config)
-    final = output_dir / f"averaged_{paths[0].name}_{paths[-1].name}"
-    with atomic_folder(final) as tmp:
-        copied, hashes = _write_average([p / MODEL_FILE for p in paths], weights, header, tmp / MODEL_FILE,
-                                        metadata={"format": "pt", "method": config.method})
-        newest = read_state(paths[-1])
-        state = {
-            **{k: newest[k] for k in ("step", "model_config", "data", "training", "parameters") if k in newest},
-            "val_loss": None,
-            "averaged": {
-                "method": config.method, "decay": config.decay if config.method == "ema" else None,
-                "weights": [float(w) for w in weights],
-                "sources": [{"path": str(p), "step": read_state(p)["step"], "xxh3_128": h}
-                            for p, h in zip(paths, hashes, strict=True)],
-                "copied_from_newest": copied,
-                "note": "integer and boolean tensors are not averaged: they are taken from the newest checkpoint",
-            },
-        }
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
-    logger.info("Averaged %d checkpoints (%s) → %s", len(paths), config.method, final)
-    return final
+    copied, hashes = _write_average([p / MODEL_FILE for p in paths], weights, header, Path(folder) / MODEL_FILE,
+                                    metadata={"format": "pt", "method": config.method})
+    newest = read_state(paths[-1])
+    state = {
+        **{k: newest[k] for k in ("step", "model_config", "data", "training", "parameters") if k in newest},
+        "val_loss": None,
+        "averaged": {
+            "method": config.method, "decay": config.decay if config.method == "ema" else None,
+            "weights": [float(w) for w in weights],
+            "sources": [{"path": str(p), "step": read_state(p)["step"], "xxh3_128": h}
+                        for p, h in zip(paths, hashes, strict=True)],
+            "copied_from_newest": copied,
+            "note": "integer and boolean tensors are not averaged: they are taken from the newest checkpoint",
+        },
+    }
+    (Path(folder) / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
+    logger.info("Averaged %d checkpoints (%s): steps %s", len(paths), config.method,
+                [source["step"] for source in state["averaged"]["sources"]])
+    return CheckpointRef.read_folder(folder)
 
 
 # safetensors dtype names → numpy (bfloat16 through ml_dtypes, which Paddle depends on)

@@ -27,7 +27,6 @@ class AveragingConfig:
     """Fewer checkpoints than k: stop with an error, or warn and average what exists."""
     choose: Literal["better", "averaged", "last"] = "better"
     """Which checkpoint the evaluation node passes on to export."""
-    output_dir: str = "data/06_models/averaged"
 
     def __post_init__(self) -> None:
         check(self.k >= 1, "averaging.k", "must be at least 1")

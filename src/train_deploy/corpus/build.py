@@ -15,11 +15,10 @@ import multiprocessing as mp
 import os
 import shutil
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import compress
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,6 @@ import numpy as np
 from xxhash import xxh3_128_digest
 
 from train_deploy import __version__
-from train_deploy.atomic import fsync_dir, fsync_file, write_json
 from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.indexed import ShardWriter, merge_shards, token_dtype
@@ -41,11 +39,12 @@ from train_deploy.corpus.readers import (
     iter_document_batches,
     iter_documents,
 )
-from train_deploy.corpus.tokenizer import TokenEncoder, TokenizerInfo
+from train_deploy.corpus.tokenizer import TokenEncoder
+from train_deploy.handoffs import MANIFEST_FILE as MANIFEST
+from train_deploy.handoffs import DocumentCounts, SplitInfo, TokenizerInfo, TokenManifest, write_json
 
 logger = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
 SPLITS = ("train", "valid")
 FORMAT = "paddlenlp-mmap-indexed-v1"
 
@@ -55,7 +54,7 @@ def tokenizer_fingerprint(config: CorpusConfig, plan: CorpusPlan) -> str:
     t = config.tokenizer
     if t.mode == "load":
         return _digest({"load_path": str(Path(t.load_path).resolve())})
-    relevant = {k: v for k, v in asdict(t).items() if k not in ("output_dir", "num_threads", "load_path")}
+    relevant = {k: v for k, v in asdict(t).items() if k not in ("num_threads", "load_path")}
     return _digest({"input": plan.input_hash, "reader": asdict(config.reader), "cleaning": asdict(config.cleaning),
                     "tokenizer": relevant})
 
@@ -86,53 +85,40 @@ def sample_documents(config: CorpusConfig, plan: CorpusPlan) -> Iterator[str]:
                 break
 
 
-def existing_manifest(output_dir: Path, fingerprint: str) -> dict[str, Any] | None:
-    """The manifest in ``output_dir`` if it has this fingerprint and all its files are intact."""
-    path = output_dir / MANIFEST
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if manifest.get("fingerprint") != fingerprint:
-        return None
-    for split in manifest.get("splits", {}).values():
-        for suffix, size in (("bin", split["bin_bytes"]), ("idx", split["idx_bytes"])):
-            file = output_dir / f"{split['prefix']}.{suffix}"
+def token_files_are_current(manifest: TokenManifest, fingerprint: str) -> bool:
+    """True if the published token files were encoded with ``fingerprint`` and every file is whole."""
+    if manifest.fingerprint != fingerprint:
+        return False
+    for split in manifest.splits.values():
+        for suffix, size in (("bin", split.bin_bytes), ("idx", split.idx_bytes)):
+            file = Path(manifest.path) / f"{split.prefix}.{suffix}"
             if not file.is_file() or file.stat().st_size != size:
-                return None
-    return manifest
+                return False
+    return True
 
 
-def encode_corpus(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo) -> dict[str, Any]:
-    """Encode the planned corpus into ``<output_dir>/{train,valid}.{bin,idx}`` and write the manifest.
-
-    Reuses the existing outputs when their fingerprint matches (and ``encoding.reuse`` is on).
-    """
-    output_dir = Path(config.encoding.output_dir)
-    fingerprint = corpus_fingerprint(config, plan, tokenizer)
-    if config.encoding.reuse and (manifest := existing_manifest(output_dir, fingerprint)):
-        logger.info("Corpus unchanged (fingerprint %s): reusing the token files in %s", fingerprint[:12], output_dir)
-        return {**manifest, "reused": True}
+def encode_corpus(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, folder: Path) -> TokenManifest:
+    """Encode the planned corpus into ``folder`` (empty): ``{train,valid}.{bin,idx}`` and ``manifest.json``."""
     if not plan.chunks:
         raise CorpusError(f"corpus is empty: nothing to read in {', '.join(plan.files) or 'the configured paths'}")
     started = time.perf_counter()
-    output_dir.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=".encode-", dir=output_dir))
+    work = Path(folder) / ".shards"
+    work.mkdir()
     try:
-        results = _run_workers(config, plan, tokenizer, work)
-        stats = _combine(results)
+        stats = _combine(_run_workers(config, plan, tokenizer, work))
         if stats["documents_kept"] == 0:
             raise CorpusError(f"corpus is empty: no document left after cleaning in {', '.join(plan.files)} "
                               f"(read {stats['documents_read']}, dropped {dict(stats['dropped'])})")
-        splits = _merge(config, plan, tokenizer, work, stats)
-        wall = time.perf_counter() - started
-        manifest = _manifest(config, plan, tokenizer, fingerprint, stats, splits, wall)
-        _publish(work, output_dir, splits, manifest)
+        splits = _merge(config, plan, tokenizer, work, Path(folder), stats)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    logger.info("Encoded %d documents, %d tokens (train %d / valid %d) in %.1f s, %.2f M tokens/s → %s",
-                manifest["documents"]["kept"], manifest["tokens"]["total"], splits["train"]["tokens"],
-                splits["valid"]["tokens"], wall, manifest["throughput"]["tokens_per_second"] / 1e6, output_dir)
+    wall = time.perf_counter() - started
+    manifest = _manifest(config, plan, tokenizer, stats, splits, wall)
+    manifest.path = str(folder)
+    write_json(Path(folder) / MANIFEST, manifest)
+    logger.info("Encoded %d documents, %d tokens (train %d / valid %d) in %.1f s, %.2f M tokens/s",
+                manifest.documents.kept, manifest.tokens["total"], splits["train"].tokens, splits["valid"].tokens,
+                wall, manifest.throughput["tokens_per_second"] / 1e6)
     for message in stats["warnings"]:
         logger.warning("skipped: %s", message)
     return manifest
@@ -340,60 +326,48 @@ def _combine(results: list[ChunkResult]) -> dict[str, Any]:
                             "helpers": [round(v, 1) for v in peaks.values()]}}
 
 
-def _merge(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, work: Path,
-           stats: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _merge(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, work: Path, folder: Path,
+           stats: dict[str, Any]) -> dict[str, SplitInfo]:
+    """Merge the chunks' shards in chunk order into ``folder/<split>.{bin,idx}``."""
     dtype = token_dtype(tokenizer.vocab_size)
     splits = {}
     for split in SPLITS:
         seen: set[int] | None = set() if config.cleaning.deduplicate else None
         prefixes = [work / f"{c.index:06d}.{split}" for c in plan.chunks]
-        documents, tokens, duplicates = merge_shards(prefixes, work / split, dtype, seen)
+        documents, tokens, duplicates = merge_shards(prefixes, folder / split, dtype, seen)
         stats["dropped"]["duplicate"] += duplicates
-        splits[split] = {"prefix": split, "documents": documents, "tokens": tokens}
+        splits[split] = SplitInfo(prefix=split, documents=documents, tokens=tokens,
+                                  bin_bytes=(folder / f"{split}.bin").stat().st_size,
+                                  idx_bytes=(folder / f"{split}.idx").stat().st_size)
     stats["documents_kept"] -= stats["dropped"]["duplicate"]
     return splits
 
 
-def _manifest(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, fingerprint: str,
-              stats: dict[str, Any], splits: dict[str, dict[str, Any]], wall: float) -> dict[str, Any]:
-    total_tokens = sum(s["tokens"] for s in splits.values())
-    return {
-        "format": FORMAT,
-        "fingerprint": fingerprint,
-        "directory": config.encoding.output_dir,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "reused": False,
-        "input": {"source": config.reader.source, "files": plan.files, "content_hash": plan.input_hash,
-                  "bytes": plan.input_bytes, "chunks": len(plan.chunks), "skipped_files": plan.skipped_files},
-        "config": {"reader": asdict(config.reader), "cleaning": asdict(config.cleaning),
-                   "encoding": asdict(config.encoding)},
-        "tokenizer": {**tokenizer.to_dict(), "dtype": token_dtype(tokenizer.vocab_size).name},
-        "splits": splits,
-        "documents": {"read": stats["documents_read"], "kept": stats["documents_kept"],
-                      "dropped": dict(stats["dropped"]), "skipped_bad_input": dict(stats["skipped"])},
-        "tokens": {"total": total_tokens, "encoded_before_dedup": stats["tokens_encoded"]},
-        "warnings": stats["warnings"],
-        "workers": min(config.workers, len(plan.chunks)),
-        "compiled_kernels": compiled is not None,  # _fast.c built; the numpy versions give the same bytes
-        "peak_rss_mb": stats["peak_rss_mb"],
-        "wall_time_seconds": round(wall, 3),
-        "throughput": {"tokens_per_second": round(stats["tokens_encoded"] / wall, 1),
-                       "input_megabytes_per_second": round(plan.input_bytes / 1e6 / wall, 3),
-                       "documents_per_second": round(stats["documents_read"] / wall, 1)},
-    }
-
-
-def _publish(work: Path, output_dir: Path, splits: dict[str, dict[str, Any]], manifest: dict[str, Any]) -> None:
-    """Move the finished files into place; the manifest goes last and marks the set complete."""
-    (output_dir / MANIFEST).unlink(missing_ok=True)  # an interrupted publish never looks complete
-    for split, info in splits.items():
-        for suffix in ("bin", "idx"):
-            src = work / f"{split}.{suffix}"
-            fsync_file(src)
-            info[f"{suffix}_bytes"] = src.stat().st_size
-            os.replace(src, output_dir / f"{info['prefix']}.{suffix}")
-    fsync_dir(output_dir)
-    write_json(output_dir / MANIFEST, manifest)
+def _manifest(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, stats: dict[str, Any],
+              splits: dict[str, SplitInfo], wall: float) -> TokenManifest:
+    return TokenManifest(
+        format=FORMAT,
+        fingerprint=corpus_fingerprint(config, plan, tokenizer),
+        created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        dtype=token_dtype(tokenizer.vocab_size).name,
+        tokenizer=replace(tokenizer, path="", reused=False),  # what it is, not where this machine keeps it
+        splits=splits,
+        documents=DocumentCounts(read=stats["documents_read"], kept=stats["documents_kept"],
+                                 dropped=dict(stats["dropped"]), skipped_bad_input=dict(stats["skipped"])),
+        tokens={"total": sum(s.tokens for s in splits.values()), "encoded_before_dedup": stats["tokens_encoded"]},
+        input={"source": config.reader.source, "files": plan.files, "content_hash": plan.input_hash,
+               "bytes": plan.input_bytes, "chunks": len(plan.chunks), "skipped_files": plan.skipped_files},
+        config={"reader": asdict(config.reader), "cleaning": asdict(config.cleaning),
+                "encoding": asdict(config.encoding)},
+        warnings=stats["warnings"],
+        workers=min(config.workers, len(plan.chunks)),
+        compiled_kernels=compiled is not None,  # _fast.c built; the numpy versions give the same bytes
+        peak_rss_mb=stats["peak_rss_mb"],
+        wall_time_seconds=round(wall, 3),
+        throughput={"tokens_per_second": round(stats["tokens_encoded"] / wall, 1),
+                    "input_megabytes_per_second": round(plan.input_bytes / 1e6 / wall, 3),
+                    "documents_per_second": round(stats["documents_read"] / wall, 1)},
+    )
 
 
 def peak_rss_mb() -> float:

@@ -64,8 +64,6 @@ class TokenizerConfig:
     """`train`: a new SentencePiece model on a sample of this corpus; `load`: an existing tokenizer (`load_path`)."""
     load_path: str | None = None
     """`load`: a local directory that `paddlenlp.transformers.AutoTokenizer.from_pretrained` accepts."""
-    output_dir: str = "data/06_models/tokenizer"
-    """Where the tokenizer is saved (PaddleNLP `LlamaTokenizer` layout); training and export read it."""
     vocab_size: int = 8000
     """Ids in the trained vocabulary, unk/bos/eos included (32 to 1000000); the model's vocabulary follows it."""
     model_type: Literal["bpe", "unigram"] = "bpe"
@@ -89,8 +87,6 @@ class TokenizerConfig:
 class EncodingConfig:
     """Parallel, streaming encoding into `.bin/.idx` token files."""
 
-    output_dir: str = "data/04_feature/tokens"
-    """Receives `train.bin/.idx`, `valid.bin/.idx` and `manifest.json`."""
     workers: int = 0
     """Encoding processes; 0 = all cores."""
     validation_fraction: float = 0.01

@@ -10,65 +10,34 @@ from __future__ import annotations
 
 import hashlib
 import io
-import json
 import logging
 import os
 import shutil
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from train_deploy.atomic import atomic_folder
 from train_deploy.corpus.config import TokenizerConfig
 from train_deploy.corpus.native import flatten_ids
 from train_deploy.corpus.readers import CorpusError
+from train_deploy.handoffs import TOKENIZER_FILE as INFO_FILE
+from train_deploy.handoffs import TokenizerInfo, write_json
 
 logger = logging.getLogger(__name__)
 
 SP_MODEL_FILE = "sentencepiece.bpe.model"  # LlamaTokenizer.resource_files_names["vocab_file"]
-INFO_FILE = "train_deploy_tokenizer.json"
 _PROBE = "迈向充满希望的新世纪 ——1998年新年讲话 Hello, world!\n第二段。"
 
 
-@dataclass(frozen=True, slots=True)
-class TokenizerInfo:
-    """What the encoder and later stages need to know about the saved tokenizer."""
-
-    path: str
-    vocab_size: int
-    eos_id: int
-    hash: str
-    """blake2b of the files that define the tokenizer."""
-    encoder: str
-    """`sentencepiece` (fast path) or `paddlenlp` (any other PaddleNLP tokenizer)."""
-    fingerprint: str
-    """Inputs and configuration the tokenizer was built from; equal fingerprints allow reuse."""
-    source: str
-    """`trained` or the folder it was loaded from."""
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
+def tokenizer_is_current(info: TokenizerInfo, fingerprint: str) -> bool:
+    """True if the saved tokenizer ``info`` was built from ``fingerprint`` and its files are intact."""
+    return info.fingerprint == fingerprint and info.hash == _hash_folder(Path(info.path))
 
 
-def saved_tokenizer(output_dir: Path, fingerprint: str) -> TokenizerInfo | None:
-    """The tokenizer already in ``output_dir`` if it was built from the same fingerprint."""
-    info_path = output_dir / INFO_FILE
-    if not info_path.is_file():
-        return None
-    try:
-        info = TokenizerInfo(**json.loads(info_path.read_text(encoding="utf-8")))
-    except (TypeError, ValueError):
-        return None
-    if info.fingerprint != fingerprint or info.hash != _hash_folder(output_dir):
-        return None
-    return info
-
-
-def train_tokenizer(sentences: Iterable[str], config: TokenizerConfig, output_dir: Path,
+def train_tokenizer(sentences: Iterable[str], config: TokenizerConfig, folder: Path,
                     fingerprint: str) -> TokenizerInfo:
-    """Train SentencePiece on ``sentences`` and save it, PaddleNLP-loadable, to ``output_dir``."""
+    """Train SentencePiece on ``sentences`` and save it, PaddleNLP-loadable, into the empty ``folder``."""
     import sentencepiece as spm
 
     model = io.BytesIO()
@@ -104,21 +73,19 @@ def train_tokenizer(sentences: Iterable[str], config: TokenizerConfig, output_di
         reason = str(exc).split("] ", 1)[-1].strip()  # drop SentencePiece's source location and assertion
         raise CorpusError(f"SentencePiece training failed on {counted.count} sentences (corpus.tokenizer): "
                           f"{reason}") from None
-    with atomic_folder(output_dir) as staging:
-        sp_file = staging / SP_MODEL_FILE
-        sp_file.write_bytes(model.getvalue())
-        _save_llama_tokenizer(sp_file, staging)
-        info = TokenizerInfo(path=str(output_dir), vocab_size=config.vocab_size, eos_id=2,
-                             hash=_hash_folder(staging), encoder="sentencepiece", fingerprint=fingerprint,
-                             source="trained")
-        (staging / INFO_FILE).write_text(json.dumps(info.to_dict(), indent=2), encoding="utf-8")
-    logger.info("Trained a %s SentencePiece tokenizer (%d pieces) on %d sentences → %s",
-                config.model_type, config.vocab_size, counted.count, output_dir)
+    sp_file = folder / SP_MODEL_FILE
+    sp_file.write_bytes(model.getvalue())
+    _save_llama_tokenizer(sp_file, folder)
+    info = TokenizerInfo(path=str(folder), vocab_size=config.vocab_size, eos_id=2, hash=_hash_folder(folder),
+                         encoder="sentencepiece", fingerprint=fingerprint, source="trained")
+    write_json(folder / INFO_FILE, info)
+    logger.info("Trained a %s SentencePiece tokenizer (%d pieces) on %d sentences",
+                config.model_type, config.vocab_size, counted.count)
     return info
 
 
-def load_tokenizer(source: Path, output_dir: Path, fingerprint: str) -> TokenizerInfo:
-    """Load a PaddleNLP tokenizer from a local folder and copy it to ``output_dir``."""
+def load_tokenizer(source: Path, folder: Path, fingerprint: str) -> TokenizerInfo:
+    """Load a PaddleNLP tokenizer from a local folder and copy it into the empty ``folder``."""
     if not source.is_dir():
         raise CorpusError(f"{source}: tokenizer folder not found (corpus.tokenizer.load_path)")
     tokenizer = _auto_tokenizer(source)
@@ -133,14 +100,12 @@ def load_tokenizer(source: Path, output_dir: Path, fingerprint: str) -> Tokenize
         processor = spm.SentencePieceProcessor(model_file=str(sp_file))
         if processor.encode(_PROBE) == tokenizer(_PROBE, add_special_tokens=False)["input_ids"]:
             encoder = "sentencepiece"
-    with atomic_folder(output_dir) as staging:
-        shutil.copytree(source, staging, dirs_exist_ok=True)
-        (staging / INFO_FILE).unlink(missing_ok=True)
-        info = TokenizerInfo(path=str(output_dir), vocab_size=len(tokenizer), eos_id=int(eos),
-                             hash=_hash_folder(staging), encoder=encoder, fingerprint=fingerprint,
-                             source=str(source))
-        (staging / INFO_FILE).write_text(json.dumps(info.to_dict(), indent=2), encoding="utf-8")
-    logger.info("Loaded tokenizer from %s (%d ids, %s encoder) → %s", source, info.vocab_size, encoder, output_dir)
+    shutil.copytree(source, folder, dirs_exist_ok=True)
+    (folder / INFO_FILE).unlink(missing_ok=True)
+    info = TokenizerInfo(path=str(folder), vocab_size=len(tokenizer), eos_id=int(eos), hash=_hash_folder(folder),
+                         encoder=encoder, fingerprint=fingerprint, source=str(source))
+    write_json(folder / INFO_FILE, info)
+    logger.info("Loaded tokenizer from %s (%d ids, %s encoder)", source, info.vocab_size, encoder)
     return info
 
 

@@ -1,6 +1,6 @@
 """Build a deployable bundle from a checkpoint: server and edge models, tokenizer, proofs, model card.
 
-A bundle is one folder ``<output_dir>/<run>/<version>/``::
+A bundle is one folder (the catalog's versioned ``export_bundle``: ``<path>/<version>/bundle/``)::
 
     bundle.json      what it is: source checkpoint, model shape, tokenizer, runtime settings, files
     server/          Paddle Inference model (model.json + model.pdiparams)
@@ -10,7 +10,7 @@ A bundle is one folder ``<output_dir>/<run>/<version>/``::
     latency.json     p50/p95 of one forward pass per form
     MODEL_CARD.md    generated from all of the above
 
-It is assembled in a temporary folder and renamed into place only when parity passed.
+The catalog gives an empty staging folder and publishes it only when this module returned (parity passed).
 """
 
 from __future__ import annotations
@@ -24,14 +24,24 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from train_deploy.atomic import atomic_folder, write_json
-from train_deploy.corpus.tokenizer import INFO_FILE, TokenizerInfo
 from train_deploy.export.card import model_card
 from train_deploy.export.checks import check_parity, latency_report, parity_report
 from train_deploy.export.config import ExportConfig
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE, convert_to_onnx, quantize_int8
 from train_deploy.export.graph import eager_logits, load_inference_model, save_server_model
-from train_deploy.export.runtime import BUNDLE_FILE, OnnxRuntimeBackend, PaddleInferenceBackend
+from train_deploy.export.runtime import OnnxRuntimeBackend, PaddleInferenceBackend
+from train_deploy.handoffs import (
+    BUNDLE_FILE,
+    CARD_FILE,
+    LATENCY_FILE,
+    PARITY_FILE,
+    TOKENIZER_FILE,
+    Bundle,
+    TokenizerInfo,
+    TokenManifest,
+    to_json,
+    write_json,
+)
 from train_deploy.training.checkpoint import MODEL_FILE, STATE_FILE, CheckpointError, read_state
 
 logger = logging.getLogger(__name__)
@@ -39,41 +49,41 @@ logger = logging.getLogger(__name__)
 FORMAT = 2  # part of the reuse fingerprint; 2: the compact server graph (bundles of 1 still load)
 
 
-def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, config: ExportConfig, run_name: str,
-                  provenance: dict[str, Any]) -> tuple[Path, bool]:
-    """Export ``checkpoint`` into a new bundle (or find the one already exported); return it and whether reused."""
-    checkpoint = Path(checkpoint)
+def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManifest, config: ExportConfig,
+                  provenance: dict[str, Any], folder: Path) -> Bundle:
+    """Export ``checkpoint`` into the empty ``folder`` and prove it; return the bundle's description.
+
+    Parity is measured on the first windows of the validation split of ``tokens`` (the corpus the checkpoint
+    was trained on); when it fails, its report is kept beside ``folder`` and :class:`ParityError` is raised.
+    """
+    checkpoint, folder = Path(checkpoint), Path(folder)
     state = read_state(checkpoint)
     check_tokenizer(tokenizer, state, checkpoint)
-    fingerprint = _fingerprint(checkpoint, tokenizer, config)
-    runs = Path(config.output_dir) / run_name
-    if config.reuse and (existing := _existing_bundle(runs, fingerprint)) is not None:
-        logger.info("Checkpoint %s was already exported with this configuration: reusing %s", checkpoint, existing)
-        return existing, True
     version = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H.%M.%S.%fZ")
-    final = runs / version
-    with atomic_folder(final) as tmp:
-        model = load_inference_model(checkpoint)
-        prefix = save_server_model(model, tmp / "server")
-        del model
-        (tmp / "edge").mkdir()
-        onnx_file = convert_to_onnx(prefix, tmp / "edge" / ONNX_FILE, config.edge.opset)
-        if config.edge.int8:
-            quantize_int8(onnx_file, tmp / "edge" / INT8_FILE, config.edge.per_channel)
-        _copy_tokenizer(tokenizer, tmp / "tokenizer")
-        meta = _bundle_meta(state, checkpoint, tokenizer, config, fingerprint, version, provenance)
-        write_json(tmp / BUNDLE_FILE, meta)
-        parity, latency = _prove(tmp, checkpoint, state, meta, config)
-        write_json(tmp / "parity.json", parity)
-        if not parity["passed"]:  # kept for inspection; the bundle itself is never renamed into place
-            write_json(runs / f"{version}.parity-failed.json", parity)
-        check_parity(parity, str(final))
-        write_json(tmp / "latency.json", latency)
-        meta["files"] = {p.relative_to(tmp).as_posix(): p.stat().st_size for p in sorted(tmp.rglob("*")) if p.is_file()}
-        write_json(tmp / BUNDLE_FILE, meta)
-        (tmp / "MODEL_CARD.md").write_text(model_card(meta, state, parity, latency), encoding="utf-8")
-    logger.info("Exported %s → %s", checkpoint, final)
-    return final, False
+    model = load_inference_model(checkpoint)
+    prefix = save_server_model(model, folder / "server")
+    del model
+    (folder / "edge").mkdir()
+    onnx_file = convert_to_onnx(prefix, folder / "edge" / ONNX_FILE, config.edge.opset)
+    if config.edge.int8:
+        quantize_int8(onnx_file, folder / "edge" / INT8_FILE, config.edge.per_channel)
+    _copy_tokenizer(tokenizer, folder / "tokenizer")
+    meta = _bundle_meta(state, checkpoint, tokenizer, config, bundle_fingerprint(checkpoint, tokenizer, config),
+                        version, provenance)
+    write_json(folder / BUNDLE_FILE, meta)
+    parity, latency = _prove(folder, checkpoint, state, meta, config, tokens)
+    write_json(folder / PARITY_FILE, parity)
+    if not parity["passed"]:  # kept for inspection; the bundle itself is never published
+        write_json(folder.parent / f"parity-failed-{version}.json", parity)
+    check_parity(parity, f"the bundle of {checkpoint}")
+    write_json(folder / LATENCY_FILE, latency)
+    meta["files"] = {p.relative_to(folder).as_posix(): p.stat().st_size
+                     for p in sorted(folder.rglob("*")) if p.is_file()}
+    write_json(folder / BUNDLE_FILE, meta)
+    card = model_card(meta, state, parity, latency)
+    (folder / CARD_FILE).write_text(card, encoding="utf-8")
+    logger.info("Exported %s", checkpoint)
+    return Bundle(path=str(folder), meta=meta, parity=parity, latency=latency, card=card)
 
 
 def check_tokenizer(tokenizer: TokenizerInfo, state: dict[str, Any], checkpoint: Path) -> None:
@@ -89,12 +99,12 @@ def check_tokenizer(tokenizer: TokenizerInfo, state: dict[str, Any], checkpoint:
                               f"with ({trained['tokenizer_hash']}); export with the training tokenizer")
 
 
-def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str, Any],
-           config: ExportConfig) -> tuple[dict[str, Any], dict[str, Any]]:
+def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str, Any], config: ExportConfig,
+           tokens: TokenManifest) -> tuple[dict[str, Any], dict[str, Any]]:
     """Parity and latency of every form, the trained model (Paddle eager) as reference."""
     import paddle
 
-    from train_deploy.averaging.evaluate import evaluation_windows, load_model
+    from train_deploy.evaluation import load_model, validation_windows
 
     paddle.base.core.set_num_threads(config.server.cpu_threads)  # the eager reference gets the same threads
     trained = load_model(checkpoint)
@@ -105,7 +115,7 @@ def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str
         forms["onnx_int8"] = OnnxRuntimeBackend(folder / "edge" / INT8_FILE, config.edge.threads)
     context, vocab = meta["model"]["context"], meta["model"]["vocab_size"]
     seq = min(config.parity.seq_length or state["training"]["batch"]["seq_length"], context)
-    windows = evaluation_windows(state["data"], seq, config.parity.samples)
+    windows = validation_windows(tokens.prefix("valid"), tokens.dtype, seq, config.parity.samples)
     parity = parity_report(windows, lambda ids, mask: eager_logits(trained, ids), forms, vocab, config.parity)
     latency = latency_report({"paddle_eager": lambda ids, mask: eager_logits(trained, ids), **forms}, vocab,
                              context, config.latency)
@@ -131,7 +141,7 @@ def _bundle_meta(state: dict[str, Any], checkpoint: Path, tokenizer: TokenizerIn
                   model["max_position_embeddings"], "vocab_size": model["vocab_size"], "eos_id": tokenizer.eos_id,
                   "hidden_size": model["hidden_size"], "layers": model["num_hidden_layers"],
                   "heads": model["num_attention_heads"], "kv_heads": model.get("num_key_value_heads")},
-        "tokenizer": {**tokenizer.to_dict(), "path": "tokenizer"},
+        "tokenizer": {**to_json(tokenizer), "path": "tokenizer"},
         "too_long": config.too_long, "server": dataclasses.asdict(config.server),
         "edge": dataclasses.asdict(config.edge),
         "software": {"paddlepaddle": paddle.__version__, "paddle2onnx": paddle2onnx.__version__,
@@ -141,28 +151,16 @@ def _bundle_meta(state: dict[str, Any], checkpoint: Path, tokenizer: TokenizerIn
 
 def _copy_tokenizer(tokenizer: TokenizerInfo, target: Path) -> None:
     shutil.copytree(tokenizer.path, target)
-    (target / INFO_FILE).write_text(json.dumps({**tokenizer.to_dict(), "path": "tokenizer"}, indent=2), "utf-8")
+    write_json(target / TOKENIZER_FILE, tokenizer)
 
 
-def _fingerprint(checkpoint: Path, tokenizer: TokenizerInfo, config: ExportConfig) -> str:
-    weights = checkpoint / MODEL_FILE
+def bundle_fingerprint(checkpoint: Path, tokenizer: TokenizerInfo, config: ExportConfig) -> str:
+    """Equal for the same checkpoint files, tokenizer and export configuration: the bundle would be the same."""
+    weights = Path(checkpoint) / MODEL_FILE
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing")
     stat = weights.stat()
-    payload = {"checkpoint": str(checkpoint.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-               "state": (checkpoint / STATE_FILE).read_text(encoding="utf-8"), "tokenizer": tokenizer.hash,
-               "config": {k: v for k, v in config.to_dict().items() if k not in ("output_dir", "reuse")},
-               "format": FORMAT}
+    payload = {"checkpoint": str(Path(checkpoint).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+               "state": (Path(checkpoint) / STATE_FILE).read_text(encoding="utf-8"), "tokenizer": tokenizer.hash,
+               "config": {k: v for k, v in config.to_dict().items() if k != "reuse"}, "format": FORMAT}
     return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()
-
-
-def _existing_bundle(runs: Path, fingerprint: str) -> Path | None:
-    if not runs.is_dir():
-        return None
-    for folder in sorted((p for p in runs.iterdir() if not p.name.startswith(".")), reverse=True):
-        try:
-            if json.loads((folder / BUNDLE_FILE).read_text(encoding="utf-8")).get("fingerprint") == fingerprint:
-                return folder
-        except (OSError, ValueError):
-            continue
-    return None

@@ -82,8 +82,6 @@ class LatencyConfig:
 
 @dataclass(kw_only=True, slots=True)
 class ExportConfig:
-    output_dir: str = "data/07_model_output/bundles"
-    """Bundles are written to ``<output_dir>/<training run>/<version>``; the version is a UTC timestamp."""
     too_long: Literal["raise", "truncate"] = "raise"
     """A prompt or text longer than the model's context: an error, or keep its last tokens."""
     reuse: bool = True

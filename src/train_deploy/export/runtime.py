@@ -1,7 +1,7 @@
 """Load an exported bundle and use it: ``score(texts)`` and ``generate(prompt, …)``.
 
 >>> from train_deploy.export import LanguageModel
->>> model = LanguageModel.load("data/07_model_output/bundles/<run>/<version>")            # Paddle Inference
+>>> model = LanguageModel.load("data/07_model_output/bundle/<version>/bundle")           # Paddle Inference
 >>> edge = LanguageModel.load("…/<version>", backend="onnx", int8=True)                   # ONNX Runtime, int8
 >>> model.score(["今天天气很好。"])[0].perplexity
 >>> model.generate("中国", max_new_tokens=20, temperature=0)                               # greedy
@@ -26,8 +26,8 @@ import numpy as np
 from train_deploy.export.config import ServerConfig
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE
 from train_deploy.export.graph import SERVER_MODEL
+from train_deploy.handoffs import BUNDLE_FILE, TokenizerInfo, from_json
 
-BUNDLE_FILE = "bundle.json"
 # The weights file of each exported form, relative to the bundle.
 FORM_FILES = {"paddle_inference": f"server/{SERVER_MODEL}.pdiparams", "onnx_fp32": f"edge/{ONNX_FILE}",
               "onnx_int8": f"edge/{INT8_FILE}"}
@@ -207,9 +207,10 @@ def read_bundle(folder: Path) -> dict[str, Any]:
 
 
 def bundle_tokenizer(folder: Path, meta: dict[str, Any]):
-    from train_deploy.corpus.tokenizer import TokenEncoder, TokenizerInfo
+    from train_deploy.corpus.tokenizer import TokenEncoder
 
-    return TokenEncoder(TokenizerInfo(**{**meta["tokenizer"], "path": str(Path(folder) / "tokenizer")}))
+    where = str(Path(folder) / BUNDLE_FILE)
+    return TokenEncoder(from_json(TokenizerInfo, {**meta["tokenizer"], "path": str(Path(folder) / "tokenizer")}, where))
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from train_deploy.atomic import atomic_folder
+from train_deploy.handoffs import STATE_FILE
 
-MODEL_FILE, OPTIMIZER_FILE, STATE_FILE = "model.safetensors", "optimizer.safetensors", "state.json"
+MODEL_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.safetensors"
 RNG_FILE = "rng_state.pdstates"  # Paddle generator state: pickled, written and read only by this project
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
 

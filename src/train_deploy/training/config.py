@@ -111,7 +111,7 @@ class ScheduleConfig:
     keep_last: int = 4
     """Complete checkpoints kept on disk (the newest); 0 keeps all."""
     resume: Literal["auto", "never"] = "auto"
-    """auto: continue from the latest complete checkpoint in output_dir."""
+    """auto: continue from the latest complete checkpoint of this run (catalog entry ``checkpoints``)."""
     seed: int = 1234
     """Seed of parameter initialisation and of the order of training windows."""
     stop_after: int | None = None
@@ -139,7 +139,6 @@ class LaunchConfig:
     max_restart: int = 0
     """Failed workers are relaunched this many times and resume from the last complete checkpoint (Paddle's
     launcher does it itself in elastic mode, with an etcd:// master; otherwise the training node does)."""
-    log_dir: str = "data/07_model_output/train_logs"
     job_id: str = "train_deploy"
     """Paddle launcher job name; nodes of one job must share it."""
 
@@ -164,7 +163,6 @@ class TrainingConfig:
     """Hardware (`training.device`)."""
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     """Processes and nodes (`training.launch`)."""
-    output_dir: str = "data/06_models/checkpoints"
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> TrainingConfig:

@@ -2,39 +2,47 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from kedro.io import DataCatalog, MemoryDataset
 from kedro.runner import SequentialRunner
 
 from tests.conftest import corpus_params
+from train_deploy.datasets import ArtifactFolderDataset
+from train_deploy.handoffs import DocumentCounts, TokenManifest
 from train_deploy.pipelines.corpus import create_pipeline
-from train_deploy.pipelines.corpus.nodes import corpus_metrics
+from train_deploy.pipelines.corpus.nodes import report_corpus
 
 
-def test_corpus_pipeline_produces_tokenizer_tokens_manifest_and_metrics(tmp_path):
-    params = corpus_params(tmp_path)
-    catalog = DataCatalog({"params:corpus": MemoryDataset(params)})
+def test_corpus_pipeline_publishes_tokenizer_and_token_folders_with_manifest_and_metrics(tmp_path):
+    catalog = DataCatalog({
+        "params:corpus": MemoryDataset(corpus_params()),
+        "tokenizer": ArtifactFolderDataset(path=str(tmp_path / "tokenizer"),
+                                           description="train_deploy.handoffs.TokenizerInfo"),
+        "token_files": ArtifactFolderDataset(path=str(tmp_path / "tokens"),
+                                             description="train_deploy.handoffs.TokenManifest"),
+    })
     outputs = SequentialRunner().run(create_pipeline(), catalog)
     manifest = json.loads((tmp_path / "tokens" / "manifest.json").read_text(encoding="utf-8"))
     tokenizer = json.loads((tmp_path / "tokenizer" / "train_deploy_tokenizer.json").read_text(encoding="utf-8"))
     assert (tmp_path / "tokens" / "train.bin").stat().st_size == manifest["splits"]["train"]["bin_bytes"]
     assert (tmp_path / "tokenizer" / "sentencepiece.bpe.model").is_file()
-    assert manifest["tokenizer"]["hash"] == tokenizer["hash"]
+    assert manifest["tokenizer"]["hash"] == tokenizer["hash"] and "path" not in manifest["tokenizer"]
     metrics = outputs["corpus_metrics"].load()
     assert metrics["train_tokens"]["value"] == manifest["splits"]["train"]["tokens"] > 10_000
+    assert outputs["token_manifest"].load()["fingerprint"] == manifest["fingerprint"]
+    loaded = catalog["token_files"].load()
+    assert isinstance(loaded, TokenManifest) and loaded.path == str(tmp_path / "tokens")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer", "tokens"]  # nothing staged is left
 
 
-def test_corpus_metrics_flatten_counts_for_mlflow():
-    manifest = {
-        "documents": {"read": 10, "kept": 7, "dropped": {"too_short": 2, "duplicate": 1},
-                      "skipped_bad_input": {"invalid_utf8": 3}},
-        "splits": {"train": {"tokens": 100}, "valid": {"tokens": 5}},
-        "throughput": {"tokens_per_second": 1e6},
-        "wall_time_seconds": 0.5,
-        "reused": True,
-    }
-    metrics = corpus_metrics(manifest)
+def test_corpus_report_flattens_counts_for_mlflow(tiny_token_files):
+    counts = DocumentCounts(read=10, kept=7, dropped={"too_short": 2, "duplicate": 1},
+                            skipped_bad_input={"invalid_utf8": 3})
+    manifest = dataclasses.replace(tiny_token_files, documents=counts, reused=True)
+    metrics, logged = report_corpus(manifest)
     assert metrics["dropped.duplicate"] == {"value": 1.0, "step": 0}
     assert metrics["skipped.invalid_utf8"]["value"] == 3.0
     assert metrics["reused"]["value"] == 1.0
+    assert logged["documents"]["read"] == 10 and "path" not in logged and "reused" not in logged

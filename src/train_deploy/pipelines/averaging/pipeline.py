@@ -8,6 +8,6 @@ from .nodes import average, evaluate
 def create_pipeline(**kwargs) -> Pipeline:
     return Pipeline([
         Node(average, ["params:averaging", "training_result"], "averaged_checkpoint", name="average_checkpoints"),
-        Node(evaluate, ["params:averaging", "averaged_checkpoint", "training_result"],
+        Node(evaluate, ["params:averaging", "averaged_checkpoint", "training_result", "token_files"],
              ["selected_checkpoint", "averaging_metrics", "averaging_plot"], name="evaluate_checkpoints"),
     ])

@@ -2,15 +2,15 @@
 
 from kedro.pipeline import Node, Pipeline
 
-from .nodes import corpus_metrics, encode_tokens, plan_inputs, prepare_tokenizer
+from .nodes import encode_tokens, plan_inputs, prepare_tokenizer, report_corpus
 
 
 def create_pipeline(**kwargs) -> Pipeline:
     return Pipeline(
         [
-            Node(plan_inputs, "params:corpus", "corpus_plan", name="plan_corpus_inputs"),
-            Node(prepare_tokenizer, "corpus_plan", "tokenizer", name="prepare_tokenizer"),
-            Node(encode_tokens, ["corpus_plan", "tokenizer"], "token_manifest", name="encode_corpus"),
-            Node(corpus_metrics, "token_manifest", "corpus_metrics", name="log_corpus_metrics"),
+            Node(plan_inputs, "params:corpus", ["corpus_config", "corpus_plan"], name="plan_corpus_inputs"),
+            Node(prepare_tokenizer, ["corpus_config", "corpus_plan"], "tokenizer", name="prepare_tokenizer"),
+            Node(encode_tokens, ["corpus_config", "corpus_plan", "tokenizer"], "token_files", name="encode_corpus"),
+            Node(report_corpus, "token_files", ["corpus_metrics", "token_manifest"], name="report_corpus"),
         ]
     )

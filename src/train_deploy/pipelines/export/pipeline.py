@@ -7,7 +7,7 @@ from .nodes import export_model, report_export
 
 def create_pipeline(**kwargs) -> Pipeline:
     return Pipeline([
-        Node(export_model, ["params:export", "selected_checkpoint", "tokenizer", "token_manifest", "training_result"],
+        Node(export_model, ["params:export", "selected_checkpoint", "tokenizer", "token_files"],
              "export_bundle", name="export_bundle"),
-        Node(report_export, "export_bundle", ["export_metrics", "model_card"], name="report_export"),
+        Node(report_export, "export_bundle", "export_metrics", name="report_export"),
     ])

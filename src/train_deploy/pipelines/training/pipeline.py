@@ -1,4 +1,4 @@
-"""Training: launch the distributed workers on the token files and the tokenizer of the corpus stage."""
+"""Training: launch the distributed workers on the token files of the corpus stage."""
 
 from kedro.pipeline import Node, Pipeline
 
@@ -7,5 +7,6 @@ from .nodes import train_model
 
 def create_pipeline(**kwargs) -> Pipeline:
     return Pipeline([
-        Node(train_model, ["params:training", "token_manifest", "tokenizer"], "training_result", name="train_model"),
+        Node(train_model, ["params:training", "token_files", "checkpoints", "training_logs"],
+             "training_result", name="train_model"),
     ])

@@ -1,0 +1,197 @@
+"""Catalog datasets for the folders the stages write: token files, tokenizer, checkpoints, bundle.
+
+A stage's artifact is a folder, not an object in memory, and it is built by the stage's own code (many
+processes write token shards; the exporter writes a server model, ONNX files, proofs). So a node returns
+a :class:`FolderWork` (how to fill an empty folder, and when the folder already published can be kept)
+and :class:`ArtifactFolderDataset` does the rest: it builds in a staging folder beside its location and
+publishes it atomically (``train_deploy.atomic.atomic_folder``), keeps the current folder when the work
+says it is the same, writes each run a new version when ``versioned``, and loads the folder's typed
+description (``train_deploy.handoffs``). Nodes never see a path they did not get from the catalog.
+
+:class:`WorkFolderDataset` is the read-only location of a folder that other processes fill while a node
+runs (the training workers' checkpoints and logs).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any, Generic, TypeVar
+
+from kedro.io import AbstractVersionedDataset, DatasetError, Version
+from kedro.io.core import VersionNotFoundError
+
+from train_deploy.atomic import atomic_folder
+from train_deploy.handoffs import DescriptionError, WorkFolder, read_json, write_json
+
+logger = logging.getLogger(__name__)
+
+D = TypeVar("D")
+
+
+@dataclass(frozen=True, slots=True)
+class FolderWork(Generic[D]):
+    """What a node hands to an :class:`ArtifactFolderDataset`: how to fill its folder."""
+
+    build: Callable[[Path], D]
+    """Fill the given empty staging folder and return its description."""
+    keep: Callable[[D], bool] | None = None
+    """Given the description of the folder already published: True if ``build`` would make the same."""
+    what: str = "artifact"
+    """Named in log lines ("tokenizer", "token files", "bundle")."""
+
+
+class ArtifactFolderDataset(AbstractVersionedDataset[FolderWork, Any]):
+    """A folder artifact: save publishes a :class:`FolderWork` atomically, load returns its description.
+
+    Args:
+        path: the folder; with ``versions``, each save is a new ``<path>/<UTC time>/<name>``, as Kedro
+            versions files, and a load reads the newest.
+        description: import path of the description class; it reads a published folder with
+            ``read_folder(folder)`` and has a local ``path`` field (``train_deploy.handoffs``).
+        versions: keep every save. Not Kedro's ``versioned``: that gives all datasets of a catalog one
+            save version, which a dataset wrapped by kedro-mlflow's artifact dataset cannot receive.
+    """
+
+    def __init__(self, *, path: str, description: str, versions: bool = False, version: Version | None = None,
+                 metadata: dict[str, Any] | None = None) -> None:
+        version = version or (Version(None, None) if versions else None)
+        super().__init__(filepath=PurePosixPath(Path(path).as_posix()), version=version, exists_function=_exists)
+        self._description = _import(description)
+        self._saved: Any = None  # what this run published: loads in the same run need not read it back
+        self.metadata = metadata
+
+    def _describe(self) -> dict[str, Any]:
+        return {"path": str(self._filepath), "description": self._description.__name__, "version": self._version}
+
+    def _save(self, work: FolderWork) -> None:
+        final = Path(self._get_save_path())
+        try:
+            current = self._current()
+            if current is not None and work.keep is not None and work.keep(current):
+                self._saved = self._keep(current, final, work.what)
+            else:
+                with atomic_folder(final) as staging:
+                    built = work.build(staging)
+                self._saved = dataclasses.replace(built, path=str(final))
+        except DatasetError:
+            raise
+        except Exception as exc:  # the stage's own one-line error, not wrapped in a dataset repr
+            raise DatasetError(str(exc)) from exc
+        finally:
+            self._cached_load_version = None  # the next load finds what this save published
+
+    def _load(self) -> Any:
+        folder = Path(self._get_load_path())
+        if self._saved is not None and Path(self._saved.path) == folder:
+            return self._saved
+        return self._description.read_folder(folder)
+
+    def _exists(self) -> bool:
+        return self._current() is not None
+
+    def _current(self) -> Any:
+        """The description of the newest published folder, or None when there is none or it is damaged."""
+        try:
+            folder = Path(self._get_load_path())
+        except VersionNotFoundError:
+            return None
+        if not folder.is_dir():
+            return None
+        try:
+            return self._description.read_folder(folder)
+        except DescriptionError as exc:
+            logger.warning("Rebuilding %s: %s", folder, exc)
+            return None
+
+    def _keep(self, current: Any, final: Path, what: str) -> Any:
+        kept = Path(current.path)
+        if kept != final:  # a new version with the same files: hard links, no copy
+            with atomic_folder(final) as staging:
+                _link_tree(kept, staging)
+        logger.info("The %s in %s is up to date: kept%s", what, kept, f" as {final}" if kept != final else "")
+        fields = {f.name for f in dataclasses.fields(current)}
+        return dataclasses.replace(current, path=str(final), **({"reused": True} if "reused" in fields else {}))
+
+
+class DescriptionDataset(AbstractVersionedDataset[Any, Any]):
+    """A small typed record (``train_deploy.handoffs``) as a JSON file: ``training_result``, ``selected_checkpoint``."""
+
+    def __init__(self, *, filepath: str, description: str, version: Version | None = None,
+                 metadata: dict[str, Any] | None = None) -> None:
+        super().__init__(filepath=PurePosixPath(Path(filepath).as_posix()), version=version)
+        self._description = _import(description, needs="")
+        self.metadata = metadata
+
+    def _describe(self) -> dict[str, Any]:
+        return {"filepath": str(self._filepath), "description": self._description.__name__, "version": self._version}
+
+    def _save(self, data: Any) -> None:
+        if not isinstance(data, self._description):
+            raise DatasetError(f"{self._filepath}: expected a {self._description.__name__}, got {type(data).__name__}")
+        write_json(Path(self._get_save_path()), data)
+        self._cached_load_version = None
+
+    def _load(self) -> Any:
+        return read_json(self._description, Path(self._get_load_path()))
+
+    def _exists(self) -> bool:
+        try:
+            return Path(self._get_load_path()).is_file()
+        except VersionNotFoundError:
+            return False
+
+
+class WorkFolderDataset(AbstractVersionedDataset[None, WorkFolder]):
+    """Read-only: the location of a folder that processes fill while a node runs (checkpoints, logs)."""
+
+    def __init__(self, *, path: str, metadata: dict[str, Any] | None = None) -> None:
+        super().__init__(filepath=PurePosixPath(Path(path).as_posix()), version=None)
+        self.metadata = metadata
+
+    def _describe(self) -> dict[str, Any]:
+        return {"path": str(self._filepath)}
+
+    def _load(self) -> WorkFolder:
+        return WorkFolder(path=str(self._filepath))
+
+    def _save(self, data: None) -> None:
+        raise DatasetError(f"{self._filepath} is filled by the processes a node starts; nothing saves it")
+
+    def _exists(self) -> bool:
+        return Path(self._filepath).is_dir()
+
+
+def _exists(path: str) -> bool:
+    return Path(path).is_dir()
+
+
+def _import(name: str, needs: str = "read_folder") -> type:
+    module, _, attribute = name.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError, ValueError):
+        raise DatasetError(f"description: {name!r} is not an importable class") from None
+    if not dataclasses.is_dataclass(cls) or (needs and not hasattr(cls, needs)):
+        raise DatasetError(f"description: {name} is not a description dataclass{' of a folder' if needs else ''}")
+    return cls
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    """Recreate ``source``'s files in the existing folder ``target`` as hard links (copies across devices)."""
+    for root, folders, files in os.walk(source):
+        here = target / Path(root).relative_to(source)
+        for name in folders:
+            (here / name).mkdir()
+        for name in files:
+            try:
+                os.link(Path(root) / name, here / name)
+            except OSError:
+                import shutil
+
+                shutil.copy2(Path(root) / name, here / name)

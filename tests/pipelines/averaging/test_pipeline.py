@@ -1,0 +1,42 @@
+"""The averaging pipeline as Kedro runs it: a run's checkpoints in, a published average and a choice out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from kedro.io import DataCatalog, MemoryDataset
+from kedro.runner import SequentialRunner
+
+from train_deploy.datasets import ArtifactFolderDataset
+from train_deploy.evaluation import load_model, validation_loss, validation_windows
+from train_deploy.handoffs import CheckpointRef, SelectedCheckpoint
+from train_deploy.pipelines.averaging import create_pipeline
+
+pytestmark = pytest.mark.slow
+
+
+def test_averaging_pipeline_publishes_the_average_and_chooses_on_the_manifest_s_validation_split(
+        tmp_path, tiny_run, tiny_token_files):
+    inputs = {"params:averaging": {"k": 2, "choose": "better"}, "training_result": tiny_run,
+              "token_files": tiny_token_files}
+    catalog = DataCatalog({name: MemoryDataset(value) for name, value in inputs.items()})
+    catalog["averaged_checkpoint"] = ArtifactFolderDataset(path=str(tmp_path / "averaged"),
+                                                           description="train_deploy.handoffs.CheckpointRef")
+    outputs = SequentialRunner().run(create_pipeline(), catalog)
+
+    averaged = catalog["averaged_checkpoint"].load()
+    assert isinstance(averaged, CheckpointRef) and Path(averaged.path) == tmp_path / "averaged"
+    assert [Path(p).name for p in averaged.averaged_from] == ["step_00000003", "step_00000006"]
+    assert averaged.step == 6 and averaged.method == "uniform"
+    selected = outputs["selected_checkpoint"].load()
+    assert isinstance(selected, SelectedCheckpoint) and selected.evaluated_on_windows == tiny_run.eval_windows
+    metrics = outputs["averaging_metrics"].load()
+    windows = validation_windows(tiny_token_files.prefix("valid"), tiny_token_files.dtype, tiny_run.seq_length,
+                                 tiny_run.eval_windows)
+    last = validation_loss(load_model(tiny_run.checkpoint), windows)
+    assert metrics["last_val_loss"]["value"] == pytest.approx(last, rel=1e-6)
+    assert metrics["last_val_loss"]["value"] == pytest.approx(tiny_run.val_loss, rel=1e-5)  # as training saw it
+    better = min(("last", "averaged"), key=lambda name: metrics[f"{name}_val_loss"]["value"])
+    assert selected.which == better and selected.checkpoint.path == (
+        tiny_run.checkpoint if better == "last" else str(tmp_path / "averaged"))

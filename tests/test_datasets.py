@@ -1,0 +1,148 @@
+"""The catalog's folder datasets: staged and published whole, kept when unchanged, versioned, read-only."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from kedro.io import DataCatalog, DatasetError
+
+from train_deploy.datasets import ArtifactFolderDataset, DescriptionDataset, FolderWork, WorkFolderDataset
+from train_deploy.handoffs import DescriptionError, TrainingResult, read_json, write_json
+
+
+@dataclass(kw_only=True, slots=True)
+class Notes:
+    """A folder holding ``notes.txt`` and its description ``notes.json``."""
+
+    path: str = field(default="", metadata={"json": False})
+    reused: bool = field(default=False, metadata={"json": False})
+    fingerprint: str
+
+    @classmethod
+    def read_folder(cls, folder: Path) -> Notes:
+        return read_json(cls, Path(folder) / "notes.json", path=str(folder))
+
+
+def notes(fingerprint: str, text: str = "text", fail: bool = False) -> FolderWork[Notes]:
+    def build(folder: Path) -> Notes:
+        (folder / "notes.txt").write_text(text, encoding="utf-8")
+        if fail:
+            raise ValueError(f"{folder.name}: the build failed halfway")
+        described = Notes(path=str(folder), fingerprint=fingerprint)
+        write_json(folder / "notes.json", described)
+        return described
+
+    return FolderWork(build=build, keep=lambda current: current.fingerprint == fingerprint, what="notes")
+
+
+def dataset(path: Path, **kwargs) -> ArtifactFolderDataset:
+    return ArtifactFolderDataset(path=str(path), description="tests.test_datasets.Notes", **kwargs)
+
+
+def test_save_builds_beside_the_location_and_publishes_the_whole_folder(tmp_path):
+    target = dataset(tmp_path / "notes")
+    assert not target.exists()
+    target.save(notes("a"))
+    loaded = target.load()
+    assert loaded == Notes(path=str(tmp_path / "notes"), fingerprint="a")
+    assert (tmp_path / "notes" / "notes.txt").read_text(encoding="utf-8") == "text"
+    assert [p.name for p in tmp_path.iterdir()] == ["notes"] and target.exists()
+    assert dataset(tmp_path / "notes").load() == loaded  # a later run reads the same description from disk
+
+
+def test_an_unchanged_folder_is_kept_and_a_changed_one_rebuilt(tmp_path, caplog):
+    target = dataset(tmp_path / "notes")
+    target.save(notes("a", "first"))
+    with caplog.at_level("INFO"):
+        target.save(notes("a", "second"))
+    assert target.load().reused and (tmp_path / "notes/notes.txt").read_text(encoding="utf-8") == "first"
+    assert f"The notes in {tmp_path / 'notes'} is up to date: kept" in caplog.text
+    target.save(notes("b", "second"))
+    assert not target.load().reused and (tmp_path / "notes/notes.txt").read_text(encoding="utf-8") == "second"
+
+
+def test_a_failed_build_leaves_the_published_folder_and_no_staging_behind(tmp_path):
+    target = dataset(tmp_path / "notes")
+    target.save(notes("a", "first"))
+    with pytest.raises(DatasetError) as exc:
+        target.save(notes("b", "second", fail=True))
+    assert str(exc.value).endswith(": the build failed halfway") and "\n" not in str(exc.value)
+    assert isinstance(exc.value.__cause__, ValueError)  # the stage's own error, kept for callers that need it
+    assert (tmp_path / "notes/notes.txt").read_text(encoding="utf-8") == "first"
+    assert [p.name for p in tmp_path.iterdir()] == ["notes"]
+
+
+def test_a_damaged_description_is_rebuilt_not_kept(tmp_path, caplog):
+    target = dataset(tmp_path / "notes")
+    target.save(notes("a", "first"))
+    (tmp_path / "notes/notes.json").write_text("{not json", encoding="utf-8")
+    assert not target.exists()
+    with caplog.at_level("WARNING"):
+        target.save(notes("a", "second"))
+    assert "notes.json: unreadable" in caplog.text
+    assert (tmp_path / "notes/notes.txt").read_text(encoding="utf-8") == "second"
+
+
+def test_versions_keep_every_save_load_the_newest_and_link_an_unchanged_one(tmp_path):
+    first = dataset(tmp_path / "notes", versions=True)
+    first.save(notes("a", "first"))
+    second = dataset(tmp_path / "notes", versions=True)  # the next run: a new save version
+    second.save(notes("a", "again"))
+    older, newer = sorted((tmp_path / "notes").iterdir())
+    assert second.load().path == str(newer / "notes") and second.load().reused
+    assert (newer / "notes/notes.txt").stat().st_ino == (older / "notes/notes.txt").stat().st_ino
+    third = dataset(tmp_path / "notes", versions=True)
+    third.save(notes("b", "changed"))
+    assert len(list((tmp_path / "notes").iterdir())) == 3
+    assert (Path(third.load().path) / "notes.txt").read_text(encoding="utf-8") == "changed"
+
+
+def test_a_versioned_folder_dataset_fits_a_catalog_with_other_versioned_datasets(tmp_path):
+    catalog = DataCatalog.from_config({
+        "bundle": {"type": "train_deploy.datasets.ArtifactFolderDataset", "path": str(tmp_path / "b"),
+                   "description": "tests.test_datasets.Notes", "versions": True},
+        "table": {"type": "json.JSONDataset", "filepath": str(tmp_path / "t.json"), "versioned": True},
+    })
+    catalog.save("table", {"a": 1})
+    catalog.save("bundle", notes("a"))
+    assert catalog.load("bundle").fingerprint == "a" and catalog.load("table") == {"a": 1}
+
+
+def test_description_dataset_round_trips_a_typed_record_and_refuses_others(tmp_path):
+    result = TrainingResult(run_name="r", step=4, consumed_samples=32, finished=True, checkpoints="c",
+                            checkpoint="c/step_00000004", val_loss=None, seq_length=32, eval_windows=16,
+                            parameters=100, layout={"dp": 2, "mp": 1, "pp": 1})
+    record = DescriptionDataset(filepath=str(tmp_path / "result.json"),
+                                description="train_deploy.handoffs.TrainingResult")
+    record.save(result)
+    assert record.load() == result and json.loads((tmp_path / "result.json").read_text())["step"] == 4
+    with pytest.raises(DatasetError, match=r"result.json: expected a TrainingResult, got dict"):
+        record.save({"step": 4})
+    (tmp_path / "result.json").write_text(json.dumps({**json.loads((tmp_path / "result.json").read_text()),
+                                                      "step": "four"}))
+    with pytest.raises(DatasetError, match=r"result.json: step: expected an integer, got 'four'"):
+        record.load()
+
+
+def test_work_folder_is_a_location_that_nothing_saves(tmp_path):
+    folder = WorkFolderDataset(path=str(tmp_path / "checkpoints"))
+    assert folder.load().run("abc") == tmp_path / "checkpoints" / "abc"
+    assert not folder.exists()
+    with pytest.raises(DatasetError, match="is filled by the processes a node starts"):
+        folder.save(None or object())
+
+
+def test_a_description_class_must_describe_a_folder():
+    with pytest.raises(DatasetError, match="not an importable class"):
+        ArtifactFolderDataset(path="x", description="train_deploy.handoffs.Nothing")
+    with pytest.raises(DatasetError, match="is not a description dataclass of a folder"):
+        ArtifactFolderDataset(path="x", description="train_deploy.handoffs.TrainingResult")
+
+
+def test_description_errors_name_the_file_and_key(tmp_path):
+    (tmp_path / "notes.json").write_text(json.dumps({"fingerprint": 3}), encoding="utf-8")
+    with pytest.raises(DescriptionError, match=rf"^{tmp_path / 'notes.json'}: fingerprint: expected a string, got 3$"):
+        Notes.read_folder(tmp_path)
