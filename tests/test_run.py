@@ -12,6 +12,9 @@ from kedro.framework.session import KedroSession
 from kedro.framework.startup import bootstrap_project
 
 from tests.conftest import REPO, TINY_SLICE, TINY_TOKENIZER
+from train_deploy.export import LanguageModel
+
+pytest_plugins = ["tests.mlflow_server"]
 
 
 @pytest.fixture
@@ -45,7 +48,7 @@ def test_kedro_run_corpus_pipeline_records_params_manifest_and_metrics_in_mlflow
         session.run(pipeline_names=["corpus"])
 
     manifest = json.loads((project / "data/04_feature/tokens/manifest.json").read_text(encoding="utf-8"))
-    assert manifest["workers"] == 2 and not manifest["reused"]
+    assert manifest["workers"] == 2
     assert manifest["config"]["reader"]["max_bytes"] == TINY_SLICE
     for name in ("train.bin", "train.idx", "valid.bin", "valid.idx"):
         assert (project / "data/04_feature/tokens" / name).is_file()
@@ -59,10 +62,12 @@ def test_kedro_run_corpus_pipeline_records_params_manifest_and_metrics_in_mlflow
     assert run.data.params["corpus.reader.source"] == "people_daily"
     assert run.data.params["corpus.reader.max_bytes"] == str(TINY_SLICE)
     assert run.data.metrics["corpus.train_tokens"] == manifest["splits"]["train"]["tokens"]
+    assert run.data.metrics["corpus.reused"] == 0.0
     artifact_dir = Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="corpus",
                                                             dst_path=str(tmp_path / "artifacts")))
     logged = json.loads((artifact_dir / "token_manifest.json").read_text(encoding="utf-8"))
     assert logged["fingerprint"] == manifest["fingerprint"]
+    assert (artifact_dir / "tokenizer" / "sentencepiece.bpe.model").is_file()  # the tokenizer folder itself
     assert str(project / "mlartifacts") in run.info.artifact_uri
 
     # A second run on the unchanged corpus reuses everything and says so.
@@ -73,27 +78,22 @@ def test_kedro_run_corpus_pipeline_records_params_manifest_and_metrics_in_mlflow
 
 
 @pytest.mark.slow
-def test_kedro_run_train_deploy_trains_averages_and_exports_in_one_mlflow_run(project, tmp_path, capsys):
-    params = tiny_runtime_params()
-    params["corpus"]["encoding"]["validation_fraction"] = 0.05
-    params["training"] = {
-        "model": {"preset": "tiny"},
-        "batch": {"micro_batch_size": 4, "global_batch_size": 8, "seq_length": 32},
-        "schedule": {"max_steps": 4, "log_every": 1, "eval_every": 2, "checkpoint_every": 2},
-        "launch": {"nproc_per_node": 2},
-    }
-    params["export"] = {"parity": {"samples": 4}, "latency": {"batch_sizes": [1], "repeats": 2}}
-    with KedroSession.create(project_path=project, runtime_params=params) as session:
+def test_train_deploy_against_a_tracking_server_puts_the_bundle_in_the_run(project, tmp_path, capsys, mlflow_server,
+                                                                            monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    with KedroSession.create(project_path=project, runtime_params=_tiny_train_deploy_params()) as session:
         session.run(pipeline_names=["train_deploy"])
 
     result = json.loads((project / "data/08_reporting/training_result.json").read_text(encoding="utf-8"))
     assert result["finished"] and result["step"] == 4 and result["layout"]["dp"] == 2
-    assert (project / result["checkpoint"] / "model.safetensors").is_file()
+    assert Path(result["checkpoint"]).parent.parent == project / "data/06_models/checkpoints"
+    assert (Path(result["checkpoint"]) / "model.safetensors").is_file()
+    assert (project / "data/08_reporting/training_logs" / result["run_name"] / "node0" / "workerlog.0").is_file()
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns.db'}")
-    (run,) = mlflow.search_runs(experiment_names=["train_deploy"], output_format="list")
-    history = mlflow.tracking.MlflowClient().get_metric_history(run.info.run_id, "train.loss")
-    assert [m.step for m in history] == [1, 2, 3, 4]
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server.uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("train_deploy").experiment_id])
+    assert run.info.artifact_uri.startswith("mlflow-artifacts:")  # the server holds the artifacts
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train.loss")] == [1, 2, 3, 4]
     assert "train.val_loss" in run.data.metrics and "train.mfu" in run.data.metrics
     assert run.data.params["training.resolved.dp"] == "2"
     assert run.data.params["training.resolved.accumulation_steps"] == "1"
@@ -103,17 +103,38 @@ def test_kedro_run_train_deploy_trains_averages_and_exports_in_one_mlflow_run(pr
     assert {"averaging.last_perplexity", "averaging.averaged_perplexity"} <= set(run.data.metrics)
     selected = json.loads((project / "data/06_models/selected_checkpoint.json").read_text(encoding="utf-8"))
     assert selected["which"] in ("averaged", "last") and "validation loss" in selected["reason"]
-    averaged = json.loads((project / "data/06_models/averaged_checkpoint.json").read_text(encoding="utf-8"))
-    assert len(averaged["sources"]) == 2  # checkpoints at steps 2 and 4; k=3 with too_few: warn
+    averaged = json.loads((project / "data/06_models/averaged_checkpoint/state.json").read_text(encoding="utf-8"))
+    assert len(averaged["averaged"]["sources"]) == 2  # checkpoints at steps 2 and 4; k=3 with too_few: warn
 
-    # Export ran last: a bundle that passed parity, its numbers and model card in the same run.
-    bundle = json.loads((project / "data/07_model_output/export_bundle.json").read_text(encoding="utf-8"))
-    folder = project / bundle["path"]
-    assert folder.parent.parent == project / "data/07_model_output/bundles" and bundle["parity"]["passed"]
+    # Export ran last: one bundle version that passed parity, its numbers in the same run.
+    (version,) = (project / "data/07_model_output/bundle").iterdir()
+    folder = version / "bundle"
+    meta = json.loads((folder / "bundle.json").read_text(encoding="utf-8"))
+    assert meta["source"]["checkpoint"] == selected["checkpoint"]["path"]
     assert (folder / "edge/model.int8.onnx").is_file() and (folder / "server/model.pdiparams").is_file()
-    assert json.loads((folder / "bundle.json").read_text(encoding="utf-8"))["source"]["checkpoint"] == selected["path"]
     assert run.data.metrics["export.max_logit_diff_paddle_inference"] <= 1e-4
     assert run.data.metrics["export.max_logit_diff_onnx_fp32"] <= 1e-4
-    artifacts = {a.path for a in mlflow.tracking.MlflowClient().list_artifacts(run.info.run_id, "export")}
-    assert {"export/MODEL_CARD.md", "export/export_bundle.json"} <= artifacts
-    assert f"Exported bundle: {bundle['path']}" in capsys.readouterr().out
+    assert f"Exported bundle: {folder}" in capsys.readouterr().out
+
+    # The run holds the model itself: downloaded into an empty folder, it loads and scores.
+    downloaded = Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="export/bundle",
+                                                          dst_path=str(tmp_path / "empty"),
+                                                          tracking_uri=mlflow_server.uri))
+    assert (downloaded / "MODEL_CARD.md").read_text(encoding="utf-8") == (folder / "MODEL_CARD.md").read_text(
+        encoding="utf-8")
+    (score,) = LanguageModel.load(downloaded, backend="onnx").score(["今天天气很好。"])
+    assert 1.0 < score.perplexity < 10 * meta["model"]["vocab_size"]
+    assert not (project / "mlartifacts").exists()  # nothing went to the client's disk instead
+
+
+def _tiny_train_deploy_params() -> dict:
+    params = tiny_runtime_params()
+    params["corpus"]["encoding"]["validation_fraction"] = 0.05
+    params["training"] = {
+        "model": {"preset": "tiny"},
+        "batch": {"micro_batch_size": 4, "global_batch_size": 8, "seq_length": 32},
+        "schedule": {"max_steps": 4, "log_every": 1, "eval_every": 2, "checkpoint_every": 2},
+        "launch": {"nproc_per_node": 2},
+    }
+    params["export"] = {"parity": {"samples": 4}, "latency": {"batch_sizes": [1], "repeats": 2}}
+    return params

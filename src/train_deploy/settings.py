@@ -5,6 +5,13 @@ from omegaconf.resolvers import oc
 
 from train_deploy.hooks import CloseMlflowRun, ShowBundle
 
+
+def _artifact_location(tracking_uri: str) -> str | None:
+    """Local stores keep artifacts in the project's mlartifacts/; a tracking server chooses its own (with
+    --serve-artifacts it proxies them), or every client would write the run's artifacts to its own disk."""
+    return "mlartifacts" if tracking_uri.startswith(("sqlite:", "file:")) or "://" not in tracking_uri else None
+
+
 HOOKS = (CloseMlflowRun(), ShowBundle())
 
 # kedro-telemetry is a dependency of kedro itself; its hooks never run in this project.
@@ -15,6 +22,6 @@ CONFIG_LOADER_ARGS = {
     "base_env": "base",
     "default_run_env": "local",
     # `${oc.env:VAR,default}` lets MLFLOW_TRACKING_URI override conf/base/mlflow.yml.
-    "custom_resolvers": {"oc.env": oc.env},
+    "custom_resolvers": {"oc.env": oc.env, "artifact_location": _artifact_location},
     "config_patterns": {"mlflow": ["mlflow*", "mlflow*/**"]},
 }
