@@ -262,6 +262,8 @@ class CheckpointRef:
     """Source checkpoints, oldest first, when these weights are an average."""
     method: str | None = None
     """``uniform`` or ``ema`` for an averaged checkpoint."""
+    fingerprint: str | None = None
+    """Of an averaged checkpoint: its sources and method; equal fingerprints, equal weights."""
 
     @classmethod
     def read_folder(cls, folder: Path) -> CheckpointRef:
@@ -271,7 +273,8 @@ class CheckpointRef:
             state = json.loads(path.read_text(encoding="utf-8"))
             averaged = state.get("averaged") or {}
             return cls(path=str(folder), step=int(state["step"]), val_loss=state.get("val_loss"),
-                       averaged_from=[s["path"] for s in averaged.get("sources", [])], method=averaged.get("method"))
+                       averaged_from=[s["path"] for s in averaged.get("sources", [])], method=averaged.get("method"),
+                       fingerprint=averaged.get("fingerprint"))
         except FileNotFoundError:
             raise DescriptionError(f"{path}: missing") from None
         except (OSError, ValueError, KeyError, TypeError) as exc:

@@ -8,6 +8,7 @@ Integer and boolean tensors are copied from the newest checkpoint.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -104,6 +105,17 @@ def check_compatible(paths: list[Path]) -> dict[str, Any]:
     return reference
 
 
+def averaging_fingerprint(paths: list[Path], config: AveragingConfig) -> str:
+    """Equal when the same checkpoint files would be averaged the same way (files by path, size and mtime)."""
+    sources = []
+    for path in paths:
+        stat = (Path(path) / MODEL_FILE).stat()
+        sources.append([str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns,
+                        (Path(path) / STATE_FILE).read_text(encoding="utf-8")])
+    payload = {"sources": sources, "method": config.method, "decay": config.decay}
+    return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
 def average_checkpoints(paths: list[Path], config: AveragingConfig, folder: Path) -> CheckpointRef:
     """Average ``paths`` (oldest first) into the empty ``folder``; return the new checkpoint."""
     header = check_compatible(paths)
@@ -115,6 +127,7 @@ def average_checkpoints(paths: list[Path], config: AveragingConfig, folder: Path
         **{k: newest[k] for k in ("step", "model_config", "data", "training", "parameters") if k in newest},
         "val_loss": None,
         "averaged": {
+            "fingerprint": averaging_fingerprint(paths, config),
             "method": config.method, "decay": config.decay if config.method == "ema" else None,
             "weights": [float(w) for w in weights],
             "sources": [{"path": str(p), "step": read_state(p)["step"], "xxh3_128": h}

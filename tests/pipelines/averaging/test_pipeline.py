@@ -40,3 +40,17 @@ def test_averaging_pipeline_publishes_the_average_and_chooses_on_the_manifest_s_
     better = min(("last", "averaged"), key=lambda name: metrics[f"{name}_val_loss"]["value"])
     assert selected.which == better and selected.checkpoint.path == (
         tiny_run.checkpoint if better == "last" else str(tmp_path / "averaged"))
+
+
+def test_an_unchanged_average_is_kept_and_a_new_method_rebuilds_it(tmp_path, tiny_run, tiny_token_files):
+    def run(params: dict) -> float:
+        catalog = DataCatalog({"params:averaging": MemoryDataset(params), "training_result": MemoryDataset(tiny_run),
+                               "token_files": MemoryDataset(tiny_token_files)})
+        catalog["averaged_checkpoint"] = ArtifactFolderDataset(path=str(tmp_path / "averaged"),
+                                                               description="train_deploy.handoffs.CheckpointRef")
+        SequentialRunner().run(create_pipeline(), catalog)
+        return (tmp_path / "averaged" / "model.safetensors").stat().st_mtime_ns
+
+    first = run({"k": 2})
+    assert run({"k": 2}) == first  # same sources, same method: the folder (and so the export) is kept
+    assert run({"k": 2, "method": "ema"}) != first

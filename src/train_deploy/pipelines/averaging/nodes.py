@@ -6,7 +6,7 @@ import logging
 from functools import partial
 from typing import Any
 
-from train_deploy.averaging.average import average_checkpoints, select_checkpoints
+from train_deploy.averaging.average import average_checkpoints, averaging_fingerprint, select_checkpoints
 from train_deploy.averaging.config import AveragingConfig
 from train_deploy.datasets import FolderWork
 from train_deploy.evaluation import load_model, perplexity, validation_loss, validation_windows
@@ -16,10 +16,12 @@ logger = logging.getLogger(__name__)
 
 
 def average(averaging: dict[str, Any], training_result: TrainingResult) -> FolderWork[CheckpointRef]:
-    """Return how to fill the averaged checkpoint's folder from the run's last (or best) checkpoints."""
+    """Return how to fill the averaged checkpoint's folder (kept when its sources and method are unchanged)."""
     config = AveragingConfig.from_params(averaging)
     chosen = select_checkpoints(training_result.checkpoints, config)
-    return FolderWork(build=partial(average_checkpoints, chosen, config), what="averaged checkpoint")
+    fingerprint = averaging_fingerprint(chosen, config)
+    return FolderWork(build=partial(average_checkpoints, chosen, config),
+                      keep=lambda current: current.fingerprint == fingerprint, what="averaged checkpoint")
 
 
 def evaluate(averaging: dict[str, Any], averaged_checkpoint: CheckpointRef, training_result: TrainingResult,
