@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kedro.framework.startup import bootstrap_project
 
 from train_deploy.datasets import ArtifactFolderDataset, FolderWork
 from train_deploy.handoffs import DataSpec, TokenizerInfo, TokenManifest, TrainingResult
@@ -90,3 +92,28 @@ def tiny_run(tmp_path_factory, tiny_tokens) -> TrainingResult:
 def tiny_checkpoint(tiny_run) -> Path:
     """The last checkpoint of :func:`tiny_run`."""
     return Path(tiny_run.checkpoint)
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Path:
+    """A copy of the project's configuration in an empty folder, with its own SQLite MLflow store."""
+    root = tmp_path / "project"
+    root.mkdir()
+    shutil.copytree(REPO / "conf", root / "conf", ignore=shutil.ignore_patterns("local"))
+    (root / "conf" / "local").mkdir()
+    for name in ("pyproject.toml", ".telemetry"):
+        shutil.copy(REPO / name, root / name)
+    (root / "src").mkdir()  # kedro checks that a source folder exists; the package itself is installed
+    monkeypatch.chdir(root)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    bootstrap_project(root)
+    return root
+
+
+def tiny_runtime_params() -> dict:
+    """What `kedro run --params` would override for a quick run (nested, as the CLI builds it)."""
+    return {"corpus": {
+        "reader": {"max_bytes": TINY_SLICE, "chunk_bytes": 65536},
+        "tokenizer": TINY_TOKENIZER,
+        "encoding": {"workers": 2, "progress": False},
+    }}

@@ -3,43 +3,16 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import mlflow
 import pytest
 from kedro.framework.session import KedroSession
-from kedro.framework.startup import bootstrap_project
 
-from tests.conftest import REPO, TINY_SLICE, TINY_TOKENIZER
+from tests.conftest import TINY_SLICE, tiny_runtime_params
 from train_deploy.export import LanguageModel
 
 pytest_plugins = ["tests.mlflow_server"]
-
-
-@pytest.fixture
-def project(tmp_path, monkeypatch) -> Path:
-    """A copy of the project's configuration in an empty folder, with its own SQLite MLflow store."""
-    root = tmp_path / "project"
-    root.mkdir()
-    shutil.copytree(REPO / "conf", root / "conf", ignore=shutil.ignore_patterns("local"))
-    (root / "conf" / "local").mkdir()
-    for name in ("pyproject.toml", ".telemetry"):
-        shutil.copy(REPO / name, root / name)
-    (root / "src").mkdir()  # kedro checks that a source folder exists; the package itself is installed
-    monkeypatch.chdir(root)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
-    bootstrap_project(root)
-    return root
-
-
-def tiny_runtime_params() -> dict:
-    """What `kedro run --params` would override for a quick run (nested, as the CLI builds it)."""
-    return {"corpus": {
-        "reader": {"max_bytes": TINY_SLICE, "chunk_bytes": 65536},
-        "tokenizer": TINY_TOKENIZER,
-        "encoding": {"workers": 2, "progress": False},
-    }}
 
 
 @pytest.mark.slow

@@ -2,10 +2,69 @@
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import sys
+from pathlib import Path
 
 import mlflow
 from kedro.framework.hooks import hook_impl
+
+from train_deploy.run_lock import RunConfig, RunLock
+
+logger = logging.getLogger(__name__)
+
+
+class ProjectRunLock:
+    """One run at a time per project (``run.lock: fail | wait``, see ``train_deploy.run_lock``).
+
+    A wrapper around the other ``before_pipeline_run`` hooks: the lock is taken before kedro-mlflow opens a
+    run (a refused run leaves no MLflow run behind) and given back if any of them fails.
+    """
+
+    def __init__(self) -> None:
+        self._lock: RunLock | None = None
+        self._config = RunConfig()
+
+    @hook_impl
+    def after_context_created(self, context) -> None:
+        self._lock = RunLock(Path(context.project_path) / "data")
+        self._config = RunConfig.from_params(context.params.get("run"))
+
+    @hook_impl(wrapper=True)
+    def before_pipeline_run(self, run_params):
+        if self._lock is not None:
+            self._lock.acquire(self._config, ", ".join(run_params.get("pipeline_names") or ["__default__"]))
+        try:
+            return (yield)
+        except BaseException:
+            self._release()
+            raise
+
+    @hook_impl
+    def after_pipeline_run(self) -> None:
+        self._release()
+
+    @hook_impl
+    def on_pipeline_error(self) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
+
+
+class LocalMlflowStore:
+    """The local SQLite tracking store in write-ahead-log mode: the MLflow UI or a scheduler reading it while a
+    run writes does not make the run fail with "database is locked" (readers no longer block the writer)."""
+
+    @hook_impl(trylast=True)  # after kedro-mlflow has set the tracking URI (and created the store)
+    def after_context_created(self) -> None:
+        uri = mlflow.get_tracking_uri()
+        if not uri.startswith("sqlite:///"):
+            return
+        with sqlite3.connect(uri.removeprefix("sqlite:///"), timeout=30) as connection:
+            connection.execute("PRAGMA journal_mode=WAL")  # stored in the database file: once is enough
 
 
 class CloseMlflowRun:

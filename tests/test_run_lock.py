@@ -1,0 +1,120 @@
+"""One run at a time per project, with real processes: refused or queued, never left behind by a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pytest
+from kedro.framework.session import KedroSession
+
+from tests.conftest import TINY_SLICE, tiny_runtime_params
+from train_deploy.config import ConfigError
+from train_deploy.run_lock import HOLDER_FILE, RunConfig, RunLock, RunLockHeld
+
+KEDRO = Path(sys.executable).parent / "kedro"
+_HOLD = """
+import sys, time
+from pathlib import Path
+from train_deploy.run_lock import RunConfig, RunLock
+lock = RunLock(Path(sys.argv[1]))  # held as long as this object lives
+lock.acquire(RunConfig(), "holder-pipeline")
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def _wait_for(condition, seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_held_lock_names_its_holder_and_dies_with_it(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunLockHeld) as exc:
+            RunLock(tmp_path).acquire(RunConfig(lock="fail"), "second")
+        message = str(exc.value)
+        assert f"pid {holder.pid} on " in message and "pipeline holder-pipeline, started 20" in message
+        assert "\n" not in message and "run.lock: wait" in message
+        with pytest.raises(RunLockHeld, match=r"still held after run.wait_timeout = 0.5 s"):
+            RunLock(tmp_path).acquire(RunConfig(lock="wait", wait_timeout=0.5), "second")
+        holder.send_signal(signal.SIGKILL)  # a crash: no clean-up code runs in the holder
+        holder.wait(10)
+        lock = RunLock(tmp_path)
+        lock.acquire(RunConfig(lock="fail"), "after the crash")  # the kernel released it
+        assert json.loads((tmp_path / HOLDER_FILE).read_text())["pid"] == os.getpid()
+        lock.release()
+        assert not (tmp_path / HOLDER_FILE).exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_run_configuration_is_checked():
+    with pytest.raises(ConfigError, match=r"^run.lock: 'queue' is not one of 'fail', 'wait'"):
+        RunConfig.from_params({"lock": "queue"})
+    with pytest.raises(ConfigError, match=r"^run.wait_timeout: must be a positive number of seconds or null"):
+        RunConfig.from_params({"wait_timeout": 0})
+
+
+def _cli_params(params: dict, prefix: str = "") -> list[str]:
+    items = []
+    for key, value in params.items():
+        if isinstance(value, dict):
+            items += _cli_params(value, f"{prefix}{key}.")
+        else:
+            items.append(f"{prefix}{key}={value}")
+    return items
+
+
+@pytest.mark.slow
+def test_two_sessions_on_one_project_one_runs_the_other_is_refused_or_waits(project, tmp_path):
+    params = tiny_runtime_params()
+    params["corpus"]["reader"]["max_bytes"] = 4 * TINY_SLICE  # a few seconds of work while holding the lock
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlruns.db'}"}
+    first = subprocess.Popen([str(KEDRO), "run", "--pipeline", "corpus", "--params", ",".join(_cli_params(params))],
+                             cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: (project / "data" / HOLDER_FILE).exists() or first.poll() is not None)
+        assert first.poll() is None, first.stderr.read()
+        with pytest.raises(RunLockHeld, match=rf"pid {first.pid} on .*pipeline corpus, started "):
+            with KedroSession.create(project_path=project, runtime_params=params) as session:
+                session.run(pipeline_names=["corpus"])
+        assert first.poll() is None  # still running: the refusal came at once
+        with KedroSession.create(project_path=project, runtime_params={**params, "run": {"lock": "wait"}}) as session:
+            session.run(pipeline_names=["corpus"])  # queued behind the first run, then runs
+        assert first.wait(60) == 0
+    finally:
+        first.kill()
+        first.wait()
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    runs = mlflow.search_runs(experiment_names=["train_deploy"], output_format="list", order_by=["start_time ASC"])
+    assert [r.info.status for r in runs] == ["FINISHED", "FINISHED"]  # the refused run opened no MLflow run
+    assert runs[1].info.start_time >= runs[0].info.end_time
+    assert runs[1].data.metrics["corpus.reused"] == 1.0
+
+
+@pytest.mark.slow
+def test_a_reader_of_the_local_mlflow_store_does_not_fail_a_run(project, tmp_path):
+    with KedroSession.create(project_path=project, runtime_params=tiny_runtime_params()) as session:
+        session.run(pipeline_names=["corpus"])  # creates the store
+    reader = sqlite3.connect(tmp_path / "mlruns.db", timeout=1)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM runs").fetchall()  # a UI holding a read transaction open
+        with KedroSession.create(project_path=project, runtime_params=tiny_runtime_params()) as session:
+            session.run(pipeline_names=["corpus"])
+    finally:
+        reader.close()
+    assert sqlite3.connect(tmp_path / "mlruns.db").execute("PRAGMA journal_mode").fetchone() == ("wal",)
