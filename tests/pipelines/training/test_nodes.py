@@ -1,4 +1,4 @@
-"""The training node validates before it launches anything, and names the run by what determines it."""
+"""The training node validates before it launches anything (its run name: test_run_name.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from train_deploy.config import ConfigError
 from train_deploy.handoffs import WorkFolder
-from train_deploy.pipelines.training.nodes import _run_name, train_model
+from train_deploy.pipelines.training.nodes import train_model
 
 
 def test_an_invalid_layout_fails_before_any_worker_starts(tmp_path, tiny_token_files):
@@ -19,12 +19,3 @@ def test_an_invalid_layout_fails_before_any_worker_starts(tmp_path, tiny_token_f
         train_model(params, tokens, WorkFolder(path=str(tmp_path / "checkpoints")),
                     WorkFolder(path=str(tmp_path / "logs")))
     assert list(tmp_path.iterdir()) == []
-
-
-def test_checkpoint_folder_follows_corpus_and_configuration_not_the_layout(tiny_token_files):
-    manifest = dataclasses.replace(tiny_token_files, fingerprint="a" * 32)
-    base = {"model": {"preset": "tiny"}, "launch": {"nproc_per_node": 1}, "parallel": {"dp": 1}}
-    relaid = {**base, "launch": {"nproc_per_node": 4}, "parallel": {"dp": 2, "mp": 2}}
-    assert _run_name(base, manifest) == _run_name(relaid, manifest)
-    assert _run_name(base, manifest) != _run_name({**base, "model": {"preset": "small"}}, manifest)
-    assert _run_name(base, manifest) != _run_name(base, dataclasses.replace(manifest, fingerprint="b" * 32))

@@ -7,6 +7,7 @@ import json
 import logging
 from typing import Any
 
+from train_deploy.config import to_dict
 from train_deploy.handoffs import DataSpec, MlflowTarget, RunSpec, TokenManifest, TrainingResult, WorkFolder
 from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
 from train_deploy.training.launch import run_training
@@ -20,7 +21,7 @@ def train_model(training: dict[str, Any], token_files: TokenManifest, checkpoint
     config = TrainingConfig.from_params(training)
     data = DataSpec.of(token_files)
     layout = resolve_layout(config, config.world_size, data.vocab_size)  # fail before launching
-    run_name = _run_name(training, token_files)
+    run_name = _run_name(config, token_files)
     spec = RunSpec(run_name=run_name, training=training, data=data, checkpoints=str(checkpoints.run(run_name)),
                    logs=str(training_logs.run(run_name)), mlflow=_mlflow_run())
     _log_resolved(layout, config)
@@ -30,11 +31,23 @@ def train_model(training: dict[str, Any], token_files: TokenManifest, checkpoint
     return result
 
 
-def _run_name(training: dict[str, Any], token_files: TokenManifest) -> str:
-    """Checkpoints of one corpus and one model/optimiser/schedule configuration share a folder, so a
-    rerun resumes there; the parallel layout and the launch are left out: a job may resume on another."""
-    relevant = {k: v for k, v in training.items() if k not in ("launch", "device", "parallel")}
-    digest = hashlib.blake2b(json.dumps(relevant, sort_keys=True).encode(), digest_size=4).hexdigest()
+def _run_name(config: TrainingConfig, token_files: TokenManifest) -> str:
+    """The checkpoint folder's name: the token files' fingerprint and what determines the weights (model shape,
+    optimizer, global batch, sequence length, precision, seed, schedule length), with defaults filled in.
+
+    Cadences and housekeeping (logging, evaluation, checkpoints, ``stop_after``, ``resume``), recompute, the
+    micro-batch, the parallel layout, the launch and the device are left out: a rerun that changes only them,
+    such as a time-boxed job continued, resumes in the same folder, on any machine.
+    """
+    b, p, s = config.batch, config.precision, config.schedule
+    identity = {
+        "model": config.model.shape(),
+        "optimizer": to_dict(config.optimizer),
+        "batch": {"global_batch_size": b.global_batch_size, "seq_length": b.seq_length},
+        "precision": {"amp": p.amp, "dtype": p.dtype, "level": p.level} if p.amp else {"amp": False},
+        "schedule": {"max_steps": s.max_steps, "seed": s.seed},
+    }
+    digest = hashlib.blake2b(json.dumps(identity, sort_keys=True).encode(), digest_size=4).hexdigest()
     return f"{token_files.fingerprint[:12]}-{digest}"
 
 
