@@ -98,3 +98,22 @@ def check(condition: bool, key: str, message: str) -> None:
     """Raise :class:`ConfigError` naming ``key`` unless ``condition`` holds."""
     if not condition:
         raise ConfigError(f"{key}: {message}")
+
+
+def check_range(key: str, value: float | None, low: float, high: float | None = None, *, open_low: bool = False,
+                open_high: bool = False, note: str = "") -> None:
+    """Raise :class:`ConfigError` naming ``key`` unless ``low <= value <= high`` (strictly at an open end);
+    a null value passes (its key allows null). The message states the range, the value and ``note``."""
+    if value is None:
+        return
+    above = value > low if open_low else value >= low
+    below = high is None or (value < high if open_high else value <= high)
+    if above and below:
+        return
+    if high is not None:
+        allowed = f"be in {'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+    elif open_low:
+        allowed = "be positive" if low == 0 else f"be greater than {low}"
+    else:
+        allowed = "not be negative" if low == 0 else f"be at least {low}"
+    raise ConfigError(f"{key}: must {allowed} (got {value!r}){'; ' + note if note else ''}")

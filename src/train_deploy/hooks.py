@@ -10,6 +10,7 @@ from pathlib import Path
 import mlflow
 from kedro.framework.hooks import hook_impl
 
+from train_deploy.preflight import check_run
 from train_deploy.run_lock import RunConfig, RunLock
 
 logger = logging.getLogger(__name__)
@@ -65,6 +66,19 @@ class LocalMlflowStore:
             return
         with sqlite3.connect(uri.removeprefix("sqlite:///"), timeout=30) as connection:
             connection.execute("PRAGMA journal_mode=WAL")  # stored in the database file: once is enough
+
+
+class CheckConfiguration:
+    """Refuse a run whose parameters are invalid before any node runs, with one line naming the key.
+
+    Every stage block is validated, and what the pipeline's stages need of each other is checked
+    (``train_deploy.preflight``). ``tryfirst``: before kedro-mlflow opens its run, so a refused run leaves none.
+    """
+
+    @hook_impl(tryfirst=True)
+    def before_pipeline_run(self, pipeline, catalog) -> None:
+        stages = {name.removeprefix("params:") for name in pipeline.inputs() if name.startswith("params:")}
+        check_run(catalog.load("parameters"), stages)
 
 
 class CloseMlflowRun:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from train_deploy.config import check, from_mapping
+from train_deploy.config import check, check_range, from_mapping
 
 
 @dataclass(kw_only=True, slots=True)
@@ -29,9 +29,12 @@ class AveragingConfig:
     """Which checkpoint the evaluation node passes on to export."""
 
     def __post_init__(self) -> None:
-        check(self.k >= 1, "averaging.k", "must be at least 1")
-        check(0.0 < self.decay <= 1.0, "averaging.decay", "must be in (0, 1]")
+        check_range("averaging.k", self.k, 1)
+        check_range("averaging.decay", self.decay, 0, 1, open_low=True)
         check(self.select != "steps" or bool(self.steps), "averaging.steps", "select: steps needs a list of steps")
+        for i, step in enumerate(self.steps):
+            check_range(f"averaging.steps[{i}]", step, 1, note="checkpoints are written from step 1")
+        check_range("averaging.max_step", self.max_step, 1, note="checkpoints are written from step 1")
         check(self.select != "up_to_step" or self.max_step is not None, "averaging.max_step",
               "select: up_to_step needs max_step")
 

@@ -6,7 +6,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from train_deploy.config import check, from_mapping
+from train_deploy.config import check, check_range, from_mapping
+
+# SentencePiece's floor with byte_fallback: 256 byte pieces, unk, bos, eos, the newline symbol and ▁.
+_MIN_VOCAB_BYTE_FALLBACK = 256 + 5
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,7 +68,8 @@ class TokenizerConfig:
     load_path: str | None = None
     """`load`: a local directory that `paddlenlp.transformers.AutoTokenizer.from_pretrained` accepts."""
     vocab_size: int = 8000
-    """Ids in the trained vocabulary, unk/bos/eos included (32 to 1000000); the model's vocabulary follows it."""
+    """Ids in the trained vocabulary, unk/bos/eos included (32 to 1000000, at least 261 with byte_fallback); the
+    model's vocabulary follows it."""
     model_type: Literal["bpe", "unigram"] = "bpe"
     """SentencePiece algorithm: byte-pair merges or a unigram language model."""
     character_coverage: float = 0.9995
@@ -78,9 +82,9 @@ class TokenizerConfig:
     sample_bytes: int = 16 * 1024 * 1024
     """Training sample size, taken evenly from every chunk of the cleaned corpus."""
     max_sentence_chars: int = 4096
-    """Longer sample documents are cut at line boundaries into pieces up to this size for training."""
+    """Longer sample documents are cut at line boundaries into pieces up to this size for training (3 to 2**28)."""
     num_threads: int = 0
-    """Trainer threads; 0 = all cores."""
+    """Trainer threads, at most 1024; 0 = all cores."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -118,20 +122,26 @@ class CorpusConfig:
         r, c, t, e = self.reader, self.cleaning, self.tokenizer, self.encoding
         check(r.source == "people_daily" or bool(r.paths), "corpus.reader.paths",
               f"source {r.source!r} needs at least one file, folder or glob")
-        check(r.lines_per_document >= 1, "corpus.reader.lines_per_document", "must be at least 1")
-        check(r.max_bytes is None or r.max_bytes > 0, "corpus.reader.max_bytes", "must be positive or null")
-        check(r.max_line_bytes >= 1024, "corpus.reader.max_line_bytes", "must be at least 1024")
-        check(r.chunk_bytes >= 4096, "corpus.reader.chunk_bytes", "must be at least 4096")
-        check(c.min_chars >= 0, "corpus.cleaning.min_chars", "must not be negative")
+        check_range("corpus.reader.lines_per_document", r.lines_per_document, 1)
+        check_range("corpus.reader.max_bytes", r.max_bytes, 0, open_low=True, note="null = no limit")
+        check_range("corpus.reader.max_line_bytes", r.max_line_bytes, 1024)
+        check_range("corpus.reader.chunk_bytes", r.chunk_bytes, 4096)
+        check_range("corpus.cleaning.min_chars", c.min_chars, 0)
         check(t.mode == "train" or bool(t.load_path), "corpus.tokenizer.load_path",
               "mode 'load' needs the directory of an existing tokenizer")
-        check(32 <= t.vocab_size <= 1_000_000, "corpus.tokenizer.vocab_size", "must be between 32 and 1000000")
-        check(0.98 <= t.character_coverage <= 1.0, "corpus.tokenizer.character_coverage",
-              "must be between 0.98 and 1.0 (SentencePiece's range)")
-        check(t.sample_bytes >= 1024, "corpus.tokenizer.sample_bytes", "must be at least 1024")
-        check(e.workers >= 0, "corpus.encoding.workers", "must be 0 (all cores) or more")
-        check(0.0 <= e.validation_fraction < 1.0, "corpus.encoding.validation_fraction", "must be in [0, 1)")
-        check(e.batch_documents >= 1, "corpus.encoding.batch_documents", "must be at least 1")
+        # SentencePiece's own limits, so that a bad value stops here and not after the corpus is sampled.
+        check_range("corpus.tokenizer.vocab_size", t.vocab_size, _MIN_VOCAB_BYTE_FALLBACK if t.byte_fallback else 32,
+                    1_000_000, note="byte_fallback: 256 byte pieces, unk, bos, eos, newline and ▁ come first"
+                    if t.byte_fallback else "")
+        check_range("corpus.tokenizer.character_coverage", t.character_coverage, 0.98, 1,
+                    note="SentencePiece's range")
+        check_range("corpus.tokenizer.sample_bytes", t.sample_bytes, 1024)
+        check_range("corpus.tokenizer.max_sentence_chars", t.max_sentence_chars, 3, 2**28,
+                    note="SentencePiece's max_sentence_length, 4 bytes a character, is 10 to 2**30")
+        check_range("corpus.tokenizer.num_threads", t.num_threads, 0, 1024, note="0 = all cores; SentencePiece's limit")
+        check_range("corpus.encoding.workers", e.workers, 0, note="0 = all cores")
+        check_range("corpus.encoding.validation_fraction", e.validation_fraction, 0, 1, open_high=True)
+        check_range("corpus.encoding.batch_documents", e.batch_documents, 1)
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> CorpusConfig:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from train_deploy.config import check, from_mapping, to_dict
+from train_deploy.config import check, check_range, from_mapping, to_dict
+
+# Threads of one predictor or session: more is a typo, not a machine.
+_MAX_THREADS = 1024
 
 
 @dataclass(kw_only=True, slots=True)
@@ -15,7 +18,7 @@ class ServerConfig:
     device: Literal["cpu", "gpu"] = "cpu"
     """Device of the Paddle Inference predictor; gpu needs the paddlepaddle-gpu wheel."""
     cpu_threads: int = 2
-    """Math-library threads per predictor on CPU."""
+    """Math-library threads per predictor on CPU (1 to 1024)."""
     onednn: bool = False
     """oneDNN (MKL-DNN) kernels on CPU. Off by default: with the compact graph, Paddle's own CPU kernels are
     ~30% faster at batch 1 and within 5% at batch 8 (docs/benchmarks.md)."""
@@ -47,7 +50,7 @@ class EdgeConfig:
     per_channel: bool = False
     """Per-output-channel weight scales (a little more accurate, a little larger)."""
     threads: int = 2
-    """ONNX Runtime intra-op threads used for parity and latency."""
+    """ONNX Runtime intra-op threads used for parity and latency (1 to 1024)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -96,20 +99,25 @@ class ExportConfig:
     """The latency measurement (`export.latency`)."""
 
     def __post_init__(self) -> None:
-        check(11 <= self.edge.opset <= 21, "export.edge.opset",
-              f"{self.edge.opset} is outside 11..21 (the export graph needs opset 11 or newer)")
-        check(self.edge.threads >= 1, "export.edge.threads", "must be at least 1")
-        check(self.server.cpu_threads >= 1, "export.server.cpu_threads", "must be at least 1")
-        check(self.server.gc_batch_mb >= 0, "export.server.gc_batch_mb", "must not be negative")
-        check(self.parity.samples >= 1, "export.parity.samples", "must be at least 1")
-        check(self.parity.seq_length is None or self.parity.seq_length >= 2, "export.parity.seq_length",
-              "must be at least 2")
-        check(self.parity.max_logit_diff > 0, "export.parity.max_logit_diff", "must be positive")
-        check(bool(self.latency.batch_sizes) and min(self.latency.batch_sizes) >= 1, "export.latency.batch_sizes",
-              "must be a non-empty list of positive sizes")
-        check(self.latency.seq_length >= 1, "export.latency.seq_length", "must be at least 1")
-        check(self.latency.repeats >= 1, "export.latency.repeats", "must be at least 1")
-        check(self.latency.rounds >= 1, "export.latency.rounds", "must be at least 1")
+        server, edge, parity, latency = self.server, self.edge, self.parity, self.latency
+        check(11 <= edge.opset <= 21, "export.edge.opset",
+              f"{edge.opset} is outside 11..21 (the export graph needs opset 11 or newer)")
+        check_range("export.edge.threads", edge.threads, 1, _MAX_THREADS)
+        check_range("export.server.cpu_threads", server.cpu_threads, 1, _MAX_THREADS)
+        check_range("export.server.gc_batch_mb", server.gc_batch_mb, 0, note="0 frees each tensor at once")
+        check_range("export.server.gpu_memory_mb", server.gpu_memory_mb, 1)
+        check_range("export.server.tensorrt_max_batch", server.tensorrt_max_batch, 1)
+        check_range("export.parity.samples", parity.samples, 1)
+        check_range("export.parity.seq_length", parity.seq_length, 2, note="null = the training sequence length")
+        check_range("export.parity.max_logit_diff", parity.max_logit_diff, 0, open_low=True)
+        check_range("export.parity.max_int8_perplexity_increase", parity.max_int8_perplexity_increase, 0)
+        check(bool(latency.batch_sizes), "export.latency.batch_sizes", "must be a non-empty list of positive sizes")
+        for i, size in enumerate(latency.batch_sizes):
+            check_range(f"export.latency.batch_sizes[{i}]", size, 1)
+        check_range("export.latency.seq_length", latency.seq_length, 1)
+        check_range("export.latency.warmup", latency.warmup, 0)
+        check_range("export.latency.repeats", latency.repeats, 1)
+        check_range("export.latency.rounds", latency.rounds, 1)
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ExportConfig:

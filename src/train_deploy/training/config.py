@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from train_deploy.config import ConfigError, check, from_mapping
+from train_deploy.config import ConfigError, check, check_range, from_mapping
 
 # Llama shapes; the vocabulary size always comes from the tokenizer.
 PRESETS: dict[str, dict[str, int]] = {
@@ -64,7 +64,7 @@ class OptimizerConfig:
     lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
     """linear: twice the global batch, twice the rate (the usual rule of thumb); sqrt: √ of the ratio."""
     min_lr_ratio: float = 0.1
-    """Cosine decay ends at this fraction of the peak rate."""
+    """Cosine decay ends at this fraction of the peak rate, in [0, 1]."""
     warmup_steps: int = 10
     """Optimizer steps of linear warm-up to the peak rate, before the cosine decay."""
     weight_decay: float = 0.1
@@ -113,9 +113,10 @@ class ScheduleConfig:
     resume: Literal["auto", "never"] = "auto"
     """auto: continue from the latest complete checkpoint of this run (catalog entry ``checkpoints``)."""
     seed: int = 1234
-    """Seed of parameter initialisation and of the order of training windows."""
+    """Seed of parameter initialisation and of the order of training windows (0 to 2**64 - 1)."""
     stop_after: int | None = None
-    """Stop (with a checkpoint) after this step without finishing the schedule: tests and time-boxed jobs."""
+    """Stop (with a checkpoint) after this step without finishing the schedule: tests and time-boxed jobs. A rerun
+    without it (or with a later one) resumes in the same checkpoint folder."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -167,20 +168,57 @@ class TrainingConfig:
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> TrainingConfig:
         config = from_mapping(cls, params, "training")
-        config.model.shape()
-        b, s, la = config.batch, config.schedule, config.launch
-        check(b.micro_batch_size >= 1 and b.global_batch_size >= 1 and b.seq_length >= 2, "training.batch",
-              "sizes must be positive and seq_length at least 2")
-        check(s.max_steps >= 1, "training.schedule.max_steps", "must be at least 1")
-        check(config.parallel.sharding_stage in (0, 1, 2, 3), "training.parallel.sharding_stage",
-              "must be 0, 1, 2 or 3")
-        check(la.nnodes == 1 or bool(la.master), "training.launch.master",
-              "a multi-node job needs host:port of node 0 (the same on every node)")
+        _check_block(config)
         return config
 
     @property
     def world_size(self) -> int:
         return self.launch.nproc_per_node * self.launch.nnodes
+
+
+def _check_block(config: TrainingConfig) -> None:
+    """Every key of the block within its range, naming the key; the layout against the world size and the
+    tokenizer is :func:`resolve_layout`'s."""
+    shape = config.model.shape()
+    for key in PRESETS["tiny"].keys() & config.model.overrides.keys():
+        check(type(shape[key]) is int and shape[key] >= 1, f"training.model.overrides.{key}",
+              f"must be a positive integer (got {shape[key]!r})")
+    p, b, o, s, la = config.parallel, config.batch, config.optimizer, config.schedule, config.launch
+    inferred = None
+    for key in ("dp", "mp", "pp"):
+        value = getattr(p, key)
+        check(value >= 1 or value == -1, f"training.parallel.{key}",
+              f"{value} is not a degree (use a positive number or -1)")
+        check(value != -1 or inferred is None, f"training.parallel.{key}",
+              f"only one of dp, mp, pp may be -1 (inferred from the world size); {inferred} is -1 already")
+        inferred = key if value == -1 else inferred
+    check(p.sharding_stage in (0, 1, 2, 3), "training.parallel.sharding_stage", "must be 0, 1, 2 or 3")
+    check_range("training.batch.micro_batch_size", b.micro_batch_size, 1)
+    check_range("training.batch.global_batch_size", b.global_batch_size, 1)
+    check_range("training.batch.seq_length", b.seq_length, 2)
+    check_range("training.optimizer.learning_rate", o.learning_rate, 0, open_low=True)
+    check_range("training.optimizer.reference_batch_size", o.reference_batch_size, 1)
+    check_range("training.optimizer.min_lr_ratio", o.min_lr_ratio, 0, 1)
+    check_range("training.optimizer.warmup_steps", o.warmup_steps, 0)
+    check_range("training.optimizer.weight_decay", o.weight_decay, 0)
+    check_range("training.optimizer.beta1", o.beta1, 0, 1, open_high=True)
+    check_range("training.optimizer.beta2", o.beta2, 0, 1, open_high=True)
+    check_range("training.optimizer.epsilon", o.epsilon, 0, open_low=True)
+    check_range("training.optimizer.grad_clip", o.grad_clip, 0, note="0 = off")
+    for key in ("max_steps", "log_every", "eval_every", "eval_batches", "checkpoint_every"):
+        check_range(f"training.schedule.{key}", getattr(s, key), 1)
+    check_range("training.schedule.keep_last", s.keep_last, 0, note="0 keeps all")
+    check_range("training.schedule.seed", s.seed, 0, 2**64 - 1, note="Paddle's seed range")
+    check_range("training.schedule.stop_after", s.stop_after, 1, note="null = the whole schedule")
+    check_range("training.device.peak_tflops", config.device.peak_tflops, 0, open_low=True,
+                note="null = a short matmul calibration")
+    check_range("training.launch.nproc_per_node", la.nproc_per_node, 1)
+    check_range("training.launch.nnodes", la.nnodes, 1)
+    check(0 <= la.node_rank < la.nnodes, "training.launch.node_rank",
+          f"must be 0 .. launch.nnodes - 1 = {la.nnodes - 1} (got {la.node_rank})")
+    check_range("training.launch.max_restart", la.max_restart, 0)
+    check(la.nnodes == 1 or bool(la.master), "training.launch.master",
+          "a multi-node job needs host:port of node 0 (the same on every node)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,14 +237,10 @@ class Layout:
 
 
 def resolve_layout(config: TrainingConfig, world_size: int, vocab_size: int) -> Layout:
-    """Check every invariant of the parallel layout at start-up; each error says what to change."""
+    """Check every invariant of the parallel layout at start-up; each error says what to change.
+
+    ``config`` comes from :meth:`TrainingConfig.from_params`, which has checked each degree on its own."""
     p, b, shape = config.parallel, config.batch, config.model.shape()
-    for key in ("dp", "mp", "pp"):
-        value = getattr(p, key)
-        if value == 0 or value < -1:
-            raise ConfigError(f"training.parallel.{key}: {value} is not a degree (use a positive number or -1)")
-    if [p.dp, p.mp, p.pp].count(-1) > 1:
-        raise ConfigError("training.parallel: only one of dp, mp, pp may be -1 (inferred from the world size)")
     known = math.prod(v for v in (p.dp, p.mp, p.pp) if v != -1)
     if world_size % known:
         raise ConfigError(f"training.parallel: dp × mp × pp = {known} does not divide the world size {world_size} "
