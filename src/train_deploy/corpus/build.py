@@ -13,13 +13,17 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import shutil
+import signal
 import sys
 import time
+import traceback
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from itertools import compress
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,7 @@ import numpy as np
 from xxhash import xxh3_128_digest
 
 from train_deploy import __version__
+from train_deploy.atomic import scratch_folder
 from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.indexed import ShardWriter, merge_shards, token_dtype
@@ -102,8 +107,7 @@ def encode_corpus(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerIn
     if not plan.chunks:
         raise CorpusError(f"corpus is empty: nothing to read in {', '.join(plan.files) or 'the configured paths'}")
     started = time.perf_counter()
-    work = Path(folder) / ".shards"
-    work.mkdir()
+    work = scratch_folder(Path(folder), "shards")
     try:
         stats = _combine(_run_workers(config, plan, tokenizer, work))
         if stats["documents_kept"] == 0:
@@ -152,15 +156,21 @@ class _Worker:
     progress: tuple[Any, Any] | None
     cursor: Any
     """Shared index of the next unclaimed chunk."""
+    claimed: Any
+    """Shared array: the chunk each process is encoding (this process in slot 0), -1 between chunks."""
+    slot: int
+    watch: Callable[[], None] | None
+    """In the parent: raises if a helper failed or died; called between batches."""
 
 
 _WORKER: _Worker | None = None
 
 
-def _init_worker(config: CorpusConfig, tokenizer: TokenizerInfo, work: Path, progress, cursor) -> None:
+def _init_worker(config: CorpusConfig, tokenizer: TokenizerInfo, work: Path, progress, cursor, claimed,
+                 slot: int = 0, watch: Callable[[], None] | None = None) -> None:
     global _WORKER
     _WORKER = _Worker(config, TokenEncoder(tokenizer), Cleaner(config.cleaning), work,
-                      token_dtype(tokenizer.vocab_size), progress, cursor)
+                      token_dtype(tokenizer.vocab_size), progress, cursor, claimed, slot, watch)
 
 
 def _encode_chunk(chunk: Chunk) -> ChunkResult:
@@ -170,6 +180,8 @@ def _encode_chunk(chunk: Chunk) -> ChunkResult:
     result = ChunkResult(chunk.index)
     writers = {s: ShardWriter(w.work / f"{chunk.index:06d}.{s}", w.dtype) for s in SPLITS}
     for batch in iter_document_batches(chunk, w.config.reader, result.read, w.config.encoding.batch_documents):
+        if w.watch is not None:
+            w.watch()
         _encode_batch(w, batch, writers, result)
     for writer in writers.values():
         writer.close()
@@ -214,37 +226,120 @@ def _run_workers(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInf
     """Encode every chunk with ``workers`` processes: this one and ``workers - 1`` spawned helpers.
 
     All of them take the next unclaimed chunk from a shared cursor, so the load balances itself and
-    this process starts encoding at once while the helpers are still starting up.
+    this process starts encoding at once while the helpers are still starting up. A helper's error is
+    raised here; a helper that dies (the OOM killer) fails the stage within a batch, naming its chunk.
     """
     workers = min(config.workers, len(plan.chunks))
     ctx = mp.get_context("spawn")  # no fork: the parent may hold MLflow threads and Paddle state
     progress = (ctx.Value("q", 0), ctx.Value("q", 0))
     cursor = ctx.Value("q", 0)
-    init_args = (config, tokenizer, work, progress, cursor)
-    pool = None
-    if workers > 1:  # first: the helpers' start-up (~0.15 s) overlaps this process's own
-        with _main_module_hidden():
-            pool = ctx.Pool(workers - 1, initializer=_init_worker, initargs=init_args)
-    _init_worker(*init_args)
-    bar = _ProgressBar(config.encoding.progress)
+    claimed = ctx.Array("q", [-1] * workers, lock=False)
+    init_args = (config, tokenizer, work, progress, cursor, claimed)
+    helpers = _Helpers(ctx, workers - 1, init_args, plan.chunks)  # first: their start-up overlaps this one's
     try:
-        helpers = [pool.apply_async(_drain, (plan.chunks,)) for _ in range(workers - 1)] if pool else []
-
-        def between_chunks() -> None:
-            bar.update(progress)
-            for helper in helpers:
-                if helper.ready() and not helper.successful():
-                    helper.get()  # re-raises the helper's error (a CorpusError keeps its message)
-
-        results = _drain(plan.chunks, between_chunks)
-        for helper in helpers:
-            results.extend(helper.get())
+        _init_worker(*init_args, watch=helpers.check)
+        bar = _ProgressBar(config.encoding.progress)
+        results = _drain(plan.chunks, lambda: bar.update(progress))
+        results += helpers.wait(lambda: bar.update(progress))
     finally:
-        if pool is not None:
-            pool.terminate()
-            pool.join()
+        helpers.stop()
     bar.close(progress)
     return results
+
+
+class _Helpers:
+    """The spawned helper processes, watched through their result pipes and exit status (not a ``Pool``: a
+    pool replaces a worker that dies and waits forever for the chunks it held)."""
+
+    def __init__(self, ctx: Any, count: int, init_args: tuple, chunks: list[Chunk]) -> None:
+        self._chunks, self._claimed = chunks, init_args[-1]
+        self._processes: list[Any] = []
+        self._pending: dict[int, tuple[Any, Connection]] = {}
+        """Slot → (process, receiving end of its pipe), until it has sent its statistics."""
+        self._results: list[ChunkResult] = []
+        with _main_module_hidden():
+            for slot in range(1, count + 1):
+                receiver, sender = ctx.Pipe(duplex=False)
+                process = ctx.Process(target=_help, args=(slot, init_args, chunks, sender, os.getpid()),
+                                      name=f"corpus-helper-{slot}", daemon=True)
+                process.start()
+                sender.close()  # the helper holds the only writing end: its death reads as end of file
+                self._processes.append(process)
+                self._pending[slot] = (process, receiver)
+
+    def check(self) -> None:
+        """Take the statistics of helpers that finished; raise a helper's error, or its death. A few µs."""
+        for slot, (process, receiver) in list(self._pending.items()):
+            if receiver.poll() or process.exitcode is not None:
+                self._receive(slot)
+
+    def wait(self, tick: Callable[[], None]) -> list[ChunkResult]:
+        """Wait for every helper's statistics (``tick`` twice a second); raise as :meth:`check` does."""
+        while self._pending:
+            wait([w for process, receiver in self._pending.values() for w in (receiver, process.sentinel)], 0.5)
+            tick()
+            self.check()
+        return self._results
+
+    def stop(self) -> None:
+        """End every helper still running (after an error, the others' work is of no use)."""
+        for process in self._processes:
+            if process.exitcode is None:
+                process.terminate()
+        for process in self._processes:
+            process.join(5)
+            if process.exitcode is None:
+                process.kill()
+                process.join()
+        for _, receiver in self._pending.values():
+            receiver.close()
+
+    def _receive(self, slot: int) -> None:
+        process, receiver = self._pending.pop(slot)
+        try:
+            results, error = receiver.recv()
+        except (EOFError, OSError):  # it died before it could send anything, or while sending
+            raise self._death(slot, process) from None
+        finally:
+            receiver.close()
+        if error is not None:
+            raise error  # the helper's own exception: a CorpusError keeps its one-line message
+        self._results += results
+
+    def _death(self, slot: int, process: Any) -> CorpusError:
+        process.join(5)  # the end of file can arrive a moment before the exit status
+        code = process.exitcode
+        how = f"exit code {code}"
+        if code is not None and code < 0:
+            how = f"signal {signal.Signals(-code).name}" if -code in signal.valid_signals() else f"signal {-code}"
+        position = self._claimed[slot]
+        if position < 0:
+            where = "while holding no chunk"
+        else:
+            chunk = self._chunks[position]
+            span = "the whole compressed file" if chunk.compressed else f"bytes {chunk.start}..{chunk.end}"
+            where = f"while encoding chunk {chunk.index} of {chunk.path} ({span})"
+        return CorpusError(f"corpus helper {process.pid} died ({how}) {where}; nothing was published")
+
+
+def _help(slot: int, init_args: tuple, chunks: list[Chunk], sender: Connection, parent: int) -> None:
+    """A helper process: encode chunks until none is left, then send the parent their statistics or the error."""
+    try:
+        _init_worker(*init_args, slot=slot)
+        sender.send((_drain(chunks, lambda: _exit_if_orphaned(parent)), None))
+    except Exception as exc:
+        exc.add_note(f"in corpus helper {os.getpid()}:\n{''.join(traceback.format_exception(exc))}")
+        try:
+            pickle.dumps(exc)
+        except Exception:
+            exc = RuntimeError(f"{type(exc).__name__}: {exc}")
+        sender.send((None, exc))
+
+
+def _exit_if_orphaned(parent: int) -> None:
+    """A helper whose parent was killed stops instead of encoding into a folder nobody will publish."""
+    if os.getppid() != parent:
+        raise SystemExit(f"corpus helper {os.getpid()}: parent {parent} is gone")
 
 
 @contextlib.contextmanager
@@ -265,16 +360,19 @@ def _main_module_hidden() -> Iterator[None]:
 
 def _drain(chunks: list[Chunk], between_chunks=None) -> list[ChunkResult]:
     """Encode chunks until none is left unclaimed."""
-    assert _WORKER is not None, "worker not initialised"
-    cursor = _WORKER.cursor
+    w = _WORKER
+    assert w is not None, "worker not initialised"
     results = []
     while True:
-        with cursor.get_lock():
-            index = cursor.value
-            cursor.value += 1
+        with w.cursor.get_lock():
+            index = w.cursor.value
+            w.cursor.value += 1
+            if index < len(chunks):
+                w.claimed[w.slot] = index
         if index >= len(chunks):
             return results
         result = _encode_chunk(chunks[index])
+        w.claimed[w.slot] = -1
         result.process, result.peak_rss_mb = os.getpid(), peak_rss_mb()
         results.append(result)
         if between_chunks is not None:

@@ -1,0 +1,79 @@
+"""A corpus helper that dies (the OOM killer) fails the stage at once, names its chunk and publishes nothing."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from kedro.io import DatasetError
+
+from tests.conftest import corpus_params, publish
+from train_deploy.corpus.readers import people_daily_path
+from train_deploy.handoffs import TokenManifest
+from train_deploy.pipelines.corpus.nodes import encode_tokens, plan_inputs
+
+pytestmark = pytest.mark.slow
+
+SHARD = re.compile(r"/\.shards\.tdstage-[a-z0-9_]+/(\d{6})\.(?:train|valid)\.bin$")
+
+
+def published_files(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.iterdir())}
+
+
+def helper_mid_chunk(deadline: float) -> tuple[psutil.Process, int]:
+    """Find this process's corpus helper and stop it (SIGSTOP) while it writes a chunk; return it and the chunk."""
+    while time.monotonic() < deadline:
+        for child in psutil.Process().children():
+            try:
+                if "spawn_main" not in " ".join(child.cmdline()):
+                    continue  # multiprocessing's resource tracker
+                child.send_signal(signal.SIGSTOP)
+                chunks = [int(m[1]) for f in child.open_files() if (m := SHARD.search(f.path))]
+                if chunks:
+                    return child, chunks[0]
+                child.send_signal(signal.SIGCONT)
+            except psutil.NoSuchProcess:
+                pass
+        time.sleep(0.002)
+    pytest.fail("no corpus helper was seen encoding a chunk")
+
+
+def test_a_killed_helper_fails_the_stage_within_a_minute_naming_its_chunk(tmp_path, tiny_tokenizer):
+    tokens = tmp_path / "tokens"
+    publish(encode_tokens(*plan_inputs(corpus_params()), tiny_tokenizer), tokens, TokenManifest)
+    before = published_files(tokens)
+    # The whole People's Daily corpus (10 MB) in 64 KB chunks: the stage runs for seconds with two processes.
+    config, plan = plan_inputs(corpus_params(reader={"max_bytes": None, "chunk_bytes": 64 * 1024},
+                                             encoding={"workers": 2}))
+    failure: list[BaseException] = []
+
+    def stage() -> None:
+        try:
+            publish(encode_tokens(config, plan, tiny_tokenizer), tokens, TokenManifest)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            failure.append(exc)
+
+    thread = threading.Thread(target=stage)
+    thread.start()
+    helper, chunk = helper_mid_chunk(time.monotonic() + 60)
+    helper.send_signal(signal.SIGKILL)
+    killed = time.monotonic()
+    thread.join(60)
+    assert not thread.is_alive(), "the stage still runs a minute after its helper was killed"
+    elapsed = time.monotonic() - killed
+    assert len(failure) == 1 and isinstance(failure[0], DatasetError)
+    message = str(failure[0])
+    span = plan.chunks[chunk]
+    assert message == (f"corpus helper {helper.pid} died (signal SIGKILL) while encoding chunk {chunk} of "
+                       f"{people_daily_path()} (bytes {span.start}..{span.end}); nothing was published")
+    assert elapsed < 60, elapsed
+    assert published_files(tokens) == before  # the published token folder is untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["tokens"]  # no staging folder left
+    assert not [c for c in psutil.Process().children() if "spawn_main" in " ".join(c.cmdline())], \
+        "a helper outlived the stage"
