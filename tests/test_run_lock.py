@@ -118,3 +118,19 @@ def test_a_reader_of_the_local_mlflow_store_does_not_fail_a_run(project, tmp_pat
     finally:
         reader.close()
     assert sqlite3.connect(tmp_path / "mlruns.db").execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+@pytest.mark.slow
+def test_the_lock_holder_removes_what_interrupted_runs_left_and_says_so(project, caplog):
+    models = project / "data" / "06_models"
+    staged = models / ".tokenizer.tdstage-k2j9x1"  # a tokenizer folder a killed run was staging
+    (staged / "half").mkdir(parents=True)
+    partial = models / "checkpoints" / "run" / ".step_00000004.tdstage-a1b2c3"
+    partial.mkdir(parents=True)
+    mine = models / ".notes.txt"  # the user's own files, dotted or not, are never touched
+    mine.write_text("keep", encoding="utf-8")
+    with caplog.at_level("WARNING"), KedroSession.create(project_path=project,
+                                                         runtime_params=tiny_runtime_params()) as session:
+        session.run(pipeline_names=["corpus"])
+    assert not staged.exists() and not partial.exists() and mine.read_text(encoding="utf-8") == "keep"
+    assert "Removed 2 leftover(s) of interrupted runs" in caplog.text and str(staged) in caplog.text

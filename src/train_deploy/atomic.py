@@ -158,25 +158,26 @@ def _is_disk_full(exc: BaseException | None) -> bool:
 # --- what crashed runs leave behind ----------------------------------------------------------------
 
 
-def stale_leftovers(folder: Path) -> list[Path]:
-    """The staging folders and files and replaced-folder holders that interrupted writes left in ``folder``.
+def stale_leftovers(folder: Path, prefix: str = "") -> list[Path]:
+    """The staging folders and files and replaced-folder holders that interrupted writes left in ``folder``
+    (only those whose names start with ``prefix``, e.g. ``.bundle.`` for what belongs to ``bundle``).
 
     Only call it while no run writes there (the run lock): a write in progress has such names too.
     """
     folder = Path(folder)
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if _LEFTOVER.match(p.name))
+    return sorted(p for p in folder.iterdir() if p.name.startswith(prefix) and _LEFTOVER.match(p.name))
 
 
-def remove_leftovers(folder: Path) -> list[Path]:
+def remove_leftovers(folder: Path, prefix: str = "") -> list[Path]:
     """Remove :func:`stale_leftovers` of ``folder``; return what was removed.
 
     A run killed between the two renames of a folder swap leaves the old folder in its holder and no folder
     under its own name: that folder is put back, not removed.
     """
     removed = []
-    for path in stale_leftovers(folder):
+    for path in stale_leftovers(folder, prefix):
         match = _LEFTOVER.match(path.name)
         assert match is not None
         original = path.with_name(match["name"]) if match["name"] else None

@@ -10,6 +10,8 @@ from pathlib import Path
 import mlflow
 from kedro.framework.hooks import hook_impl
 
+from train_deploy.atomic import clean_leftovers, remove_leftovers
+from train_deploy.datasets import ArtifactFolderDataset, WorkFolderDataset
 from train_deploy.preflight import check_run
 from train_deploy.run_lock import RunConfig, RunLock
 
@@ -33,10 +35,11 @@ class ProjectRunLock:
         self._config = RunConfig.from_params(context.params.get("run"))
 
     @hook_impl(wrapper=True)
-    def before_pipeline_run(self, run_params):
+    def before_pipeline_run(self, run_params, catalog):
         if self._lock is not None:
             self._lock.acquire(self._config, ", ".join(run_params.get("pipeline_names") or ["__default__"]))
         try:
+            _report_leftovers(self._lock.folder if self._lock else None, catalog)
             return (yield)
         except BaseException:
             self._release()
@@ -53,6 +56,21 @@ class ProjectRunLock:
     def _release(self) -> None:
         if self._lock is not None:
             self._lock.release()
+
+
+def _report_leftovers(data: Path | None, catalog) -> None:
+    """Remove what interrupted runs left where this project writes (under the lock: nobody writes now)."""
+    removed = clean_leftovers(data) if data is not None else []
+    for name in catalog:
+        dataset = catalog.get(name)
+        if isinstance(dataset, ArtifactFolderDataset | WorkFolderDataset):
+            folder = Path(dataset._filepath)
+            if data is None or not folder.is_relative_to(data):  # data/ was walked already
+                removed += clean_leftovers(folder)
+                removed += remove_leftovers(folder.parent, prefix=f".{folder.name}.")
+    if removed:
+        logger.warning("Removed %d leftover(s) of interrupted runs: %s%s", len(removed),
+                       ", ".join(str(p) for p in removed[:5]), " …" if len(removed) > 5 else "")
 
 
 class LocalMlflowStore:

@@ -15,7 +15,7 @@ def _artifact_location(tracking_uri: str) -> str | None:
 HOOKS = (ProjectRunLock(), LocalMlflowStore(), CheckConfiguration(), CloseMlflowRun(), ShowBundle())
 
 # kedro-telemetry is a dependency of kedro itself; its hooks never run in this project.
-DISABLE_HOOKS_FOR_PLUGINS = ("kedro-telemetry",)
+DISABLE_HOOKS_FOR_PLUGINS = ("kedro-telemetry", "kedro-viz")
 
 CONFIG_LOADER_CLASS = OmegaConfigLoader
 CONFIG_LOADER_ARGS = {
