@@ -1,6 +1,9 @@
-"""ONNX conversion: unsupported operators are named, large weights go to external data."""
+"""ONNX conversion: unsupported operators are named, large weights go to external data, a stuck conversion
+is stopped."""
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 import pytest
@@ -66,3 +69,27 @@ def test_both_ends_of_the_allowed_opset_range_convert_and_compute_the_same_logit
     expected = PaddleInferenceBackend(prefix, ServerConfig())(ids, mask)
     got = OnnxRuntimeBackend(convert_to_onnx(prefix, tmp_path / "model.onnx", opset=opset), threads=1)(ids, mask)
     np.testing.assert_allclose(got[:, 3:], expected[:, 3:], atol=1e-4)
+
+
+def test_a_conversion_running_past_its_timeout_is_killed_and_names_the_model(tmp_path, tiny_bundle):
+    import psutil
+
+    prefix = tiny_bundle / "server" / "model"
+    started = time.monotonic()
+    with pytest.raises(ConversionError) as exc:
+        convert_to_onnx(prefix, tmp_path / "model.onnx", opset=17, timeout=0.2)  # less than the child's imports
+    assert str(exc.value) == (f"{prefix.with_suffix('.json')}: paddle2onnx did not finish within 0.2 s and was "
+                              "stopped (export.edge.convert_timeout)")
+    assert time.monotonic() - started < 30
+    assert not any("train_deploy.export.edge" in " ".join(child.cmdline()) for child in psutil.Process().children())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_conversion_timeout_is_configured_and_must_be_positive():
+    from train_deploy.config import ConfigError
+    from train_deploy.export.config import ExportConfig
+
+    assert ExportConfig.from_params({}).edge.convert_timeout == 1800
+    assert ExportConfig.from_params({"edge": {"convert_timeout": 60}}).edge.convert_timeout == 60
+    with pytest.raises(ConfigError, match=r"^export\.edge\.convert_timeout: must be positive \(got 0\.0\); seconds$"):
+        ExportConfig.from_params({"edge": {"convert_timeout": 0}})

@@ -64,7 +64,7 @@ def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManif
     prefix = save_server_model(model, folder / "server")
     del model
     (folder / "edge").mkdir()
-    onnx_file = convert_to_onnx(prefix, folder / "edge" / ONNX_FILE, config.edge.opset)
+    onnx_file = convert_to_onnx(prefix, folder / "edge" / ONNX_FILE, config.edge.opset, config.edge.convert_timeout)
     if config.edge.int8:
         quantize_int8(onnx_file, folder / "edge" / INT8_FILE, config.edge.per_channel)
     _copy_tokenizer(tokenizer, folder / "tokenizer")

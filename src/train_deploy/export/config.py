@@ -51,6 +51,9 @@ class EdgeConfig:
     """Per-output-channel weight scales (a little more accurate, a little larger)."""
     threads: int = 2
     """ONNX Runtime intra-op threads used for parity and latency (1 to 1024)."""
+    convert_timeout: float = 1800
+    """Seconds the paddle2onnx conversion may take (positive); past it the conversion is killed and the export
+    fails naming the model file."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -103,6 +106,7 @@ class ExportConfig:
         check(11 <= edge.opset <= 21, "export.edge.opset",
               f"{edge.opset} is outside 11..21 (the export graph needs opset 11 or newer)")
         check_range("export.edge.threads", edge.threads, 1, _MAX_THREADS)
+        check_range("export.edge.convert_timeout", edge.convert_timeout, 0, open_low=True, note="seconds")
         check_range("export.server.cpu_threads", server.cpu_threads, 1, _MAX_THREADS)
         check_range("export.server.gc_batch_mb", server.gc_batch_mb, 0, note="0 frees each tensor at once")
         check_range("export.server.gpu_memory_mb", server.gpu_memory_mb, 1)

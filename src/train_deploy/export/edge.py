@@ -13,11 +13,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from train_deploy.export.config import EdgeConfig
 from train_deploy.export.graph import operator_names
 
 logger = logging.getLogger(__name__)
 
 ONNX_FILE, INT8_FILE = "model.onnx", "model.int8.onnx"
+_TIMEOUT = EdgeConfig().convert_timeout
 
 # Structural operators paddle2onnx handles itself, and its renames of PIR operators to its mapper names.
 _STRUCTURAL = {"pd_op.data", "pd_op.fetch", "pd_op.if", "pd_op.while", "builtin.parameter", "builtin.combine",
@@ -52,10 +54,11 @@ def unsupported_operators(prefix: Path) -> list[str]:
     return missing
 
 
-def convert_to_onnx(prefix: Path, output: Path, opset: int) -> Path:
+def convert_to_onnx(prefix: Path, output: Path, opset: int, timeout: float = _TIMEOUT) -> Path:
     """Convert the Paddle Inference model at ``prefix`` to ONNX file ``output`` (in a child process).
 
-    Past protobuf's 2 GB limit paddle2onnx writes the weights beside it to ``<output>.data``.
+    Past protobuf's 2 GB limit paddle2onnx writes the weights beside it to ``<output>.data``. A conversion
+    still running after ``timeout`` seconds is killed (:class:`ConversionError`, nothing left at ``output``).
     """
     import paddle2onnx
 
@@ -67,7 +70,14 @@ def convert_to_onnx(prefix: Path, output: Path, opset: int) -> Path:
     params = prefix.with_suffix(".pdiparams")
     command = [sys.executable, "-m", "train_deploy.export.edge", str(model_file), str(params), str(output),
                str(opset), str(external_data(output))]
-    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "GLOG_minloglevel": "2"})
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "GLOG_minloglevel": "2"},
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:  # run() has killed the child and reaped it
+        for partial in (output, external_data(output)):
+            partial.unlink(missing_ok=True)
+        raise ConversionError(f"{model_file}: paddle2onnx did not finish within {timeout:g} s and was stopped "
+                              "(export.edge.convert_timeout)") from None
     if done.returncode != 0 or not output.is_file():
         lines = [line.strip() for line in (done.stdout + done.stderr).splitlines() if line.strip()]
         # paddle2onnx says why on its own lines, then aborts with a C++ trace that says nothing
