@@ -195,14 +195,6 @@ class DataSpec:
 
 
 @dataclass(kw_only=True, slots=True)
-class MlflowTarget:
-    """The MLflow run rank 0 logs into (the Kedro run's)."""
-
-    tracking_uri: str
-    run_id: str
-
-
-@dataclass(kw_only=True, slots=True)
 class RunSpec:
     """Everything a worker needs: written by the training node as ``run.json``, read by every rank."""
 
@@ -214,8 +206,8 @@ class RunSpec:
     checkpoints: str
     """The folder of this run's checkpoints (``step_*``), shared by a resumed run."""
     logs: str
-    """The launcher's log folder (``node<R>/workerlog.<rank>``), the metrics and the result."""
-    mlflow: MlflowTarget | None = None
+    """The launcher's log folder (``node<R>/workerlog.<rank>``), the metrics and the result; readable by its
+    owner only. Nothing here names the MLflow run: the training node sends the metrics there itself."""
 
     @property
     def metrics_path(self) -> Path:

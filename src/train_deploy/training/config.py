@@ -142,6 +142,14 @@ class LaunchConfig:
     launcher does it itself in elastic mode, with an etcd:// master; otherwise the training node does)."""
     job_id: str = "train_deploy"
     """Paddle launcher job name; nodes of one job must share it."""
+    stall_timeout: float = 1800.0
+    """Seconds rank 0 may report no step (nor checkpoint) before the job is stopped as hung and fails naming
+    it; longer than log_every steps, an evaluation and a checkpoint take. Until its first step (start-up, the
+    other nodes joining, building the model, resuming) it may be silent twice as long, at least 10 minutes."""
+
+    def __post_init__(self) -> None:
+        check(self.stall_timeout > 0, "training.launch.stall_timeout",
+              f"must be a positive number of seconds (got {self.stall_timeout!r})")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -8,42 +8,83 @@ runs::
 
 The other machines of a multi-node job join with ``train-deploy-join --run <logs>/run.json --node-rank R``
 (the log folder on storage every node sees): the same launcher command with their own rank.
+
+Safe to leave unattended:
+
+- the launcher runs in a session of its own (Paddle gives each worker one too), and the whole job is stopped,
+  SIGTERM then SIGKILL after ``STOP_GRACE_S``, when this process gets SIGTERM or SIGINT (Ctrl-C), when
+  :func:`run_launcher` returns or raises, and when rank 0 reports no step for ``launch.stall_timeout``
+  seconds; on Linux the kernel also sends the launcher SIGTERM when this process dies, even by SIGKILL;
+- the launcher writes every environment variable it gets into its log folder (``envlog.<rank>``,
+  ``backup_env.<rank>.json``), so it gets this process's environment without credentials
+  (:data:`SECRET_VARIABLES`), and the log folders are readable by their owner only (mode 0700);
+- the workers do not talk to MLflow: rank 0 writes ``metrics.jsonl``, and this process sends its lines to the
+  Kedro run's MLflow run (:class:`~train_deploy.training.metrics.MetricsForwarder`).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fnmatch
 import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import IO
+
+import psutil
 
 from train_deploy.handoffs import RunSpec, TrainingResult, read_json, write_json
 from train_deploy.training import worker
 from train_deploy.training.config import TrainingConfig
+from train_deploy.training.metrics import MetricsForwarder, redact_uri
 
 logger = logging.getLogger(__name__)
 
 RUN_FILE = "run.json"
+POLL_S = 0.5
+"""How often the node looks at the launcher, rank 0's log and the signals it got."""
+STOP_GRACE_S = 10.0
+"""Seconds the job's processes get to exit after SIGTERM before SIGKILL."""
+
+# Environment variables the launcher (and so every worker) never gets: it writes all it gets into its log
+# folder. Shell patterns over the upper-cased name; a variable whose value holds a URI with user information
+# (scheme://user:password@host) is left out too. The workers need no credentials: this process talks to MLflow.
+SECRET_VARIABLES = (
+    "*PASSWORD*", "*PASSWD*", "*TOKEN*", "*SECRET*", "*_KEY", "*CREDENTIALS*", "*CONNECTION_STRING*",
+    "AWS_ACCESS_KEY_ID", "MLFLOW_TRACKING_USERNAME",
+)
 
 
 class TrainingFailed(RuntimeError):
-    """A worker died or raised; the message names the rank and ends with the tail of its log."""
+    """A worker died, raised or stalled; the message names the rank and ends with the tail of its log."""
 
 
-def run_training(config: TrainingConfig, spec: RunSpec) -> TrainingResult:
+class TrainingStopped(RuntimeError):
+    """This process was asked to stop (SIGTERM, SIGINT) while training; the whole job was stopped."""
+
+
+def run_training(config: TrainingConfig, spec: RunSpec, mlflow_run_id: str | None = None) -> TrainingResult:
     """Run (or resume) the job ``spec`` describes on this node's workers; return rank 0's result.
 
     Writes ``<spec.logs>/run.json`` for the workers (and the nodes that join), relaunches failed workers
-    up to ``launch.max_restart`` times, and raises :class:`TrainingFailed` when they still fail.
+    up to ``launch.max_restart`` times, and raises :class:`TrainingFailed` when they still fail, or
+    :class:`TrainingStopped` when stopped by a signal. Sends rank 0's metrics to the MLflow run
+    ``mlflow_run_id`` (through this process's tracking URI) while the job runs.
     """
-    spec_file = Path(spec.logs) / RUN_FILE
+    logs = _private_folder(Path(spec.logs))
+    spec_file = logs / RUN_FILE
     write_json(spec_file, spec)
-    run_launcher(config, spec_file, Path(spec.logs))
+    forwarding = MetricsForwarder(spec.metrics_path, mlflow_run_id) if mlflow_run_id else contextlib.nullcontext()
+    with forwarding:
+        run_launcher(config, spec_file, logs)
     return read_json(TrainingResult, spec.result_path)
 
 
@@ -60,7 +101,8 @@ def launcher_command(config: TrainingConfig, spec_file: Path, log_dir: Path, nod
 
 
 def worker_environment(config: TrainingConfig) -> dict[str, str]:
-    env = dict(os.environ)
+    """This process's environment without credentials (:data:`SECRET_VARIABLES`), with CPU thread counts."""
+    env = {name: value for name, value in os.environ.items() if not is_secret(name, value)}
     if config.device.type == "cpu":
         # One BLAS/OpenMP pool per worker sized to its share of the cores, unless the user chose.
         share = max(1, (os.cpu_count() or 1) // config.launch.nproc_per_node)
@@ -71,59 +113,197 @@ def worker_environment(config: TrainingConfig) -> dict[str, str]:
     return env
 
 
+def is_secret(name: str, value: str) -> bool:
+    """Whether the variable ``name`` holds a credential: its name matches :data:`SECRET_VARIABLES`
+    (case-insensitively) or its value holds a URI with user information."""
+    return any(fnmatch.fnmatchcase(name.upper(), pattern) for pattern in SECRET_VARIABLES) or \
+        redact_uri(value) != value
+
+
+def _private_folder(path: Path) -> Path:
+    """``path``, created if needed, readable by its owner only: the launcher's logs hold the environment."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)
+    return path
+
+
 def run_launcher(config: TrainingConfig, spec_file: Path, log_dir: Path, node_rank: int | None = None) -> None:
-    """Run the launcher for this node, echoing rank 0's progress; raise :class:`TrainingFailed` on failure.
+    """Run the launcher for this node, echoing rank 0's progress; raise :class:`TrainingFailed` on failure
+    and :class:`TrainingStopped` on SIGTERM or SIGINT, in either case after stopping the whole job.
 
     Paddle's launcher honours ``--max_restart`` only in elastic mode (an etcd master); otherwise this
     function relaunches failed workers up to ``launch.max_restart`` times, and they resume from the
     last complete checkpoint on their own (``resume: auto``).
     """
-    for attempt in range(config.launch.max_restart + 1):
-        try:
-            _launch_once(config, spec_file, log_dir, node_rank)
-            return
-        except TrainingFailed as exc:
-            if attempt == config.launch.max_restart:
-                raise
-            logger.warning("%s; restarting the workers (%d of %d), they resume from the last checkpoint",
-                           exc, attempt + 1, config.launch.max_restart)
+    with _StopSignals() as stop:
+        for attempt in range(config.launch.max_restart + 1):
+            try:
+                _launch_once(config, spec_file, log_dir, node_rank, stop)
+                stop.check()
+                return
+            except TrainingFailed as exc:
+                stop.check()  # a job that failed because it was being stopped was stopped
+                if attempt == config.launch.max_restart:
+                    raise
+                logger.warning("%s; restarting the workers (%d of %d), they resume from the last checkpoint",
+                               exc, attempt + 1, config.launch.max_restart)
 
 
-def _launch_once(config: TrainingConfig, spec_file: Path, log_dir: Path, node_rank: int | None) -> None:
+def _launch_once(config: TrainingConfig, spec_file: Path, log_dir: Path, node_rank: int | None,
+                 stop: _StopSignals) -> None:
     command = launcher_command(config, spec_file, log_dir, node_rank)
     node_logs = Path(command[command.index("--log_dir") + 1])
     if node_logs.exists():  # keep an earlier attempt's logs beside, not mixed with, this one's
         previous = node_logs.with_name(f"{node_logs.name}.previous")
         shutil.rmtree(previous, ignore_errors=True)
         os.replace(node_logs, previous)
-    node_logs.mkdir(parents=True)
+    _private_folder(Path(log_dir))
+    _private_folder(node_logs)
     logger.info("Launching: %s", " ".join(command))
+    la = config.launch
+    first_rank = (la.node_rank if node_rank is None else node_rank) * la.nproc_per_node
     with open(node_logs / "launcher.log", "w", encoding="utf-8") as launcher_log:
-        process = subprocess.Popen(command, stdout=launcher_log, stderr=subprocess.STDOUT, text=True,
-                                   env=worker_environment(config))
-        progress = _LogFollower(node_logs / "workerlog.0", total=config.schedule.max_steps)
+        job = _Job(command, worker_environment(config), launcher_log)
+        progress = _LogFollower(node_logs / "workerlog.0", total=config.schedule.max_steps,
+                                stall_timeout=la.stall_timeout)
         try:
-            while process.poll() is None:
-                time.sleep(0.5)
+            while job.launcher.poll() is None:
+                time.sleep(POLL_S)
+                job.track()
                 progress.echo()
+                stop.check()
+                if progress.stalled():
+                    raise TrainingFailed(progress.stall_message(first_rank))
             progress.echo()
         finally:
+            job.stop()
             progress.close()
-    if process.returncode != 0:
-        raise TrainingFailed(_failure_message(node_logs, process.returncode))
+    if job.launcher.returncode != 0:
+        raise TrainingFailed(_failure_message(node_logs, job.launcher.returncode))
+
+
+class _StopSignals:
+    """While a job runs, SIGTERM and SIGINT ask it to stop rather than end this process on the spot.
+
+    The handlers only note the signal (the launch loop stops the job and raises :class:`TrainingStopped`),
+    are installed only from the main thread (Python's rule) and put the previous ones back on exit.
+    """
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.received: signal.Signals | None = None
+        self._previous: dict[signal.Signals, object] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for signum in self.SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._note)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    def _note(self, signum: int, frame: object) -> None:
+        self.received = self.received or signal.Signals(signum)
+
+    def check(self) -> None:
+        """Raise :class:`TrainingStopped` if a stop signal came."""
+        if self.received is not None:
+            raise TrainingStopped(f"training stopped by {self.received.name}: the launcher and its workers were "
+                                  "stopped; the last complete checkpoint is kept and a rerun resumes from it")
+
+
+# Run in the launcher's process before it becomes the launcher (exec): the kernel sends it SIGTERM when
+# the thread that started it ends, even by SIGKILL, and the launcher then stops its workers. Done here rather
+# than in a preexec_fn, which runs between fork and exec where another thread's locks may be held.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys; "
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM); "  # 1 = PR_SET_PDEATHSIG
+    "os.getppid() == int(sys.argv[1]) or sys.exit('training node gone before the launcher started'); "
+    "os.execv(sys.argv[2], sys.argv[2:])"
+)
+
+
+class _Job:
+    """The launcher, started in a session of its own, and every process it starts, so that all can be stopped."""
+
+    def __init__(self, command: list[str], env: dict[str, str], log: IO[str]) -> None:
+        if sys.platform.startswith("linux"):
+            command = [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
+        self.launcher = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         text=True, env=env, start_new_session=True)
+        self.processes: dict[int, psutil.Process] = {}
+        self.track()
+
+    def track(self) -> None:
+        """Remember the launcher's descendants: Paddle puts each worker in a session of its own, beyond the
+        reach of a signal to the launcher's group, and a worker outlives a launcher that is killed."""
+        with contextlib.suppress(psutil.Error):
+            launcher = psutil.Process(self.launcher.pid)
+            for process in (launcher, *launcher.children(recursive=True)):
+                self.processes.setdefault(process.pid, process)
+
+    def stop(self) -> None:
+        """SIGTERM to every process of the job still alive, SIGKILL to those left after ``STOP_GRACE_S``."""
+        if self.launcher.poll() is None:
+            self.track()
+        for signum, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
+            alive = self._alive()
+            if not alive:
+                break
+            logger.info("Stopping the training job: %s to %d process(es)", signum.name, len(alive))
+            for process in alive:
+                with contextlib.suppress(psutil.Error):
+                    process.send_signal(signum)
+                    process.send_signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
+            deadline = time.monotonic() + grace
+            while self._alive() and time.monotonic() < deadline:
+                self.launcher.poll()  # reap the launcher, this process's child
+                time.sleep(0.1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.launcher.wait(timeout=5.0)
+        if left := self._alive():
+            logger.warning("Training processes %s survived SIGKILL", [p.pid for p in left])
+
+    def _alive(self) -> list[psutil.Process]:
+        alive = []
+        for process in self.processes.values():
+            with contextlib.suppress(psutil.Error):
+                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(process)
+        return alive
 
 
 class _LogFollower:
-    """Echo rank 0's progress lines (steps, evaluations, checkpoints) from its log as they appear."""
+    """Echo rank 0's progress lines (steps, evaluations, checkpoints) from its log as they appear, and tell
+    when it has reported no progress for too long: a step or checkpoint line, or before its first step any
+    line (start-up, joining the other nodes, building the model and resuming are slow and not steps)."""
 
     _INTERESTING = re.compile(r"step \d+ |Checkpoint|Resumed|Model:|No validation")
     _STEP = re.compile(r"step (\d+) ")
+    FIRST_STEP_FACTOR, FIRST_STEP_MIN_S = 2, 600.0
+    """Before its first step, rank 0 may be silent for this many times ``stall_timeout``, at least this long."""
 
-    def __init__(self, path: Path, total: int) -> None:
+    def __init__(self, path: Path, total: int, stall_timeout: float) -> None:
         from tqdm.auto import tqdm
 
         self.path, self.offset = path, 0
         self.bar = tqdm(total=total, desc="training", unit="step", dynamic_ncols=True, mininterval=1.0)
+        self.stall_timeout, self.stepped, self.last_progress = stall_timeout, False, time.monotonic()
+
+    def stalled(self) -> bool:
+        limit = self.stall_timeout if self.stepped else \
+            max(self.FIRST_STEP_FACTOR * self.stall_timeout, self.FIRST_STEP_MIN_S)
+        return time.monotonic() - self.last_progress > limit
+
+    def stall_message(self, rank: int) -> str:
+        text = self.path.read_text(encoding="utf-8", errors="replace") if self.path.exists() else ""
+        waited = "no step" if self.stepped else "no output and no first step"
+        return (f"training worker rank {rank} reported {waited} for {time.monotonic() - self.last_progress:.0f} s "
+                f"(training.launch.stall_timeout = {self.stall_timeout:g} s), so the job was stopped as hung. "
+                f"{self.path}: {_tail(text) or '(empty)'}")
 
     def close(self) -> None:
         self.bar.close()
@@ -137,10 +317,15 @@ class _LogFollower:
         complete = text[: text.rfind("\n") + 1]
         self.offset += len(complete.encode("utf-8"))
         for line in complete.splitlines():
-            if self._INTERESTING.search(line):
+            interesting = self._INTERESTING.search(line)
+            if interesting:
                 logger.info("%s", line.split(" - ", 1)[-1].strip())
-            if (step := self._STEP.search(line)) and int(step.group(1)) > self.bar.n:
-                self.bar.update(int(step.group(1)) - self.bar.n)
+            if interesting or not self.stepped:
+                self.last_progress = time.monotonic()
+            if step := self._STEP.search(line):
+                self.stepped = True
+                if int(step.group(1)) > self.bar.n:
+                    self.bar.update(int(step.group(1)) - self.bar.n)
 
 
 _COMMUNICATION = re.compile(r"gloo|IoException|Connection reset|NCCL|Broken pipe|socket", re.IGNORECASE)

@@ -1,28 +1,36 @@
-"""What the training workers measure and where rank 0 reports it: ``metrics.jsonl``, the log and MLflow."""
+"""What the training workers measure and where it goes: rank 0 writes ``metrics.jsonl`` and the log; the
+training node's process, which follows them, sends the lines to the Kedro run's MLflow run
+(:class:`MetricsForwarder`), so the workers need no MLflow credentials."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from train_deploy.handoffs import MlflowTarget
+from typing import Any
 
 logger = logging.getLogger("train_deploy.training.worker")  # the worker's log, which the launcher follows
+node_logger = logging.getLogger(__name__)
+
+MLFLOW_PREFIX = "train."
+_MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch call
+_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
+
+
+def redact_uri(text: str) -> str:
+    """``text`` (a URI, or a message holding URIs) without the ``user:password@`` of its URIs."""
+    return _USERINFO.sub("", text)
 
 
 class MetricsLog:
-    """Per-step metrics to ``metrics.jsonl``, the log and the Kedro run's MLflow run; a no-op unless enabled."""
+    """Per-step metrics to ``metrics.jsonl`` and the log; a no-op unless enabled (rank 0)."""
 
-    def __init__(self, path: Path, mlflow: MlflowTarget | None, enabled: bool) -> None:
+    def __init__(self, path: Path, enabled: bool) -> None:
         self.enabled, self.path = enabled, Path(path)
-        self.client = self.run_id = None
-        if enabled and mlflow is not None and mlflow.run_id:
-            from mlflow.tracking import MlflowClient
-
-            self.client, self.run_id = MlflowClient(tracking_uri=mlflow.tracking_uri), mlflow.run_id
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if not self.enabled or not metrics:
@@ -30,12 +38,96 @@ class MetricsLog:
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps({"step": step, **metrics}) + "\n")
         logger.info("step %d  %s", step, "  ".join(f"{k} {v:.4g}" for k, v in metrics.items()))
-        if self.client is not None:
-            from mlflow.entities import Metric
 
+
+class MetricsForwarder:
+    """Send the lines rank 0 appends to ``metrics.jsonl`` to an MLflow run as ``train.<name>`` at their step.
+
+    A thread of the node's process sends the complete lines past an offset every ``interval`` seconds, so
+    each line goes once, and the lines already in the file when it starts (earlier runs) never. A failed
+    send (server unreachable) keeps its lines for the next try and warns once; closing sends what is left,
+    waiting at most ``final_timeout`` seconds. Training never waits on MLflow, and every line stays in the file.
+    """
+
+    def __init__(self, path: Path, run_id: str, client: Any = None, interval: float = 1.0,
+                 final_timeout: float = 30.0) -> None:
+        if client is None:
+            from mlflow import MlflowClient
+
+            client = MlflowClient()  # the tracking URI this process uses (kedro-mlflow's)
+        self.path, self.run_id, self.client = Path(path), run_id, client
+        self.interval, self.final_timeout = interval, final_timeout
+        self.offset = self.path.stat().st_size if self.path.exists() else 0
+        self.warned = False
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="metrics-to-mlflow", daemon=True)
+
+    def __enter__(self) -> MetricsForwarder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._closing.set()
+        self._thread.join(self.final_timeout)
+        unsent = len(self._lines())
+        if unsent:
+            node_logger.warning("%d training metric line(s) were not sent to MLflow run %s; they are in %s",
+                                unsent, self.run_id, self.path)
+
+    def send(self) -> None:
+        """Log every complete line past the offset, in batches; stop at the first failure and keep the rest."""
+        for end, metrics in self._batches():
+            try:
+                if metrics:
+                    self.client.log_batch(self.run_id, metrics=metrics)
+            except Exception as exc:  # whatever MLflow raises, it must never fail training
+                if not self.warned:
+                    self.warned = True
+                    reason = redact_uri(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+                    node_logger.warning("Training metrics could not be sent to MLflow (%s); they stay in %s "
+                                        "and are sent when it answers", reason[:300], self.path)
+                return
+            self.offset = end
+
+    def _run(self) -> None:
+        while not self._closing.wait(self.interval):
+            self.send()
+        self.send()
+
+    def _lines(self) -> list[tuple[int, bytes]]:
+        """The complete lines past the offset, each with the offset just after it."""
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        lines, end = [], self.offset
+        for line in data[: data.rfind(b"\n") + 1].split(b"\n")[:-1]:
+            end += len(line) + 1
+            lines.append((end, line))
+        return lines
+
+    def _batches(self):
+        """``(offset after the batch, metrics)`` of at most ``_MAX_METRICS_PER_BATCH`` metrics each."""
+        from mlflow.entities import Metric
+
+        batch: list = []
+        end = self.offset
+        for line_end, line in self._lines():
             now = int(time.time() * 1000)
-            self.client.log_batch(self.run_id, metrics=[Metric(f"train.{k}", float(v), now, step)
-                                                        for k, v in metrics.items()])
+            try:
+                record = json.loads(line)
+                step = int(record.pop("step"))
+                metrics = [Metric(MLFLOW_PREFIX + k, float(v), now, step) for k, v in record.items()
+                           if isinstance(v, int | float)]
+            except (ValueError, KeyError, TypeError, AttributeError):
+                metrics = []  # not a metrics line: skip it
+            if batch and len(batch) + len(metrics) > _MAX_METRICS_PER_BATCH:
+                yield end, batch
+                batch = []
+            batch, end = batch + metrics, line_end
+        if end != self.offset:
+            yield end, batch
 
 
 @dataclass(slots=True)

@@ -10,7 +10,8 @@
 
 ``run.json`` is the :class:`~train_deploy.handoffs.RunSpec` the training node writes
 (``train_deploy.training.launch``): the ``training`` parameter block, the token files, the checkpoint and
-log folders, and the MLflow run to log into. :func:`main` reads top to bottom: set-up, model, optimizer,
+log folders. Rank 0 writes its metrics to ``metrics.jsonl`` and its log; the training node sends them to
+MLflow, so no worker needs its credentials. :func:`main` reads top to bottom: set-up, model, optimizer,
 parallelize, resume, then the loop: steps of gradient accumulation, clipping and AdamW, with metrics,
 evaluation and checkpoints. Only rank 0 logs and writes; every rank joins the collectives.
 """
@@ -65,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     train = TokenWindows(Path(spec.data.train_prefix), config.batch.seq_length, config.schedule.seed,
                          spec.data.dtype)
     valid = validation_set(job)
-    metrics = MetricsLog(spec.metrics_path, spec.mlflow, enabled=job.is_master)
+    metrics = MetricsLog(spec.metrics_path, enabled=job.is_master)
     throughput = _throughput(job, size)
     logger.info("Model: %s, %.2f M parameters, %.1f MFLOP/token; layout dp=%d mp=%d pp=%d sharding=%d, "
                 "%d accumulation step(s), peak lr %.3g", config.model.preset, size.parameters / 1e6,

@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from train_deploy.config import to_dict
-from train_deploy.handoffs import DataSpec, MlflowTarget, RunSpec, TokenManifest, TrainingResult, WorkFolder
+from train_deploy.handoffs import DataSpec, RunSpec, TokenManifest, TrainingResult, WorkFolder
 from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
 from train_deploy.training.launch import run_training
 
@@ -23,9 +23,9 @@ def train_model(training: dict[str, Any], token_files: TokenManifest, checkpoint
     layout = resolve_layout(config, config.world_size, data.vocab_size)  # fail before launching
     run_name = _run_name(config, token_files)
     spec = RunSpec(run_name=run_name, training=training, data=data, checkpoints=str(checkpoints.run(run_name)),
-                   logs=str(training_logs.run(run_name)), mlflow=_mlflow_run())
+                   logs=str(training_logs.run(run_name)))
     _log_resolved(layout, config)
-    result = run_training(config, spec)
+    result = run_training(config, spec, mlflow_run_id=_mlflow_run_id())
     logger.info("Training reached step %d; last checkpoint %s (validation loss %s)", result.step,
                 result.checkpoint, result.val_loss)
     return result
@@ -51,11 +51,12 @@ def _run_name(config: TrainingConfig, token_files: TokenManifest) -> str:
     return f"{token_files.fingerprint[:12]}-{digest}"
 
 
-def _mlflow_run() -> MlflowTarget | None:
+def _mlflow_run_id() -> str | None:
+    """The Kedro run's MLflow run (kedro-mlflow's), which this process sends rank 0's metrics to."""
     import mlflow
 
     run = mlflow.active_run()
-    return MlflowTarget(tracking_uri=mlflow.get_tracking_uri(), run_id=run.info.run_id) if run else None
+    return run.info.run_id if run else None
 
 
 def _log_resolved(layout: Layout, config: TrainingConfig) -> None:
