@@ -77,6 +77,7 @@ ACCEPTED: dict[str, tuple] = {
     "training.launch.nnodes": (HUGE,),
     "training.launch.node_rank": (0,),
     "training.launch.max_restart": (0, HUGE),
+    "training.launch.stall_timeout": (1.0, HUGE),
     "averaging.k": (HUGE,),
     "averaging.steps": (HUGE,),
     "averaging.max_step": (HUGE,),
@@ -86,6 +87,7 @@ ACCEPTED: dict[str, tuple] = {
     "export.server.gpu_memory_mb": (HUGE,),
     "export.server.tensorrt_max_batch": (HUGE,),
     "export.edge.threads": (),  # 1 to 1024
+    "export.edge.convert_timeout": (1.0, HUGE),
     "export.parity.samples": (HUGE,),
     "export.parity.seq_length": (HUGE,),  # capped by the model's context
     "export.parity.max_logit_diff": (1.0, HUGE),
