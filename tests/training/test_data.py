@@ -46,3 +46,12 @@ def test_too_little_text_for_one_sample_is_named(tmp_path):
     np.arange(5, dtype=np.uint16).tofile(f"{prefix}.bin")
     with pytest.raises(ValueError, match=r"tiny.bin: 5 tokens cannot fill one sample of seq_length 10"):
         TokenWindows(prefix, 10, 0, "uint16")
+
+
+def test_an_empty_or_missing_split_is_named(tmp_path):
+    (tmp_path / "valid.bin").write_bytes(b"")
+    with pytest.raises(ValueError, match=r"valid.bin: holds no tokens; use more text or a larger "
+                                         r"corpus.encoding.validation_fraction"):
+        TokenWindows(tmp_path / "valid", 10, 0, "uint16")
+    with pytest.raises(ValueError, match=r"other.bin: missing"):
+        TokenWindows(tmp_path / "other", 10, 0, "uint16")

@@ -21,6 +21,9 @@ class TokenWindows:
 
     def __init__(self, prefix: Path, seq_length: int, seed: int, dtype: str) -> None:
         path = Path(f"{prefix}.bin")
+        if not path.is_file() or path.stat().st_size == 0:  # numpy: "cannot mmap an empty file", no name
+            raise ValueError(f"{path}: {'missing' if not path.is_file() else 'holds no tokens'}; use more text or "
+                             "a larger corpus.encoding.validation_fraction (for the validation split)")
         self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
         self.seq_length, self.seed = seq_length, seed
         self.num_samples = (len(self.tokens) - 1) // seq_length
