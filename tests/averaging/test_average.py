@@ -17,7 +17,15 @@ from train_deploy.averaging.average import (
     select_checkpoints,
 )
 from train_deploy.averaging.config import AveragingConfig
-from train_deploy.training.checkpoint import CheckpointError, read_state
+from train_deploy.training.checkpoint import (
+    FILES_KEY,
+    MODEL_FILE,
+    CheckpointError,
+    file_record,
+    read_state,
+    verify_checkpoint,
+    write_checkpoint,
+)
 
 MODEL_CONFIG = {"hidden_size": 8, "vocab_size": 16}
 
@@ -132,6 +140,48 @@ def test_truncated_or_corrupt_file_is_named(run, tmp_path):
     with pytest.raises(CheckpointError, match=rf"{model}: (truncated|not a safetensors file)"):
         check_compatible(chosen)
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def recorded_run(folder: Path, steps=(10, 20, 30)) -> Path:
+    """Checkpoints as training writes them: every file's size and hash in ``state.json``."""
+    import paddle
+
+    for step in steps:
+        paddle.seed(step)
+        write_checkpoint(folder, step, {"a.weight": paddle.randn([64, 32]), "b.bias": paddle.randn([32])}, {},
+                         {"step": step, "model_config": MODEL_CONFIG}, keep_last=10)
+    return folder
+
+
+def test_the_average_records_its_size_and_hash_and_verifies(tmp_path):
+    config = AveragingConfig(k=3)
+    out = average_into(select_checkpoints(recorded_run(tmp_path / "ck"), config), config, tmp_path / "out")
+    state = json.loads((out / "state.json").read_text())
+    assert state[FILES_KEY] == {MODEL_FILE: file_record(out / MODEL_FILE)}
+    assert verify_checkpoint(out, [MODEL_FILE])["step"] == 30
+
+
+def test_a_damaged_source_stops_averaging_naming_the_file(tmp_path):
+    config = AveragingConfig(k=3)
+    run = recorded_run(tmp_path / "ck")
+    model = run / "step_00000020" / MODEL_FILE
+    original = model.read_bytes()
+    model.write_bytes(original[:-64])  # truncated: refused before anything is read
+    with pytest.raises(CheckpointError, match=rf"^{model}: {len(original) - 64} bytes, state.json records "
+                                              rf"{len(original)} \(truncated or overwritten\)$"):
+        select_checkpoints(run, config)
+    with pytest.raises(CheckpointError, match=rf"^{model}: {len(original) - 64} bytes"):
+        average_checkpoints([run / "step_00000010", run / "step_00000020"], config, tmp_path / "staging")
+    model.unlink()
+    with pytest.raises(CheckpointError, match=rf"^{model}: missing$"):
+        select_checkpoints(run, config)
+    # Tensor bytes zeroed, size and header intact: found by the hash taken while averaging reads them.
+    model.write_bytes(original[: len(original) // 2] + bytes(len(original) - len(original) // 2))
+    chosen = select_checkpoints(run, config)
+    with pytest.raises(CheckpointError, match=rf"^{model}: content changed since it was written \(xxh3-128 \w+, "
+                                              r"state.json records \w+\)$"):
+        average_into(chosen, config, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_bfloat16_checkpoints_average_in_float32_and_stay_bfloat16(tmp_path):

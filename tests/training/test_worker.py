@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import numpy as np
 import pytest
@@ -53,6 +54,26 @@ def test_resume_after_stop_reaches_the_same_weights(tmp_path, tiny_tokens, refer
     resumed, uninterrupted = weights(tmp_path, 6), weights(reference, 6)
     assert max(float(np.abs(resumed[k] - uninterrupted[k]).max()) for k in uninterrupted) <= 1e-6
     assert "Resumed from" in (tmp_path / "logs" / "node0" / "workerlog.0").read_text()
+
+
+def test_a_truncated_newest_checkpoint_is_moved_aside_and_every_rank_resumes_from_the_previous_one(
+        tmp_path, tiny_tokens, reference):
+    shutil.copytree(reference / "checkpoints", tmp_path / "checkpoints")  # steps 3 and 6, finished
+    newest = tmp_path / "checkpoints" / "step_00000006"
+    with open(newest / "model.safetensors", "r+b") as f:
+        f.truncate(f.seek(0, 2) - 100)
+    got = launch(tmp_path, tiny_tokens, training_params(2, parallel={"dp": 2}))
+    assert (got.step, got.finished) == (6, True)
+    (aside,) = (tmp_path / "checkpoints").glob("step_00000006.damaged-*")
+    assert (aside / "model.safetensors").stat().st_size == (reference / "checkpoints" / "step_00000006" /
+                                                            "model.safetensors").stat().st_size - 100
+    log = (tmp_path / "logs" / "node0" / "workerlog.0").read_text()
+    assert (f"Checkpoint {newest} is damaged ({newest / 'model.safetensors'}: ") in log
+    assert f"(truncated or overwritten)); moved aside to {aside.name}, trying the previous one" in log
+    assert f"Resumed from {newest.with_name('step_00000003')}: step 3" in log
+    assert "damaged" not in (tmp_path / "logs" / "node0" / "workerlog.1").read_text()  # only rank 0 moves
+    resumed, uninterrupted = weights(tmp_path, 6), weights(reference, 6)
+    assert max(float(np.abs(resumed[k] - uninterrupted[k]).max()) for k in uninterrupted) <= 1e-4
 
 
 def test_tensor_parallel_checkpoint_resumes_with_data_parallel(tmp_path, tiny_tokens, reference):

@@ -1,9 +1,11 @@
 """Streaming weight averaging of unified safetensors checkpoints.
 
-Every selected file is checked from its header alone (keys, shapes, dtypes, size) before any tensor
-is read. Then, tensor by tensor, each checkpoint's tensor is read into one of a few reused buffers,
-added in float32 to one accumulator and written out: memory holds a few tensors, whatever K is.
-Integer and boolean tensors are copied from the newest checkpoint.
+Every selected checkpoint is checked before any tensor is read: its model file has the size its
+``state.json`` records, and its header (keys, shapes, dtypes, size) fits the others'. Then, tensor by
+tensor, each checkpoint's tensor is read into one of a few reused buffers, added in float32 to one
+accumulator and written out: memory holds a few tensors, whatever K is. The hash each checkpoint records
+of its model file is compared with the bytes as they were read (no second read), and the average records
+its own size and hash the same way. Integer and boolean tensors are copied from the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -23,7 +25,17 @@ import numpy as np
 from train_deploy.averaging.config import AveragingConfig
 from train_deploy.averaging.streaming import DirectSink, ReadAhead
 from train_deploy.handoffs import CheckpointRef
-from train_deploy.training.checkpoint import MODEL_FILE, STATE_FILE, CheckpointError, complete_checkpoints, read_state
+from train_deploy.training.checkpoint import (
+    FILES_KEY,
+    MODEL_FILE,
+    STATE_FILE,
+    CheckpointError,
+    check_digest,
+    complete_checkpoints,
+    read_state,
+    safetensors_header,
+    verify_checkpoint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +43,7 @@ _FLOATING = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 
 
 def select_checkpoints(folder: str | Path, config: AveragingConfig) -> list[Path]:
-    """The checkpoints in ``folder`` to average, oldest first."""
+    """The checkpoints in ``folder`` to average, oldest first; a damaged one (wrong size) stops it."""
     found = complete_checkpoints(Path(folder))
     by_step = {read_state(p)["step"]: p for p in found}
     if config.select == "steps":
@@ -53,6 +65,8 @@ def select_checkpoints(folder: str | Path, config: AveragingConfig) -> list[Path
         if config.too_few == "raise" or not chosen:
             raise CheckpointError(message + " (set averaging.too_few: warn to average what exists)")
         logger.warning("%s; averaging those", message)
+    for path in chosen:
+        verify_checkpoint(path, [MODEL_FILE], contents=False)  # the hash is checked while averaging reads it
     return chosen
 
 
@@ -65,33 +79,13 @@ def averaging_weights(count: int, config: AveragingConfig) -> np.ndarray:
     return raw / raw.sum()
 
 
-def read_header(path: Path) -> dict[str, Any]:
-    """The safetensors header of ``path`` (tensor name → dtype, shape, offsets), checked against the file size."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            if length > size - 8:
-                raise CheckpointError(f"{path}: truncated (header of {length} bytes in a {size}-byte file)")
-            header = json.loads(f.read(length))
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: missing") from None
-    except (struct.error, ValueError, UnicodeDecodeError) as exc:
-        raise CheckpointError(f"{path}: not a safetensors file ({exc})") from None
-    header.pop("__metadata__", None)
-    end = 8 + length + max((t["data_offsets"][1] for t in header.values()), default=0)
-    if size < end:
-        raise CheckpointError(f"{path}: truncated ({size} bytes, the header describes {end})")
-    return header
-
-
 def check_compatible(paths: list[Path]) -> dict[str, Any]:
     """Same tensor names, shapes and dtypes, and the same model configuration, in every checkpoint."""
     first = paths[0]
-    reference = read_header(first / MODEL_FILE)
+    reference = safetensors_header(first / MODEL_FILE)
     reference_config = read_state(first).get("model_config")
     for other in paths[1:]:
-        header = read_header(other / MODEL_FILE)
+        header = safetensors_header(other / MODEL_FILE)
         for key in sorted(set(reference) | set(header)):
             if key not in header or key not in reference:
                 holder, lacking = (first, other) if key in reference else (other, first)
@@ -117,12 +111,20 @@ def averaging_fingerprint(paths: list[Path], config: AveragingConfig) -> str:
 
 
 def average_checkpoints(paths: list[Path], config: AveragingConfig, folder: Path) -> CheckpointRef:
-    """Average ``paths`` (oldest first) into the empty ``folder``; return the new checkpoint."""
+    """Average ``paths`` (oldest first) into the empty ``folder``; return the new checkpoint.
+
+    A source whose model file is not the one its ``state.json`` records (size before reading, hash after)
+    stops it with :class:`CheckpointError` naming the file; ``folder`` is then incomplete.
+    """
+    states = [verify_checkpoint(p, [MODEL_FILE], contents=False) for p in paths]
     header = check_compatible(paths)
     weights = averaging_weights(len(paths), config)
-    copied, hashes = _write_average([p / MODEL_FILE for p in paths], weights, header, Path(folder) / MODEL_FILE,
-                                    metadata={"format": "pt", "method": config.method})
-    newest = read_state(paths[-1])
+    copied, hashes, written = _write_average([p / MODEL_FILE for p in paths], weights, header,
+                                             Path(folder) / MODEL_FILE,
+                                             metadata={"format": "pt", "method": config.method})
+    for path, state, digest in zip(paths, states, hashes, strict=True):
+        check_digest(path / MODEL_FILE, state, digest)
+    newest = states[-1]
     state = {
         **{k: newest[k] for k in ("step", "model_config", "data", "training", "parameters") if k in newest},
         "val_loss": None,
@@ -130,11 +132,12 @@ def average_checkpoints(paths: list[Path], config: AveragingConfig, folder: Path
             "fingerprint": averaging_fingerprint(paths, config),
             "method": config.method, "decay": config.decay if config.method == "ema" else None,
             "weights": [float(w) for w in weights],
-            "sources": [{"path": str(p), "step": read_state(p)["step"], "xxh3_128": h}
-                        for p, h in zip(paths, hashes, strict=True)],
+            "sources": [{"path": str(p), "step": st["step"], "xxh3_128": h}
+                        for p, st, h in zip(paths, states, hashes, strict=True)],
             "copied_from_newest": copied,
             "note": "integer and boolean tensors are not averaged: they are taken from the newest checkpoint",
         },
+        FILES_KEY: {MODEL_FILE: written},
     }
     (Path(folder) / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
     logger.info("Averaged %d checkpoints (%s): steps %s", len(paths), config.method,
@@ -152,15 +155,18 @@ def _numpy_dtype(name: str) -> np.dtype:
 
 
 def _write_average(files: list[Path], weights: np.ndarray, header: dict[str, Any], out: Path,
-                   metadata: dict[str, str]) -> tuple[list[str], list[str]]:
+                   metadata: dict[str, str]) -> tuple[list[str], list[str], dict[str, Any]]:
     """Stream the weighted average into a safetensors file, one tensor in memory at a time.
 
     A reader thread reads every input byte once, in file order, up to three tensors ahead of the hashing
     (xxh3-128), the float32 sums (split over a small pool) and the output writes (a writer thread, direct
     to disk), across tensor boundaries, so the disk is never idle while the caller sums. Inputs are read
     with positioned reads, not memory maps: mapped pages of K multi-GB inputs would count as this
-    process's resident memory. Returns the names copied from the newest file and the inputs' hashes.
+    process's resident memory. Returns the names copied from the newest file, the inputs' hashes and the
+    output's size and hash (``state.json``'s record of it, hashed as it is written).
     """
+    import xxhash
+
     keys = sorted(header, key=lambda k: header[k]["data_offsets"][0])
     layout, offset = {}, 0
     for key in keys:
@@ -176,17 +182,25 @@ def _write_average(files: list[Path], weights: np.ndarray, header: dict[str, Any
     elements = max(((header[k]["data_offsets"][1] - header[k]["data_offsets"][0])
                     // _numpy_dtype(header[k]["dtype"]).itemsize for k in floating), default=0)
     sums = np.empty(elements, dtype=np.float32)  # reused for every tensor
+    written, size = xxhash.xxh3_128(), 0
+
+    def emit(data) -> None:
+        nonlocal size
+        written.update(data)
+        size += memoryview(data).nbytes
+        sink.write(data)
+
     with ExitStack() as stack:
         compute = stack.enter_context(ThreadPoolExecutor(max_workers=_COMPUTE_THREADS))
         reads = stack.enter_context(ReadAhead(files, header, keys))
         sink = stack.enter_context(DirectSink(out))
-        sink.write(struct.pack("<Q", len(encoded)) + encoded)
+        emit(struct.pack("<Q", len(encoded)) + encoded)
         for key in keys:
             info = header[key]
             if info["dtype"] not in _FLOATING:
                 for _ in files:
                     data = reads.next()
-                sink.write(data)  # the newest file's
+                emit(data)  # the newest file's
                 copied.append(key)
                 continue
             dtype = _numpy_dtype(info["dtype"])
@@ -197,9 +211,9 @@ def _write_average(files: list[Path], weights: np.ndarray, header: dict[str, Any
                             first=i == 0)
             if uniform:
                 _split(compute, lambda t: np.multiply(t, np.float32(weights[0]), out=t), total)
-            sink.write((total if dtype == np.float32 else total.astype(dtype)).view(np.uint8))
+            emit((total if dtype == np.float32 else total.astype(dtype)).view(np.uint8))
         hashes = reads.finish()
-    return copied, hashes
+    return copied, hashes, {"bytes": size, "xxh3_128": written.hexdigest()}
 
 
 _COMPUTE_THREADS = max(1, min(4, (os.cpu_count() or 2) - 1))  # a core is left to the reader thread

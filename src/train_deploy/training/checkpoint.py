@@ -2,25 +2,40 @@
 
 A checkpoint is a folder ``step_00000042/`` holding ``model.safetensors`` (parameters by their
 structured names), ``optimizer.safetensors`` (AdamW moments as ``<parameter>/<state>``),
-``rng_state.pdstates`` (Paddle's generator state) and ``state.json`` (step, consumed samples,
-learning-rate position, resolved configuration, metrics). It is written under a temporary name and
-renamed when complete, so a folder named ``step_*`` is always whole; only the last ``keep_last`` are kept.
+``rng_state.json`` (Paddle's generator states) and ``state.json`` (step, consumed samples,
+learning-rate position, resolved configuration, metrics, and the size and xxh3-128 hash of every other
+file). It is written under a temporary name and renamed when complete, so a folder named ``step_*`` is
+always whole when written; :func:`verify_checkpoint` tells whether it still is. Only the last
+``keep_last`` are kept; a damaged one that resuming skipped is moved aside (``step_*.damaged-<UTC time>``),
+never deleted.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import logging
+import os
 import re
 import shutil
+import struct
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from train_deploy.atomic import atomic_folder
+from train_deploy.atomic import atomic_folder, fsync_dir
 from train_deploy.handoffs import STATE_FILE
 
-MODEL_FILE, OPTIMIZER_FILE = "model.safetensors", "optimizer.safetensors"
-RNG_FILE = "rng_state.pdstates"  # Paddle generator state: pickled, written and read only by this project
+logger = logging.getLogger(__name__)
+
+MODEL_FILE, OPTIMIZER_FILE, RNG_FILE = "model.safetensors", "optimizer.safetensors", "rng_state.json"
+LEGACY_RNG_FILE = "rng_state.pdstates"
+"""Paddle's own serialisation of the generator states, written by checkpoints before ``rng_state.json``;
+no longer read (a run resumed from one continues with freshly seeded generators)."""
+FILES_KEY = "files"
+"""``state.json``'s record of the checkpoint's other files: name → ``{"bytes": …, "xxh3_128": …}``."""
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+_HASH_BLOCK = 16 << 20
 
 
 class CheckpointError(ValueError):
@@ -45,9 +60,36 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+def latest_intact_checkpoint(output_dir: Path) -> Path | None:
+    """The newest checkpoint that passes :func:`verify_checkpoint`; newer damaged ones are moved aside.
+
+    Each damaged one is renamed ``step_*.damaged-<UTC time>`` (kept for inspection, no longer a checkpoint)
+    with a warning naming it and what is wrong. Only one process of a run may call this (rank 0).
+    """
+    for folder in reversed(complete_checkpoints(output_dir)):
+        try:
+            verify_checkpoint(folder)
+            return folder
+        except CheckpointError as exc:
+            moved = _set_aside(folder)
+            logger.warning("Checkpoint %s is damaged (%s); %s, trying the previous one", folder, exc, moved)
+    return None
+
+
+def _set_aside(folder: Path) -> str:
+    """Rename a damaged checkpoint out of the ``step_*`` pattern; say where it went."""
+    aside = folder.with_name(f"{folder.name}.damaged-{dt.datetime.now(dt.UTC):%Y-%m-%dT%H.%M.%S.%fZ}")
+    try:
+        os.replace(folder, aside)
+        fsync_dir(folder.parent)
+    except OSError as exc:  # still skipped: the choice does not depend on the rename
+        return f"could not move it aside ({exc})"
+    return f"moved aside to {aside.name}"
+
+
 def write_checkpoint(output_dir: Path, step: int, model: dict[str, Any], optimizer: dict[str, Any],
                      state: dict[str, Any], keep_last: int) -> Path:
-    """Write a checkpoint atomically (tensors are paddle Tensors or numpy arrays) and prune old ones."""
+    """Write a checkpoint atomically (paddle Tensors; its files recorded in ``state.json``); prune old ones."""
     import paddle
     from safetensors.paddle import save_file
 
@@ -56,8 +98,10 @@ def write_checkpoint(output_dir: Path, step: int, model: dict[str, Any], optimiz
     with atomic_folder(final) as tmp:  # a rerun of the same step replaces it whole
         save_file(model, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)})
         save_file(optimizer, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt", "step": str(step)})
-        paddle.save(paddle.get_rng_state(), str(tmp / RNG_FILE))
-        (tmp / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
+        (tmp / RNG_FILE).write_text(json.dumps(rng_state(paddle.get_rng_state())), encoding="utf-8")
+        # state.json last: it records what the other files must be, for verify_checkpoint
+        files = {name: file_record(tmp / name) for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE)}
+        (tmp / STATE_FILE).write_text(json.dumps({**state, FILES_KEY: files}, indent=2), encoding="utf-8")
     for old in complete_checkpoints(output_dir)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -66,13 +110,103 @@ def write_checkpoint(output_dir: Path, step: int, model: dict[str, Any], optimiz
 def read_state(folder: Path) -> dict[str, Any]:
     path = Path(folder) / STATE_FILE
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{path}: unreadable checkpoint state ({exc})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: unreadable checkpoint state (not a JSON object)")
+    return state
+
+
+def file_record(path: Path) -> dict[str, Any]:
+    """What ``state.json`` records of a checkpoint file: its size and xxh3-128 hash."""
+    import xxhash
+
+    hasher = xxhash.xxh3_128()
+    with open(path, "rb") as f:
+        while block := f.read(_HASH_BLOCK):
+            hasher.update(block)
+    return {"bytes": Path(path).stat().st_size, "xxh3_128": hasher.hexdigest()}
+
+
+def verify_checkpoint(folder: Path, files: Iterable[str] | None = None, *, contents: bool = True) -> dict[str, Any]:
+    """Return ``folder``'s state if it is intact, else raise :class:`CheckpointError` naming the damaged file.
+
+    ``state.json`` must parse, and each file it records (or only ``files``) must exist with its recorded size
+    and, unless ``contents`` is false (the caller hashes while reading: :func:`check_digest`), its recorded
+    xxh3-128 hash. A checkpoint that records no files (written before they were recorded) passes when its
+    safetensors files (``files``, else model and optimizer) have a header that describes their size.
+    """
+    folder = Path(folder)
+    state = read_state(folder)
+    recorded = state.get(FILES_KEY)
+    if recorded is None:
+        for name in files if files is not None else (MODEL_FILE, OPTIMIZER_FILE):
+            safetensors_header(folder / name)
+        return state
+    if not isinstance(recorded, dict):
+        raise CheckpointError(f"{folder / STATE_FILE}: {FILES_KEY!r} is not a mapping of file records")
+    for name in files if files is not None else recorded:
+        record = recorded.get(name)
+        if not isinstance(record, dict):
+            raise CheckpointError(f"{folder / STATE_FILE}: no record of {name}")
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"{path}: missing")
+        size = path.stat().st_size
+        if size != record.get("bytes"):
+            raise CheckpointError(f"{path}: {size} bytes, {STATE_FILE} records {record.get('bytes')} (truncated or "
+                                  "overwritten)")
+        if contents:
+            check_digest(path, state, file_record(path)["xxh3_128"])
+    return state
+
+
+def check_digest(path: Path, state: dict[str, Any], digest: str) -> None:
+    """Raise unless ``digest`` (xxh3-128 of ``path``'s bytes) is the one its checkpoint's ``state`` records."""
+    expected = (state.get(FILES_KEY) or {}).get(Path(path).name, {}).get("xxh3_128")
+    if expected is not None and digest != expected:
+        raise CheckpointError(f"{path}: content changed since it was written (xxh3-128 {digest}, "
+                              f"{STATE_FILE} records {expected})")
+
+
+def check_trained_on(state: dict[str, Any], corpus_fingerprint: str, checkpoint: Path) -> None:
+    """Raise unless the checkpoint (its ``state``) was trained on the corpus ``corpus_fingerprint`` names.
+
+    A checkpoint that records no corpus fingerprint passes with a warning: it cannot be checked.
+    """
+    recorded = (state.get("data") or {}).get("corpus_fingerprint")
+    if recorded is None:
+        logger.warning("%s records no corpus fingerprint: cannot check that it was trained on the token files of "
+                       "corpus %s", checkpoint, corpus_fingerprint)
+    elif recorded != corpus_fingerprint:
+        raise CheckpointError(f"{checkpoint} was trained on corpus {recorded} but the token files are corpus "
+                              f"{corpus_fingerprint}; use the token files it was trained on")
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """The safetensors header of ``path`` (tensor name → dtype, shape, offsets), checked against the file size."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > size - 8:
+                raise CheckpointError(f"{path}: truncated (header of {length} bytes in a {size}-byte file)")
+            header = json.loads(f.read(length))
+        header.pop("__metadata__", None)
+        end = 8 + length + max((int(t["data_offsets"][1]) for t in header.values()), default=0)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except (struct.error, ValueError, UnicodeDecodeError, AttributeError, LookupError, TypeError) as exc:
+        raise CheckpointError(f"{path}: not a safetensors file ({exc!r})") from None
+    if size < end:
+        raise CheckpointError(f"{path}: truncated ({size} bytes, the header describes {end})")
+    return header
 
 
 def read_tensors(path: Path) -> dict[str, Any]:
-    """All tensors of a safetensors file as paddle Tensors (no pickle)."""
+    """All tensors of a safetensors file as paddle Tensors."""
     from safetensors import SafetensorError
     from safetensors.paddle import load_file
 
@@ -100,7 +234,7 @@ def check_weights(weights: dict[str, Any], shapes: dict[str, list[int]], path: P
 
 
 def load_weights(model, folder: Path) -> None:
-    """Set ``model``'s parameters from ``folder``'s model file (safetensors, no pickle), cast to its dtypes."""
+    """Set ``model``'s parameters from ``folder``'s model file (safetensors), cast to its dtypes."""
     path = Path(folder) / MODEL_FILE
     weights = read_tensors(path)
     expected = dict(model.state_dict())
@@ -159,7 +293,7 @@ def restore_training_state(model, optimizer, folder: Path) -> dict[str, Any]:
     for name, param in params.items():
         param.set_value(dist.shard_tensor(weights[name].astype(param.dtype), param.process_mesh, param.placements))
     _restore_optimizer(optimizer, params, folder / OPTIMIZER_FILE)
-    _restore_rng(folder / RNG_FILE)
+    _restore_rng(folder)
     return state
 
 
@@ -181,8 +315,41 @@ def _restore_optimizer(optimizer, params: dict[str, Any], path: Path) -> None:
     optimizer.set_state_dict(restored)
 
 
-def _restore_rng(path: Path) -> None:
+def _restore_rng(folder: Path) -> None:
     import paddle
 
-    if path.is_file():  # written by this project's own run (write_checkpoint), so unpickling it is safe
-        paddle.set_rng_state(paddle.load(str(path)))
+    if (folder / RNG_FILE).is_file():
+        try:
+            states = restored_rng_state(json.loads((folder / RNG_FILE).read_text(encoding="utf-8")))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{folder / RNG_FILE}: unreadable generator state ({exc!r})") from None
+        paddle.set_rng_state(states)
+    elif (folder / LEGACY_RNG_FILE).is_file():
+        logger.warning("%s: generator state in Paddle's own format, no longer read; the random numbers of this "
+                       "run continue from the seed, not from where the checkpointed run stopped",
+                       folder / LEGACY_RNG_FILE)
+
+
+# --- Paddle's generator states as JSON --------------------------------------------------------------
+
+
+def rng_state(states) -> dict[str, Any]:
+    """``paddle.get_rng_state()`` as JSON: per device generator its seed, offset and engine state (text)."""
+    generators = []
+    for state in states:
+        device, seed, offset, engine = state.__getstate__()  # the generator's plain numbers
+        generators.append({"device": device, "seed": seed, "offset": offset, "engine": bytes(engine).decode("latin-1")})
+    return {"generators": generators}
+
+
+def restored_rng_state(saved: dict[str, Any]) -> list:
+    """The ``GeneratorState`` list that ``paddle.set_rng_state`` takes, from :func:`rng_state`'s JSON."""
+    from paddle.base.core import GeneratorState
+
+    states = []
+    for generator in saved["generators"]:
+        state = GeneratorState.__new__(GeneratorState)  # it has no constructor; its __setstate__ fills it
+        state.__setstate__((int(generator["device"]), int(generator["seed"]), int(generator["offset"]),
+                            list(generator["engine"].encode("latin-1"))))
+        states.append(state)
+    return states

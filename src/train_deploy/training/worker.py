@@ -32,7 +32,7 @@ import numpy as np
 from train_deploy.evaluation import mean_token_loss, next_token_loss, perplexity, validation_windows
 from train_deploy.handoffs import RunSpec, TrainingResult, read_json, to_json, write_json
 from train_deploy.training.checkpoint import (
-    latest_checkpoint,
+    latest_intact_checkpoint,
     restore_training_state,
     step_dir,
     training_state,
@@ -255,9 +255,9 @@ class Progress:
 
 
 def resume(trainer: Trainer) -> Progress:
-    """Continue from the run's latest complete checkpoint (``schedule.resume: auto``), else from step 0."""
+    """Continue from the run's latest intact checkpoint (``schedule.resume: auto``), else from step 0."""
     job = trainer.job
-    latest = latest_checkpoint(Path(job.spec.checkpoints)) if job.config.schedule.resume == "auto" else None
+    latest = resume_point(job) if job.config.schedule.resume == "auto" else None
     if latest is None:
         return Progress()
     state = restore_training_state(trainer.model, trainer.optimizer, latest)
@@ -268,6 +268,21 @@ def resume(trainer: Trainer) -> Progress:
                 latest, progress.step, progress.consumed_samples, state["layout"]["dp"], state["layout"]["mp"],
                 job.layout.dp, job.layout.mp)
     return progress
+
+
+def resume_point(job: Job) -> Path | None:
+    """The checkpoint every rank resumes from: rank 0 verifies them, newest first, and moves damaged ones
+    aside (:func:`latest_intact_checkpoint`); its choice is broadcast, so no rank sees a folder half-moved."""
+    folder = Path(job.spec.checkpoints)
+    chosen = latest_intact_checkpoint(folder) if job.is_master else None
+    if job.world > 1:
+        import paddle
+        import paddle.distributed as dist
+
+        step = paddle.to_tensor([-1 if chosen is None else int(chosen.name.removeprefix("step_"))], dtype="int64")
+        dist.broadcast(step, src=0)
+        chosen = None if int(step.item()) < 0 else step_dir(folder, int(step.item()))
+    return chosen
 
 
 def validation_set(job: Job) -> np.ndarray | None:
