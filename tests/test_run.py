@@ -54,8 +54,13 @@ def test_kedro_run_corpus_pipeline_records_params_manifest_and_metrics_in_mlflow
 def test_train_deploy_against_a_tracking_server_puts_the_bundle_in_the_run(project, tmp_path, capsys, mlflow_server,
                                                                             monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
+    for name in ("MLFLOW_TRACKING_PASSWORD", "AWS_SECRET_ACCESS_KEY"):  # credentials a scheduler would hold
+        monkeypatch.setenv(name, f"canary-{name.lower()}-4f1c")
     with KedroSession.create(project_path=project, runtime_params=_tiny_train_deploy_params()) as session:
         session.run(pipeline_names=["train_deploy"])
+    written = [p for root in (project, mlflow_server.root) for p in root.rglob("*") if p.is_file()]
+    assert any(p.name.startswith("envlog.") for p in written)  # the launcher's dump of its environment is read too
+    assert [p for p in written if b"-4f1c" in p.read_bytes()] == []  # data/, the MLflow store, its artifacts
 
     result = json.loads((project / "data/08_reporting/training_result.json").read_text(encoding="utf-8"))
     assert result["finished"] and result["step"] == 4 and result["layout"]["dp"] == 2
