@@ -62,10 +62,26 @@ def test_missing_or_corrupt_checkpoint_is_named(tmp_path, tiny_checkpoint, tiny_
         export_into(out, tiny_checkpoint.parent / "step_00000099", tiny_tokenizer, tiny_token_files)
     broken = tmp_path / "step_00000006"
     shutil.copytree(tiny_checkpoint, broken)
-    with open(broken / "model.safetensors", "r+b") as f:
-        f.truncate(f.seek(0, 2) // 2)
-    with pytest.raises(CheckpointError, match=r"step_00000006/model.safetensors: corrupt or truncated"):
+    model = broken / "model.safetensors"
+    size = model.stat().st_size
+    with open(model, "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(CheckpointError, match=rf"^{model}: {size // 2} bytes, state.json records {size} "
+                                              r"\(truncated or overwritten\)$"):
         export_into(out, broken, tiny_tokenizer, tiny_token_files)
+    model.write_bytes(bytes(size))  # zeroed: the recorded size, not the recorded content
+    with pytest.raises(CheckpointError, match=rf"^{model}: content changed since it was written"):
+        export_into(out, broken, tiny_tokenizer, tiny_token_files)
+    assert _nothing_written(tmp_path / "out")
+
+
+def test_token_files_of_another_corpus_are_refused_naming_both_fingerprints(tmp_path, tiny_checkpoint,
+                                                                             tiny_tokenizer, tiny_token_files):
+    other = dataclasses.replace(tiny_token_files, fingerprint="0" * 32)
+    with pytest.raises(CheckpointError, match=rf"^{tiny_checkpoint} was trained on corpus "
+                                              rf"{tiny_token_files.fingerprint} but the token files are corpus "
+                                              rf"{'0' * 32}; use the token files it was trained on$"):
+        export_into(tmp_path / "out" / "bundle", tiny_checkpoint, tiny_tokenizer, other)
     assert _nothing_written(tmp_path / "out")
 
 

@@ -42,7 +42,13 @@ from train_deploy.handoffs import (
     to_json,
     write_json,
 )
-from train_deploy.training.checkpoint import MODEL_FILE, STATE_FILE, CheckpointError, read_state
+from train_deploy.training.checkpoint import (
+    MODEL_FILE,
+    STATE_FILE,
+    CheckpointError,
+    check_trained_on,
+    verify_checkpoint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,11 +59,14 @@ def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManif
                   provenance: dict[str, Any], folder: Path) -> Bundle:
     """Export ``checkpoint`` into the empty ``folder`` and prove it; return the bundle's description.
 
-    Parity is measured on the first windows of the validation split of ``tokens`` (the corpus the checkpoint
-    was trained on); when it fails, its report is kept beside ``folder`` and :class:`ParityError` is raised.
+    Parity is measured on the first windows of the validation split of ``tokens``, which must be the corpus
+    the checkpoint was trained on; when it fails, its report is kept beside ``folder`` and
+    :class:`ParityError` is raised. A damaged checkpoint (model file or ``state.json`` not as written) or
+    another corpus stops it first with :class:`CheckpointError`.
     """
     checkpoint, folder = Path(checkpoint), Path(folder)
-    state = read_state(checkpoint)
+    state = verify_checkpoint(checkpoint, [MODEL_FILE])
+    check_trained_on(state, tokens.fingerprint, checkpoint)
     check_tokenizer(tokenizer, state, checkpoint)
     version = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H.%M.%S.%fZ")
     model = load_inference_model(checkpoint)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,8 @@ from train_deploy.datasets import ArtifactFolderDataset
 from train_deploy.evaluation import load_model, validation_loss, validation_windows
 from train_deploy.handoffs import CheckpointRef, SelectedCheckpoint
 from train_deploy.pipelines.averaging import create_pipeline
+from train_deploy.pipelines.averaging.nodes import average, evaluate
+from train_deploy.training.checkpoint import CheckpointError
 
 pytestmark = pytest.mark.slow
 
@@ -54,3 +58,25 @@ def test_an_unchanged_average_is_kept_and_a_new_method_rebuilds_it(tmp_path, tin
     first = run({"k": 2})
     assert run({"k": 2}) == first  # same sources, same method: the folder (and so the export) is kept
     assert run({"k": 2, "method": "ema"}) != first
+
+
+def test_evaluation_on_token_files_of_another_corpus_stops_naming_both_fingerprints(tiny_run, tiny_token_files):
+    other = dataclasses.replace(tiny_token_files, fingerprint="f" * 32)
+    with pytest.raises(CheckpointError, match=rf"^{tiny_run.checkpoint} was trained on corpus "
+                                              rf"{tiny_token_files.fingerprint} but the token files are corpus "
+                                              rf"{'f' * 32}; use the token files it was trained on$"):
+        evaluate({"k": 2}, CheckpointRef.read_folder(Path(tiny_run.checkpoint)), tiny_run, other)
+
+
+def test_a_damaged_checkpoint_stops_averaging_and_evaluation_naming_the_file(tmp_path, tiny_run, tiny_token_files):
+    run = dataclasses.replace(tiny_run, checkpoints=str(tmp_path / "checkpoints"),
+                              checkpoint=str(tmp_path / "checkpoints" / "step_00000006"))
+    shutil.copytree(tiny_run.checkpoints, run.checkpoints)
+    model = Path(run.checkpoint) / "model.safetensors"
+    model.write_bytes(bytes(model.stat().st_size))
+    with pytest.raises(CheckpointError, match=rf"^{model}: content changed since it was written"):
+        evaluate({"k": 2}, CheckpointRef.read_folder(Path(tiny_run.checkpoint)), run, tiny_token_files)
+    with open(model, "r+b") as f:
+        f.truncate(100)
+    with pytest.raises(CheckpointError, match=rf"^{model}: 100 bytes, state.json records \d+"):
+        average({"k": 2}, run)

@@ -11,6 +11,7 @@ from train_deploy.averaging.config import AveragingConfig
 from train_deploy.datasets import FolderWork
 from train_deploy.evaluation import load_model, perplexity, validation_loss, validation_windows
 from train_deploy.handoffs import CheckpointRef, SelectedCheckpoint, TokenManifest, TrainingResult
+from train_deploy.training.checkpoint import MODEL_FILE, check_trained_on, verify_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -26,11 +27,16 @@ def average(averaging: dict[str, Any], training_result: TrainingResult) -> Folde
 
 def evaluate(averaging: dict[str, Any], averaged_checkpoint: CheckpointRef, training_result: TrainingResult,
              token_files: TokenManifest) -> tuple[SelectedCheckpoint, dict[str, Any], Any]:
-    """Return the selected checkpoint, the comparison metrics and a bar plot of both perplexities."""
+    """Return the selected checkpoint, the comparison metrics and a bar plot of both perplexities.
+
+    Both checkpoints must be intact and trained on the corpus of ``token_files``, else it stops naming them.
+    """
     config = AveragingConfig.from_params(averaging)
     candidates = {"last": CheckpointRef(path=training_result.checkpoint, step=training_result.step,
                                         val_loss=training_result.val_loss),
                   "averaged": averaged_checkpoint}
+    for ref in candidates.values():
+        check_trained_on(verify_checkpoint(ref.path, [MODEL_FILE]), token_files.fingerprint, ref.path)
     windows = validation_windows(token_files.prefix("valid"), token_files.dtype, training_result.seq_length,
                                  training_result.eval_windows)
     losses = {name: validation_loss(load_model(ref.path), windows) for name, ref in candidates.items()}
