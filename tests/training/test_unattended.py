@@ -260,7 +260,7 @@ def test_no_credential_reaches_the_run_folders_and_log_folders_are_private(tmp_p
 def test_metrics_reach_the_mlflow_run_from_the_node_each_step_once(tmp_path, tiny_tokens, tracking_uri):
     params = training_params(1)
     tracking_uri(f"sqlite:///{tmp_path / 'mlruns.db'}")
-    with mlflow.start_run() as run:
+    with mlflow.start_run(experiment_id=mlflow.create_experiment("unattended")) as run:  # not a global one
         run_training(TrainingConfig.from_params(params), run_spec(tmp_path, tiny_tokens, params),
                      mlflow_run_id=run.info.run_id)
     client = mlflow.MlflowClient()
