@@ -18,6 +18,7 @@ import dataclasses
 import importlib
 import logging
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -68,6 +69,11 @@ class ArtifactFolderDataset(AbstractVersionedDataset[FolderWork, Any]):
 
     def _describe(self) -> dict[str, Any]:
         return {"path": str(self._filepath), "description": self._description.__name__, "version": self._version}
+
+    @property
+    def folder(self) -> Path:
+        """The configured location (with ``versions``, the folder that holds the versions)."""
+        return Path(self._filepath)
 
     def _save(self, work: FolderWork) -> None:
         final = Path(self._get_save_path())
@@ -157,6 +163,11 @@ class WorkFolderDataset(AbstractVersionedDataset[None, WorkFolder]):
     def _describe(self) -> dict[str, Any]:
         return {"path": str(self._filepath)}
 
+    @property
+    def folder(self) -> Path:
+        """The configured location."""
+        return Path(self._filepath)
+
     def _load(self) -> WorkFolder:
         return WorkFolder(path=str(self._filepath))
 
@@ -192,6 +203,4 @@ def _link_tree(source: Path, target: Path) -> None:
             try:
                 os.link(Path(root) / name, here / name)
             except OSError:
-                import shutil
-
                 shutil.copy2(Path(root) / name, here / name)

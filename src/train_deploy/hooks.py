@@ -64,7 +64,7 @@ def _report_leftovers(data: Path | None, catalog) -> None:
     for name in catalog:
         dataset = catalog.get(name)
         if isinstance(dataset, ArtifactFolderDataset | WorkFolderDataset):
-            folder = Path(dataset._filepath)
+            folder = dataset.folder
             if data is None or not folder.is_relative_to(data):  # data/ was walked already
                 removed += clean_leftovers(folder)
                 removed += remove_leftovers(folder.parent, prefix=f".{folder.name}.")
