@@ -5,36 +5,94 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 PIPELINE ?= train_deploy
 
+# Paddle wheel flavour: DEVICE=cpu installs requirements.lock (paddlepaddle), DEVICE=gpu installs
+# requirements-gpu.lock (paddlepaddle-gpu from Paddle's index for CUDA). A venv records the flavour it was
+# built with (VENV_DEVICE, VENV_CUDA in $(VENV)/.flavour.mk), and that is the default afterwards, so a plain
+# `make test` keeps a GPU venv a GPU venv instead of installing the CPU lock over it. A venv without the
+# record is a CPU one (every venv before the record was).
+-include $(VENV)/.flavour.mk
+DEVICE ?= $(or $(VENV_DEVICE),cpu)
+CUDA   ?= $(or $(VENV_CUDA),cu126)
+# The CUDA builds Paddle 3.3 publishes, each on its own index.
+PADDLE_CUDA_BUILDS := cu118 cu126 cu129 cu130
+PADDLE_INDEX = https://www.paddlepaddle.org.cn/packages/stable/$(CUDA)/
+
+ifeq ($(DEVICE),cpu)
+LOCK         := requirements.lock
+PADDLE       := paddlepaddle
+OTHER_PADDLE := paddlepaddle-gpu
+INDEX_ARGS   :=
+else ifeq ($(DEVICE),gpu)
+ifeq ($(filter $(CUDA),$(PADDLE_CUDA_BUILDS)),)
+$(error CUDA=$(CUDA): Paddle 3.3's GPU wheel is built for CUDA=$(PADDLE_CUDA_BUILDS) (pick the newest your driver runs))
+endif
+LOCK         := requirements-gpu.lock
+PADDLE       := paddlepaddle-gpu
+OTHER_PADDLE := paddlepaddle
+INDEX_ARGS   := --extra-index-url $(PADDLE_INDEX)
+else
+$(error DEVICE=$(DEVICE): DEVICE takes cpu or gpu)
+endif
+
+# Building another flavour than the venv's reinstalls it even when its stamp is newer than every lock.
+flavour = $(1)$(if $(filter gpu,$(1)),-$(2))
+ifneq ($(call flavour,$(DEVICE),$(CUDA)),$(call flavour,$(or $(VENV_DEVICE),cpu),$(VENV_CUDA)))
+$(STAMP): FORCE
+endif
+
 # Kedro telemetry never prompts or phones home (settings.py also disables the plugin's hooks).
 export KEDRO_DISABLE_TELEMETRY := 1
 export DO_NOT_TRACK := 1
 
-.PHONY: run test viz bench lock clean-data
+.PHONY: venv check-paddle run test viz bench lock clean-data FORCE
 
-$(STAMP): requirements.lock pyproject.toml setup.py src/train_deploy/corpus/_fast.c
+# The stamp goes first and the flavour record is written before anything is installed, so an interrupted
+# build is redone, as the same flavour, by the next make. Both Paddle wheels own paddle/: when the other
+# flavour's wheel is there, neither copy is whole, so both are uninstalled before the lock installs one.
+$(STAMP): $(LOCK) pyproject.toml setup.py src/train_deploy/corpus/_fast.c
+	rm -f $@
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	printf 'VENV_DEVICE := %s\nVENV_CUDA := %s\n' $(DEVICE) $(CUDA) > $(VENV)/.flavour.mk
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "pip==26.3"
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	if $(BIN)/python -m pip show --quiet $(OTHER_PADDLE) 2>/dev/null; then \
+		$(BIN)/python -m pip uninstall --quiet --disable-pip-version-check --yes $(OTHER_PADDLE) $(PADDLE); fi
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r $(LOCK) $(INDEX_ARGS)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
-run: $(STAMP)
+# The GPU lock is the CPU lock with Paddle's GPU wheel in place of its CPU one; `make lock` rewrites both.
+requirements-gpu.lock: requirements.lock
+	{ echo "# Generated from requirements.lock by make (\`make lock\` rewrites both): do not edit."; \
+	  echo "# paddlepaddle-gpu comes from Paddle's index for one CUDA build (make venv DEVICE=gpu CUDA=cu126), e.g."; \
+	  echo "#   pip install -r requirements-gpu.lock --extra-index-url https://www.paddlepaddle.org.cn/packages/stable/cu126/"; \
+	  sed 's/^paddlepaddle==/paddlepaddle-gpu==/' $<; } > $@.tmp
+	grep -q '^paddlepaddle-gpu==' $@.tmp || { rm -f $@.tmp; echo "requirements.lock pins no paddlepaddle==" >&2; exit 1; }
+	mv $@.tmp $@
+
+# Build (or switch the flavour of) the venv without running anything: `make venv DEVICE=gpu CUDA=cu126`.
+venv: check-paddle
+
+# Refuses a venv holding the other flavour's Paddle wheel, e.g. pip-installed by hand (tools/check_paddle_wheel.py).
+check-paddle: $(STAMP)
+	@$(BIN)/python tools/check_paddle_wheel.py --device $(DEVICE)
+
+run: check-paddle
 	$(BIN)/kedro run --pipeline $(PIPELINE)
 
-test: $(STAMP)
+test: check-paddle
 	$(BIN)/python -m pytest
 
 # The pipeline picture: a static Kedro-Viz site in build/ (view it with `python -m http.server -d build`).
 # `kedro viz build` exits 0 even when the project fails to load, and draws a dataset it cannot build as a
 # MemoryDataset, so every dataset of the pipeline is built first and the pipeline's page is checked after.
-viz: $(STAMP)
+viz: check-paddle
 	$(BIN)/kedro catalog describe-datasets --pipeline $(PIPELINE) > /dev/null
 	rm -rf build
 	$(BIN)/kedro viz build
 	test -s build/api/deploy-viz-metadata && test -s build/api/pipelines/$(PIPELINE) \
 		|| { echo "kedro viz build wrote no page for pipeline $(PIPELINE): see its ERROR above" >&2; exit 1; }
 
-bench: $(STAMP)
+bench: check-paddle
 	$(BIN)/python benchmarks/bench_tokenize.py
 
 # Re-resolve the lock file from requirements.in (maintainers only).
@@ -43,6 +101,9 @@ lock:
 	.venv-lock/bin/pip install --quiet -r requirements.in
 	.venv-lock/bin/pip freeze --exclude-editable > requirements.lock
 	rm -rf .venv-lock
+	$(MAKE) --no-print-directory requirements-gpu.lock
 
 clean-data:
 	rm -rf data/04_feature/tokens data/06_models/tokenizer data/08_reporting/* mlruns.db mlartifacts
+
+FORCE:
