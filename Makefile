@@ -60,12 +60,14 @@ $(STAMP): $(LOCK) pyproject.toml setup.py src/train_deploy/corpus/_fast.c
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
-# The GPU lock is the CPU lock with Paddle's GPU wheel in place of its CPU one; `make lock` rewrites both.
-requirements-gpu.lock: requirements.lock
+# The GPU lock is the CPU lock with Paddle's GPU wheel in place of its CPU one. Both are committed and
+# `make lock` rewrites both (tests/test_install.py checks they agree). requirements.lock is no prerequisite:
+# a checkout that happens to write it after this file must not reinstall a GPU venv.
+requirements-gpu.lock:
 	{ echo "# Generated from requirements.lock by make (\`make lock\` rewrites both): do not edit."; \
 	  echo "# paddlepaddle-gpu comes from Paddle's index for one CUDA build (make venv DEVICE=gpu CUDA=cu126), e.g."; \
 	  echo "#   pip install -r requirements-gpu.lock --extra-index-url https://www.paddlepaddle.org.cn/packages/stable/cu126/"; \
-	  sed 's/^paddlepaddle==/paddlepaddle-gpu==/' $<; } > $@.tmp
+	  sed 's/^paddlepaddle==/paddlepaddle-gpu==/' requirements.lock; } > $@.tmp
 	grep -q '^paddlepaddle-gpu==' $@.tmp || { rm -f $@.tmp; echo "requirements.lock pins no paddlepaddle==" >&2; exit 1; }
 	mv $@.tmp $@
 
@@ -101,7 +103,7 @@ lock:
 	.venv-lock/bin/pip install --quiet -r requirements.in
 	.venv-lock/bin/pip freeze --exclude-editable > requirements.lock
 	rm -rf .venv-lock
-	$(MAKE) --no-print-directory requirements-gpu.lock
+	$(MAKE) --no-print-directory --always-make requirements-gpu.lock
 
 clean-data:
 	rm -rf data/04_feature/tokens data/06_models/tokenizer data/08_reporting/* mlruns.db mlartifacts
