@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 
 from train_deploy.evaluation import (
+    PORTABLE_SETTINGS,
     load_model,
     mean_token_loss,
     model_batch_loss,
     perplexity,
+    portable_model_config,
     validation_loss,
     validation_windows,
 )
@@ -85,6 +87,34 @@ def test_a_loaded_checkpoint_computes_the_saved_models_logits(tmp_path):
     assert all(p.dtype == paddle.float32 for p in loaded.parameters())
     ids = windows(3)[:, :-1]
     np.testing.assert_allclose(eager_logits(loaded, ids), eager_logits(trained, ids), rtol=0, atol=1e-5)
+
+
+def test_a_checkpoint_trained_with_flash_attention_and_fused_kernels_loads_portable(tmp_path):
+    """A GPU run records use_flash_attention and use_fused_rope (neither runs in float32 on GPU): the model
+    rebuilt from its checkpoint uses portable attention and RoPE, and computes the same logits."""
+    from train_deploy.export.graph import eager_logits
+
+    trained = tiny_model(seed=4)
+    gpu_flags = {"use_flash_attention": True, "use_fused_rope": True, "use_fused_rms_norm": True,
+                 "sequence_parallel": False, "recompute": True, "dtype": "bfloat16"}
+    write_checkpoint(tmp_path, 1, dict(trained.named_parameters()), {},
+                     {"step": 1, "model_config": {**trained.config.to_dict(), **gpu_flags}}, keep_last=1)
+    loaded = load_model(tmp_path / "step_00000001")
+    config = loaded.config
+    assert not config.use_flash_attention and not config.use_fused_rope and not config.use_fused_rms_norm
+    assert not config.recompute and config.dtype == "float32"
+    assert all(not layer.self_attn.use_fused_rope for layer in loaded.llama.layers)
+    ids = windows(2)[:, :-1]
+    np.testing.assert_allclose(eager_logits(loaded, ids), eager_logits(trained, ids), rtol=0, atol=1e-5)
+
+
+def test_portable_model_config_keeps_what_the_model_computes():
+    recorded = {"hidden_size": 64, "fuse_attention_qkv": True, "use_flash_attention": True, "use_fused_rope": True,
+                "tensor_parallel_degree": 4}
+    portable = portable_model_config(recorded)
+    assert portable["hidden_size"] == 64 and portable["fuse_attention_qkv"]  # the weights' layout stays
+    assert portable == {**recorded, **PORTABLE_SETTINGS} and portable["tensor_parallel_degree"] == 1
+    assert portable_model_config({**recorded, "use_flash_attention": False}) == portable
 
 
 def test_a_checkpoint_of_another_shape_is_named(tmp_path):

@@ -31,19 +31,39 @@ def validation_windows(valid_prefix: str | Path, dtype: str, seq_length: int, co
     return TokenWindows(Path(valid_prefix), seq_length, 0, dtype).in_file_order(count)
 
 
+# How the training run executed the model, not what the model computes: a checkpoint trained on GPU records
+# flash attention and fused kernels (which refuse float32 on GPU, and some of which do not exist on CPU) and
+# its parallel layout. Every model rebuilt from a checkpoint here runs with these instead, whatever the
+# training flags were; the keys that change the weights' layout (fuse_attention_qkv, …) are kept.
+PORTABLE_SETTINGS: dict[str, object] = {
+    "use_flash_attention": False, "use_flash_attention_for_generation": False, "use_fused_rms_norm": False,
+    "use_fused_rope": False, "use_fused_linear": False, "use_fused_dropout_add": False,
+    "use_fused_linear_cross_entropy": False, "sequence_parallel": False, "fuse_sequence_parallel_allreduce": False,
+    "tensor_parallel_degree": 1, "tensor_parallel_rank": 0, "pipeline_parallel_degree": 1,
+    "sep_parallel_degree": 1, "context_parallel_degree": 1, "recompute": False, "use_cache": False,
+    "dtype": "float32",
+}
+
+
+def portable_model_config(model_config: dict) -> dict:
+    """A checkpoint's ``model_config`` with the training run's execution settings replaced by
+    :data:`PORTABLE_SETTINGS`: two configurations that compute the same model are then equal."""
+    return {**model_config, **PORTABLE_SETTINGS}
+
+
 def load_model(checkpoint: Path):
     """PaddleNLP's ``LlamaForCausalLM`` with ``checkpoint``'s weights in float32, in eval mode.
 
     The checkpoint's training model (``LlamaForCausalLMNet``) has the same parameter names and logits; this
-    one has portable attention and kernels, so it computes the same numbers on CPU and GPU and exports.
+    one has portable attention and kernels (:data:`PORTABLE_SETTINGS`, whatever the checkpoint's
+    ``model_config`` says), so it computes the same numbers on CPU and GPU and exports. Averaging's
+    evaluation and export (its graph and its parity reference) build every model through here.
     """
     from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig.from_dict(read_state(checkpoint)["model_config"])
-    config.use_flash_attention = False
-    config.use_fused_rms_norm = config.use_fused_rope = False
-    config.use_cache, config.recompute, config.tensor_parallel_degree = False, False, 1
-    config.dtype = "float32"
+    config = LlamaConfig.from_dict(portable_model_config(read_state(checkpoint)["model_config"]))
+    for key, value in PORTABLE_SETTINGS.items():  # also over what the constructor derived from the originals
+        setattr(config, key, value)
     model = LlamaForCausalLM(config)
     load_weights(model, checkpoint)  # cast to float32, the dtype the model was built with
     model.eval()

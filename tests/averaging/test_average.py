@@ -223,6 +223,35 @@ def test_averaged_checkpoint_loads_into_the_model_and_evaluates(tmp_path):
     assert 2.0 < loss < 6.0  # an untrained 64-word model: about ln(64) = 4.16
 
 
+def test_checkpoints_trained_with_flash_attention_average_and_evaluate_on_cpu(tmp_path):
+    """GPU training records use_flash_attention and use_fused_rope; a run resumed elsewhere records them off.
+    Both average (the flags are not the model), and the average evaluates on CPU in float32."""
+    import paddle
+
+    from train_deploy.evaluation import load_model, validation_loss
+    from train_deploy.training.config import TrainingConfig
+    from train_deploy.training.model import build_model
+
+    config = TrainingConfig.from_params({"model": {"preset": "tiny"}})
+    for step, flash in ((1, True), (2, True), (3, False)):
+        paddle.seed(step)
+        model = build_model(config, vocab_size=64, eos_id=2)
+        flags = {"use_flash_attention": flash, "use_fused_rope": flash}
+        write_checkpoint(tmp_path / "ck", step, dict(model.named_parameters()), {},
+                         {"step": step, "model_config": {**model.config.to_dict(), **flags}}, keep_last=5)
+    chosen = select_checkpoints(tmp_path / "ck", AveragingConfig(k=3))
+    out = average_into(chosen, AveragingConfig(k=3), tmp_path / "out")
+    averaged = load_model(out)
+    assert not averaged.config.use_flash_attention and not averaged.config.use_fused_rope
+    windows = np.random.RandomState(0).randint(0, 64, size=(4, 17))
+    assert 2.0 < validation_loss(averaged, windows) < 6.0
+    flash = make_checkpoint(tmp_path / "x", 1, seed=1, model_config={**MODEL_CONFIG, "use_flash_attention": True})
+    assert check_compatible([flash, make_checkpoint(tmp_path / "y", 2, seed=2)])
+    wider = make_checkpoint(tmp_path / "z", 3, seed=3, model_config={**MODEL_CONFIG, "hidden_size": 16})
+    with pytest.raises(CheckpointError, match=r"model configuration differs between .*x/step_00000001/state.json"):
+        check_compatible([flash, wider])  # what the model computes still has to match
+
+
 @pytest.mark.parametrize("method", ["uniform", "ema"])
 def test_large_tensors_split_across_threads_average_the_same(tmp_path, method):
     big = {"big.weight": None}

@@ -102,3 +102,18 @@ def test_failed_parity_fails_with_the_numbers_and_keeps_no_bundle(tmp_path, tiny
     assert _nothing_written(tmp_path / "out")
     (report,) = (tmp_path / "out").glob("parity-failed-*.json")
     assert not json.loads(report.read_text(encoding="utf-8"))["passed"]
+
+
+def test_a_checkpoint_trained_with_flash_attention_exports_with_portable_kernels(tmp_path, tiny_checkpoint,
+                                                                                tiny_tokenizer, tiny_token_files):
+    """A GPU run's state.json says use_flash_attention and use_fused_rope: the export graph and the parity
+    reference are built portable (float32, on CPU here), and parity holds against the same weights."""
+    checkpoint = tmp_path / "gpu_run" / tiny_checkpoint.name
+    shutil.copytree(tiny_checkpoint, checkpoint)
+    state = json.loads((checkpoint / "state.json").read_text(encoding="utf-8"))
+    state["model_config"] |= {"use_flash_attention": True, "use_fused_rope": True, "use_fused_rms_norm": True}
+    (checkpoint / "state.json").write_text(json.dumps(state), encoding="utf-8")
+    bundle = export_into(tmp_path / "out" / "bundle", checkpoint, tiny_tokenizer, tiny_token_files,
+                         edge={"int8": False}, latency={"batch_sizes": [1]})
+    assert bundle.parity["passed"] and bundle.parity["max_abs_logit_diff"]["paddle_inference"] <= 1e-4
+    assert "flash" not in json.dumps(bundle.meta) and "flash" not in bundle.card

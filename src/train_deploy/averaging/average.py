@@ -24,6 +24,7 @@ import numpy as np
 
 from train_deploy.averaging.config import AveragingConfig
 from train_deploy.averaging.streaming import DirectSink, ReadAhead
+from train_deploy.evaluation import portable_model_config
 from train_deploy.handoffs import CheckpointRef
 from train_deploy.training.checkpoint import (
     FILES_KEY,
@@ -80,10 +81,15 @@ def averaging_weights(count: int, config: AveragingConfig) -> np.ndarray:
 
 
 def check_compatible(paths: list[Path]) -> dict[str, Any]:
-    """Same tensor names, shapes and dtypes, and the same model configuration, in every checkpoint."""
+    """Same tensor names, shapes and dtypes, and the same model, in every checkpoint.
+
+    Model configurations are compared without the training run's execution settings (flash attention, fused
+    kernels, parallel layout: ``evaluation.PORTABLE_SETTINGS``), which every consumer replaces, so that a run
+    resumed on another device still averages.
+    """
     first = paths[0]
     reference = safetensors_header(first / MODEL_FILE)
-    reference_config = read_state(first).get("model_config")
+    reference_config = _model(read_state(first))
     for other in paths[1:]:
         header = safetensors_header(other / MODEL_FILE)
         for key in sorted(set(reference) | set(header)):
@@ -94,9 +100,14 @@ def check_compatible(paths: list[Path]) -> dict[str, Any]:
                 if header[key][field] != reference[key][field]:
                     raise CheckpointError(f"tensor {key!r}: {field} {reference[key][field]} in {first / MODEL_FILE} "
                                           f"but {header[key][field]} in {other / MODEL_FILE}")
-        if read_state(other).get("model_config") != reference_config:
+        if _model(read_state(other)) != reference_config:
             raise CheckpointError(f"model configuration differs between {first / STATE_FILE} and {other / STATE_FILE}")
     return reference
+
+
+def _model(state: dict[str, Any]) -> dict[str, Any] | None:
+    config = state.get("model_config")
+    return None if config is None else portable_model_config(config)
 
 
 def averaging_fingerprint(paths: list[Path], config: AveragingConfig) -> str:

@@ -35,7 +35,8 @@ from train_deploy.training.checkpoint import STATE_FILE, CheckpointError, read_s
 
 SERVER_MODEL = "model"  # Paddle Inference writes model.json + model.pdiparams
 _SUPPORTED = {"alibi": False, "rope_scaling_type": None, "use_long_sequence_strategies": False,
-              "hidden_act": "silu"}  # configuration keys the compact graph implements only at these values
+              "hidden_act": "silu", "fuse_attention_qkv": False, "fuse_attention_ffn": False}
+# configuration keys the compact graph implements only at these values (the fused projections are other weights)
 
 
 def load_inference_model(checkpoint: Path):
