@@ -4,8 +4,8 @@
 #
 #   bash benchmarks/gpu_check.sh [PEAK_TFLOPS]     # default 989 (H100/H200 SXM dense bf16)
 #
-# Needs the project environment with Paddle's GPU wheel in place of the CPU one, e.g.
-#   .venv/bin/pip install paddlepaddle-gpu==3.3.1 -i https://www.paddlepaddle.org.cn/packages/stable/cu126/
+# Needs the project environment with Paddle's GPU wheel in place of the CPU one:
+#   make venv DEVICE=gpu     # CUDA=cu126 unless given (cu118, cu126, cu129, cu130); README, "GPU"
 # Prints one table row; the full metrics are in benchmarks/.work/gpu_check/logs/metrics.jsonl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
