@@ -88,3 +88,39 @@ def test_server_settings_reach_the_predictor_and_give_the_same_logits(tiny_bundl
     assert paddle.get_flags("FLAGS_eager_delete_tensor_gb")["FLAGS_eager_delete_tensor_gb"] == 4 / 1024
     for ours, theirs in zip(model.score(TEXTS), models["paddle"].score(TEXTS), strict=True):
         np.testing.assert_allclose(ours.log_probs, theirs.log_probs, atol=1e-5)
+
+
+def test_disable_tf32_turns_off_paddles_cublas_and_cudnn_tf32_switches():
+    from paddle.base import core
+
+    from train_deploy.export.runtime import disable_tf32
+
+    before = core.get_cublas_switch(), core.get_cudnn_switch()
+    core.set_cublas_switch(True)
+    core.set_cudnn_switch(True)
+    try:
+        assert core.get_cublas_switch() and core.get_cudnn_switch()
+        disable_tf32()
+        assert not core.get_cublas_switch() and not core.get_cudnn_switch()
+    finally:
+        core.set_cublas_switch(before[0])
+        core.set_cudnn_switch(before[1])
+
+
+def test_tensorrt_on_a_wheel_without_it_is_refused_in_one_line(tmp_path):
+    from train_deploy.export.config import ServerConfig
+    from train_deploy.export.runtime import tensorrt_program
+
+    server = ServerConfig(device="gpu", tensorrt=True)
+    with pytest.raises(BundleError, match=r"^export.server.tensorrt: this Paddle wheel cannot convert for TensorRT "
+                                          r"\(No module named 'paddle.tensorrt'\); use a paddlepaddle-gpu wheel "
+                                          r"built with TensorRT, with the tensorrt package installed$"):
+        tensorrt_program(tmp_path / "model", tmp_path / "trt" / "model", server, 128)
+
+
+def test_gpu_only_server_settings_on_cpu_are_refused(tiny_bundle):
+    from train_deploy.export.config import ServerConfig
+
+    for server in (ServerConfig(precision="fp16"), ServerConfig(tensorrt=True)):
+        with pytest.raises(BundleError, match=r"^export.server: tensorrt and precision fp16 need device: gpu$"):
+            LanguageModel.load(tiny_bundle, server=server)

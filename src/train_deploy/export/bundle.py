@@ -29,7 +29,7 @@ from train_deploy.export.checks import check_parity, latency_report, parity_repo
 from train_deploy.export.config import ExportConfig
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE, convert_to_onnx, quantize_int8
 from train_deploy.export.graph import eager_logits, load_inference_model, save_server_model
-from train_deploy.export.runtime import OnnxRuntimeBackend, PaddleInferenceBackend
+from train_deploy.export.runtime import OnnxRuntimeBackend, PaddleInferenceBackend, disable_tf32
 from train_deploy.handoffs import (
     BUNDLE_FILE,
     CARD_FILE,
@@ -116,6 +116,7 @@ def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str
     from train_deploy.evaluation import load_model, validation_windows
 
     paddle.base.core.set_num_threads(config.server.cpu_threads)  # the eager reference gets the same threads
+    disable_tf32()  # the reference is float32 on a GPU wheel's default device too
     trained = load_model(checkpoint)
     forms = {"paddle_inference": PaddleInferenceBackend(folder / "server" / "model", config.server,
                                                         meta["model"]["context"]),
@@ -125,7 +126,8 @@ def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str
     context, vocab = meta["model"]["context"], meta["model"]["vocab_size"]
     seq = min(config.parity.seq_length or state["training"]["batch"]["seq_length"], context)
     windows = validation_windows(tokens.prefix("valid"), tokens.dtype, seq, config.parity.samples)
-    parity = parity_report(windows, lambda ids, mask: eager_logits(trained, ids), forms, vocab, config.parity)
+    parity = parity_report(windows, lambda ids, mask: eager_logits(trained, ids), forms, vocab, config.parity,
+                           precisions={"paddle_inference": config.server.form_precision})
     latency = latency_report({"paddle_eager": lambda ids, mask: eager_logits(trained, ids), **forms}, vocab,
                              context, config.latency)
     return parity, latency

@@ -49,6 +49,9 @@ def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, An
         path = FORM_FILES.get(name, "")
         lines.append(f"| {name} | `{path}` | {_size(files.get(path, 0))} | {diff:.2e} | "
                      f"{parity['perplexity'][name]:.4g} |")
+    for name, increase in parity.get("fp16_perplexity_increase", {}).items():
+        lines += ["", f"{name} ({parity['precision'][name]}) perplexity vs the trained model: {increase:+.2%} "
+                  f"(limit {parity['limits']['max_fp16_perplexity_increase']:+.1%})."]
     if "int8_perplexity_increase" in parity:
         lines += ["", f"int8 perplexity vs ONNX fp32: {parity['int8_perplexity_increase']:+.2%} "
                   f"(limit {parity['limits']['max_int8_perplexity_increase']:+.0%})."]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,8 @@ import numpy as np
 from train_deploy.export.config import LatencyConfig, ParityConfig
 from train_deploy.export.runtime import Logits, log_softmax
 
+logger = logging.getLogger(__name__)
+
 _BATCH_BYTES = 256 * 2**20  # logits held at once while comparing
 
 
@@ -19,12 +22,16 @@ class ParityError(RuntimeError):
 
 
 def parity_report(windows: np.ndarray, reference: Logits, forms: dict[str, Logits], vocab_size: int,
-                  config: ParityConfig) -> dict[str, Any]:
-    """Compare each form's logits with ``reference`` on ``windows`` ``[n, seq + 1]``; raise ParityError on failure.
+                  config: ParityConfig, precisions: dict[str, str] | None = None) -> dict[str, Any]:
+    """Compare each form's logits with ``reference`` on ``windows`` ``[n, seq + 1]``; the verdict is in the report.
 
-    Paddle Inference and ONNX fp32 must match within ``max_logit_diff``; the int8 model's perplexity may
-    exceed ONNX fp32's by at most ``max_int8_perplexity_increase``.
+    Each form is judged by the rule of its precision (``precisions``: ``fp32`` unless named, ``int8`` for
+    ``onnx_int8``): float32 forms must match within ``max_logit_diff``; fp16 and TensorRT forms (any other
+    precision) may raise the trained model's perplexity by at most ``max_fp16_perplexity_increase``, and
+    their |logit| difference is only held against ``max_fp16_logit_diff`` as a warning; the int8 model's
+    perplexity may exceed ONNX fp32's by at most ``max_int8_perplexity_increase``.
     """
+    precisions = {name: "int8" if name == "onnx_int8" else "fp32" for name in forms} | (precisions or {})
     ids, targets = windows[:, :-1].astype(np.int64), windows[:, 1:].astype(np.int64)
     mask = np.ones_like(ids)
     step = max(1, _BATCH_BYTES // (ids.shape[1] * vocab_size * 4))
@@ -42,21 +49,43 @@ def parity_report(windows: np.ndarray, reference: Logits, forms: dict[str, Logit
     perplexity = {name: float(np.exp(total / tokens)) for name, total in nll.items()}
     report: dict[str, Any] = {
         "samples": int(len(ids)), "seq_length": int(ids.shape[1]), "reference": "trained model, Paddle eager",
+        "precision": {name: precisions[name] for name in forms},
         "max_abs_logit_diff": diff, "perplexity": perplexity,
-        "limits": {"max_logit_diff": config.max_logit_diff,
+        "limits": {"max_logit_diff": config.max_logit_diff, "max_fp16_logit_diff": config.max_fp16_logit_diff,
+                   "max_fp16_perplexity_increase": config.max_fp16_perplexity_increase,
                    "max_int8_perplexity_increase": config.max_int8_perplexity_increase},
     }
-    failures = [f"{name} max |logit diff| {diff[name]:.3g} > {config.max_logit_diff:g}"
-                for name in forms if name != "onnx_int8" and diff[name] > config.max_logit_diff]
-    if "onnx_int8" in forms and "onnx_fp32" in forms:
+    report["failures"], report["warnings"] = _judge(report, config)
+    report["passed"] = not report["failures"]
+    for warning in report["warnings"]:
+        logger.warning("Parity: %s", warning)
+    return report
+
+
+def _judge(report: dict[str, Any], config: ParityConfig) -> tuple[list[str], list[str]]:
+    """Failures and warnings of a parity report, one line each naming the form; fills in the increases."""
+    diff, perplexity, failures, warnings = report["max_abs_logit_diff"], report["perplexity"], [], []
+    for name, precision in report["precision"].items():
+        if precision == "fp32":
+            if diff[name] > config.max_logit_diff:
+                failures.append(f"{name} max |logit diff| {diff[name]:.3g} > {config.max_logit_diff:g}")
+        elif precision != "int8":
+            increase = perplexity[name] / perplexity["trained"] - 1
+            report.setdefault("fp16_perplexity_increase", {})[name] = increase
+            if increase > config.max_fp16_perplexity_increase:
+                failures.append(f"{name} ({precision}) perplexity {perplexity[name]:.4g} is {increase:+.2%} over the "
+                                f"trained model's {perplexity['trained']:.4g} "
+                                f"(limit {config.max_fp16_perplexity_increase:+.1%})")
+            if diff[name] > config.max_fp16_logit_diff:
+                warnings.append(f"{name} ({precision}) max |logit diff| {diff[name]:.3g} is beyond the expected "
+                                f"{config.max_fp16_logit_diff:g} (judged by perplexity)")
+    if "onnx_int8" in diff and "onnx_fp32" in diff:
         increase = perplexity["onnx_int8"] / perplexity["onnx_fp32"] - 1
         report["int8_perplexity_increase"] = increase
         if increase > config.max_int8_perplexity_increase:
             failures.append(f"onnx_int8 perplexity {perplexity['onnx_int8']:.4g} is {increase:+.2%} over onnx_fp32 "
                             f"{perplexity['onnx_fp32']:.4g} (limit {config.max_int8_perplexity_increase:+.0%})")
-    report["passed"] = not failures
-    report["failures"] = failures
-    return report
+    return failures, warnings
 
 
 def check_parity(report: dict[str, Any], where: str) -> None:

@@ -28,15 +28,31 @@ class ServerConfig:
     ~15% faster at batch 1 on a 2-core CPU, for at most this much memory held; 0 frees each at once."""
     gpu_memory_mb: int = 1024
     """Initial GPU memory pool of the predictor."""
+    precision: Literal["fp32", "fp16"] = "fp32"
+    """GPU without TensorRT: fp32 runs with TF32 off (cuBLAS and cuDNN, Paddle's ``set_cublas_switch`` and
+    ``set_cudnn_switch``), so parity holds to ``parity.max_logit_diff``; fp16 runs Paddle Inference's
+    mixed-precision pass (``enable_use_gpu(…, PrecisionType.Half)``; ids in, float32 logits out) and is judged
+    by the fp16 rule (``parity.max_fp16_perplexity_increase``). fp16 needs device gpu."""
     memory_optim: bool = False
     """GPU: Paddle Inference's legacy memory-reuse pass. Paddle 3's PIR executor frees activations by itself,
     and the pass fails on PIR programs on CPU ("Not find predictor_id … memory_optimize_pass"); off by default."""
     tensorrt: bool = False
-    """GPU: run supported subgraphs with TensorRT."""
+    """GPU: convert the bundle's PIR program with ``paddle.tensorrt`` when the model is loaded (TensorRT
+    subgraphs as ``tensorrt_engine`` operators) and run the converted program; needs device gpu and a Paddle
+    wheel built with TensorRT. TensorRT forms are judged by the fp16 rule whatever their precision: Paddle's
+    converter leaves TensorRT's TF32 on."""
     tensorrt_precision: Literal["fp16", "fp32"] = "fp16"
     """Precision of the TensorRT engines."""
     tensorrt_max_batch: int = 8
     """Largest batch of the TensorRT dynamic-shape profile (sequence: 1 to the model's context)."""
+
+    @property
+    def form_precision(self) -> str:
+        """What the predictor computes in: ``fp32``, ``fp16``, ``tensorrt_fp16`` or ``tensorrt_fp32`` (parity's
+        rule for the form; only ``fp32`` is held to ``max_logit_diff``)."""
+        if self.device == "cpu":
+            return "fp32"
+        return f"tensorrt_{self.tensorrt_precision}" if self.tensorrt else self.precision
 
 
 @dataclass(kw_only=True, slots=True)
@@ -65,7 +81,15 @@ class ParityConfig:
     seq_length: int | None = None
     """Tokens per window; null = the training sequence length (capped by the context)."""
     max_logit_diff: float = 1e-4
-    """Largest allowed |logit| difference of Paddle Inference and ONNX fp32 against the trained model."""
+    """Largest allowed |logit| difference of every float32 form (Paddle Inference on CPU, or on GPU in fp32
+    with TF32 off; ONNX fp32) against the trained model."""
+    max_fp16_logit_diff: float = 0.1
+    """Expected |logit| difference of fp16 and TensorRT forms against the trained model (half precision keeps
+    ~3 significant digits of logits of magnitude ~10). Reported, not enforced: beyond it, parity.json and
+    the log carry a warning; such a form passes or fails on ``max_fp16_perplexity_increase``."""
+    max_fp16_perplexity_increase: float = 0.01
+    """Allowed relative perplexity increase of an fp16 or TensorRT form over the trained model's (float32)
+    perplexity on the parity windows (0.01 = +1%)."""
     max_int8_perplexity_increase: float = 0.03
     """Allowed relative perplexity increase of the int8 model over ONNX fp32 (0.03 = +3%)."""
 
@@ -111,9 +135,14 @@ class ExportConfig:
         check_range("export.server.gc_batch_mb", server.gc_batch_mb, 0, note="0 frees each tensor at once")
         check_range("export.server.gpu_memory_mb", server.gpu_memory_mb, 1)
         check_range("export.server.tensorrt_max_batch", server.tensorrt_max_batch, 1)
+        check(server.device == "gpu" or server.precision == "fp32", "export.server.precision",
+              f"{server.precision} needs device: gpu (the CPU predictor runs float32)")
+        check(server.device == "gpu" or not server.tensorrt, "export.server.tensorrt", "true needs device: gpu")
         check_range("export.parity.samples", parity.samples, 1)
         check_range("export.parity.seq_length", parity.seq_length, 2, note="null = the training sequence length")
         check_range("export.parity.max_logit_diff", parity.max_logit_diff, 0, open_low=True)
+        check_range("export.parity.max_fp16_logit_diff", parity.max_fp16_logit_diff, 0, open_low=True)
+        check_range("export.parity.max_fp16_perplexity_increase", parity.max_fp16_perplexity_increase, 0)
         check_range("export.parity.max_int8_perplexity_increase", parity.max_int8_perplexity_increase, 0)
         check(bool(latency.batch_sizes), "export.latency.batch_sizes", "must be a non-empty list of positive sizes")
         for i, size in enumerate(latency.batch_sizes):

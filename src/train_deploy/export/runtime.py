@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +40,12 @@ class BundleError(ValueError):
 
 
 class PaddleInferenceBackend:
-    """``(input_ids, attention_mask) -> logits`` with a Paddle Inference predictor."""
+    """``(input_ids, attention_mask) -> logits`` with a Paddle Inference predictor.
+
+    On GPU it computes in float32 with TF32 off (:func:`disable_tf32`), in fp16 through Paddle Inference's
+    mixed-precision pass, or with TensorRT engines in the program that :func:`tensorrt_program` converts
+    when the model is loaded (``server.form_precision`` says which).
+    """
 
     def __init__(self, prefix: Path, server: ServerConfig, context: int = 2048) -> None:
         import paddle
@@ -48,24 +54,19 @@ class PaddleInferenceBackend:
         model, params = prefix.with_suffix(".json"), prefix.with_suffix(".pdiparams")
         if not model.is_file() or not params.is_file():
             raise BundleError(f"{prefix.parent}: no Paddle Inference model ({model.name}, {params.name})")
-        config = inference.Config(str(model), str(params))
+        self._converted: tempfile.TemporaryDirectory | None = None  # the TensorRT program, while the predictor lives
         if server.device == "gpu":
             if not paddle.device.is_compiled_with_cuda():
                 raise BundleError("export.server.device: gpu needs the paddlepaddle-gpu wheel")
-            config.enable_use_gpu(server.gpu_memory_mb, 0)
-            if server.memory_optim:
-                config.enable_memory_optim()
             if server.tensorrt:
-                half = server.tensorrt_precision == "fp16"
-                config.enable_tensorrt_engine(
-                    workspace_size=1 << 30, max_batch_size=server.tensorrt_max_batch, min_subgraph_size=3,
-                    precision_mode=inference.PrecisionType.Half if half else inference.PrecisionType.Float32,
-                    use_static=False, use_calib_mode=False)
-                names = ("input_ids", "attention_mask")  # min, max and optimal shapes: [batch, sequence]
-                config.set_trt_dynamic_shape_info({n: [1, 1] for n in names},
-                                                  {n: [server.tensorrt_max_batch, context] for n in names},
-                                                  {n: [1, context] for n in names})
+                self._converted = tempfile.TemporaryDirectory(prefix="train_deploy-tensorrt-")
+                model, params = tensorrt_program(prefix, Path(self._converted.name) / SERVER_MODEL, server, context)
+            config = inference.Config(str(model), str(params))
+            _configure_gpu(config, server)
         else:
+            if server.tensorrt or server.precision != "fp32":
+                raise BundleError("export.server: tensorrt and precision fp16 need device: gpu")
+            config = inference.Config(str(model), str(params))
             config.disable_gpu()
             config.set_cpu_math_library_num_threads(server.cpu_threads)
             config.enable_mkldnn() if server.onednn else config.disable_mkldnn()
@@ -81,6 +82,71 @@ class PaddleInferenceBackend:
             handle.copy_from_cpu(np.ascontiguousarray(value, dtype=np.int64))
         self._predictor.run()
         return self._output.copy_to_cpu()
+
+
+def _configure_gpu(config, server: ServerConfig) -> None:
+    from paddle import inference
+
+    half = server.precision == "fp16" and not server.tensorrt
+    # PIR programs: enable_use_gpu's precision Half adds the auto-mixed-precision pass
+    # (AnalysisPredictor::OptimizeInferencePirProgram, enable_gpu_mixed_); inputs and outputs keep their dtypes.
+    config.enable_use_gpu(server.gpu_memory_mb, 0,
+                          inference.PrecisionType.Half if half else inference.PrecisionType.Float32)
+    if not half:
+        disable_tf32()
+    if server.memory_optim:
+        config.enable_memory_optim()
+
+
+def disable_tf32() -> None:
+    """Float32 matrix products and convolutions on GPU in float32, not TF32 (process-wide).
+
+    Paddle's switches of cuBLAS's and cuDNN's TF32 tensor-core math, ``paddle.base.core.set_cublas_switch`` and
+    ``set_cudnn_switch`` (bound to ``phi::SetAllowTF32Cublas``/``SetAllowTF32Cudnn`` in Paddle's
+    ``paddle/fluid/pybind/pybind.cc``; on by default in CUDA wheels). Every GPU context, a predictor's too,
+    picks its TF32 cuBLAS handle only while ``phi::AllowTF32Cublas()`` holds. Nothing to do on a CPU wheel.
+    """
+    from paddle.base import core
+
+    for switch in ("set_cublas_switch", "set_cudnn_switch"):
+        if hasattr(core, switch):
+            getattr(core, switch)(False)
+
+
+def tensorrt_program(prefix: Path, target: Path, server: ServerConfig, context: int) -> tuple[Path, Path]:
+    """Convert the PIR program at ``prefix`` for TensorRT into ``target`` (a prefix); return its two files.
+
+    Paddle 3's documented route for PIR (``.json``) models, "GPU TensorRT 加速推理" in the Paddle Inference 3.0
+    guide (paddlepaddle.org.cn/inference/v3.0/guides/nv_gpu_infer/gpu_trt_infer.html) and
+    ``python/paddle/tensorrt/export.py``: ``paddle.tensorrt.export.convert`` with a ``TensorRTConfig`` of one
+    ``Input`` (min/optimal/max shape) per feed writes a program whose TensorRT subgraphs are
+    ``tensorrt_engine`` operators, which a plain GPU predictor runs. ``Config.enable_tensorrt_engine`` does not
+    apply to PIR programs: ``AnalysisPredictor::PreparePirProgram`` runs no TensorRT subgraph pass.
+    Raises :class:`BundleError` on a wheel without TensorRT or when the conversion fails.
+    """
+    import paddle
+
+    try:
+        from paddle.tensorrt.export import Input, PrecisionMode, TensorRTConfig, convert
+    except ImportError as exc:
+        raise BundleError(f"export.server.tensorrt: this Paddle wheel cannot convert for TensorRT ({exc}); use a "
+                          "paddlepaddle-gpu wheel built with TensorRT, with the tensorrt package installed") from None
+    shapes = {"min_input_shape": (1, 1), "optim_input_shape": (1, context),
+              "max_input_shape": (server.tensorrt_max_batch, context), "input_data_type": "int64"}
+    inputs = [Input(**shapes, input_range=(3, 10), name="input_ids"),
+              Input(**shapes, input_range=(1, 1), name="attention_mask")]  # warm-up data: no padding
+    precision = PrecisionMode.FP16 if server.tensorrt_precision == "fp16" else PrecisionMode.FP32
+    config = TensorRTConfig(inputs=inputs, precision_mode=precision, save_model_dir=str(target))
+    with paddle.pir_utils.IrGuard():  # as Paddle's test/tensorrt/test_export.py converts a saved model
+        paddle.enable_static()
+        try:
+            convert(str(prefix), config)
+        except Exception as exc:  # the converter raises whatever TensorRT or a missing converter raised
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise BundleError(f"{prefix.with_suffix('.json')}: TensorRT conversion failed ({reason})") from exc
+        finally:
+            paddle.disable_static()
+    return target.with_suffix(".json"), target.with_suffix(".pdiparams")
 
 
 class OnnxRuntimeBackend:
