@@ -91,6 +91,8 @@ ACCEPTED: dict[str, tuple] = {
     "export.parity.samples": (HUGE,),
     "export.parity.seq_length": (HUGE,),  # capped by the model's context
     "export.parity.max_logit_diff": (1.0, HUGE),
+    "export.parity.max_fp16_logit_diff": (1.0, HUGE),
+    "export.parity.max_fp16_perplexity_increase": (0.0, 1.0, HUGE),
     "export.parity.max_int8_perplexity_increase": (0.0, 1.0, HUGE),
     "export.latency.batch_sizes": (HUGE,),
     "export.latency.seq_length": (HUGE,),  # capped by the model's context
