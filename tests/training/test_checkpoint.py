@@ -167,3 +167,99 @@ def test_a_checkpoint_of_another_corpus_names_both_fingerprints(tmp_path, caplog
         check_trained_on({"step": 1}, "bbbb", tmp_path)
     assert f"{tmp_path} records no corpus fingerprint: cannot check that it was trained on the token files of " \
            "corpus bbbb" in caplog.text
+
+
+# --- AMP O2: float32 master weights ---------------------------------------------------------------------------
+
+
+def low_precision_model(seed: int):
+    """A bfloat16 model and an AdamW keeping float32 master copies (AMP O2), its state created as its first step
+    creates it. Paddle's CPU AdamW has no bfloat16 kernel, so no step runs here: ``benchmarks/gpu_check.sh`` runs
+    the O2 stop-and-resume on a GPU."""
+    import paddle
+
+    from train_deploy.training.checkpoint import create_optimizer_state
+
+    paddle.seed(seed)
+    model = paddle.nn.Sequential(paddle.nn.Linear(8, 16), paddle.nn.LayerNorm(16), paddle.nn.Linear(16, 4))
+    model.to(dtype="bfloat16")
+    lr = paddle.optimizer.lr.LambdaDecay(1e-3, lambda step: 1.0)
+    optimizer = paddle.optimizer.AdamW(learning_rate=lr, parameters=model.parameters(), multi_precision=True)
+    create_optimizer_state(optimizer, model.parameters())
+    return model, optimizer
+
+
+def trained_state(model, optimizer, seed: int) -> None:
+    """Fill the state as training would: masters off the bfloat16 grid, parameters their rounding, moments."""
+    import paddle
+
+    rng = np.random.default_rng(seed)
+    masters = optimizer.state_dict()["master_weights"]
+    for param in model.parameters():
+        master = masters[param.name]
+        master.set_value(master + paddle.to_tensor(rng.normal(0, 1e-3, master.shape).astype("float32")))
+        param.set_value(master.astype(param.dtype))
+    for value in optimizer.state_dict().values():
+        if isinstance(value, paddle.Tensor):
+            value.set_value(paddle.to_tensor(rng.random(value.shape).astype("float32")).astype(value.dtype))
+
+
+def test_master_weights_are_the_saved_weights_and_resume_exactly(tmp_path):
+    import paddle
+
+    from train_deploy.training.checkpoint import read_tensors, restore_training_state, training_state
+
+    model, optimizer = low_precision_model(seed=1)
+    trained_state(model, optimizer, seed=2)
+    masters = {n: optimizer.state_dict()["master_weights"][p.name].numpy() for n, p in model.named_parameters()}
+    weights, moments = training_state(model, optimizer)
+    folder = write_checkpoint(tmp_path, 7, weights, moments, {"step": 7}, keep_last=1)
+
+    saved = read_tensors(folder / MODEL_FILE)
+    assert {str(t.dtype) for t in saved.values()} == {"paddle.float32"}
+    for name, master in masters.items():  # the masters, not their bfloat16 rounding
+        np.testing.assert_array_equal(saved[name].numpy(), master)
+        assert not np.array_equal(master, saved[name].astype("bfloat16").astype("float32").numpy())
+    assert not any("fp32_master" in key for key in read_tensors(folder / OPTIMIZER_FILE))
+
+    fresh, fresh_optimizer = low_precision_model(seed=3)  # other initial weights and masters
+    restore_training_state(fresh, fresh_optimizer, folder)
+    restored = fresh_optimizer.state_dict()
+    for (name, param), (_, before) in zip(fresh.named_parameters(), model.named_parameters(), strict=True):
+        np.testing.assert_array_equal(restored["master_weights"][param.name].numpy(), masters[name])
+        np.testing.assert_array_equal(param.astype("float32").numpy(), before.astype("float32").numpy())
+    # Every tensor the next AdamW step reads (moments, powers of beta, masters) is the uninterrupted run's, so the
+    # step computes the same update; key by structured name (fresh Paddle names differ by construction order).
+    original = dict(zip(optimizer.state_dict(), restored, strict=True))
+    for key, value in optimizer.state_dict().items():
+        if isinstance(value, paddle.Tensor):
+            np.testing.assert_array_equal(restored[original[key]].numpy(), value.numpy())
+
+
+def test_a_float32_checkpoint_resumes_into_master_weights_and_back(tmp_path):
+    import paddle
+
+    from train_deploy.training.checkpoint import create_optimizer_state, restore_training_state, training_state
+
+    model, optimizer = low_precision_model(seed=1)
+    trained_state(model, optimizer, seed=2)
+    folder = write_checkpoint(tmp_path, 2, *training_state(model, optimizer), {"step": 2}, keep_last=1)
+    plain = paddle.nn.Sequential(paddle.nn.Linear(8, 16), paddle.nn.LayerNorm(16), paddle.nn.Linear(16, 4))
+    adamw = paddle.optimizer.AdamW(learning_rate=1e-3, parameters=plain.parameters())
+    create_optimizer_state(adamw, plain.parameters())
+    restore_training_state(plain, adamw, folder)  # O2 → float32: the masters become the weights
+    saved = read_tensors_of(folder)
+    for name, p in plain.named_parameters():
+        np.testing.assert_array_equal(p.numpy(), saved[name])
+    again = write_checkpoint(tmp_path, 3, *training_state(plain, adamw), {"step": 3}, keep_last=2)
+    o2, o2_optimizer = low_precision_model(seed=4)
+    restore_training_state(o2, o2_optimizer, again)  # float32 → O2
+    masters = o2_optimizer.state_dict()["master_weights"]
+    for name, p in o2.named_parameters():
+        np.testing.assert_array_equal(masters[p.name].numpy(), saved[name])
+
+
+def read_tensors_of(folder: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(folder / MODEL_FILE))

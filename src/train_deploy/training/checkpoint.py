@@ -1,7 +1,8 @@
 """Unified checkpoints: full tensors in safetensors, independent of the parallel layout.
 
-A checkpoint is a folder ``step_00000042/`` holding ``model.safetensors`` (parameters by their
-structured names), ``optimizer.safetensors`` (AdamW moments as ``<parameter>/<state>``),
+A checkpoint is a folder ``step_00000042/`` holding ``model.safetensors`` (float32 parameters by their
+structured names: under AMP O2 the optimizer's master copies, not their rounded bfloat16/float16 twins),
+``optimizer.safetensors`` (AdamW moments as ``<parameter>/<state>``),
 ``rng_state.json`` (Paddle's generator states) and ``state.json`` (step, consumed samples,
 learning-rate position, resolved configuration, metrics, and the size and xxh3-128 hash of every other
 file). It is written under a temporary name and renamed when complete, so a folder named ``step_*`` is
@@ -255,63 +256,124 @@ def full_tensor(tensor):
     return tensor
 
 
-def training_state(model, optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Whole weights and AdamW state, keyed by structured names: a collective, every rank calls it.
+_MASTER_INFIX = re.compile(r"^fp32_master_\d+_")
+"""What Paddle puts between a parameter's name and its state's when the state belongs to the parameter's float32
+master copy (``<param>_fp32_master_0_moment1_0``); left out of checkpoint keys, so a checkpoint resumes with or
+without master weights."""
 
-    Optimizer tensors are keyed ``<structured parameter name>/<state>``, independent of Paddle's generated
-    parameter names and of the parallel layout.
+
+def optimizer_keys(optimizer, params: dict[str, Any]) -> dict[str, str]:
+    """Paddle's key of every tensor of ``optimizer``'s state → its checkpoint key ``<structured name>/<state>``.
+
+    ``params`` maps structured names to parameters. Keys owned by no parameter are left out.
     """
     import paddle
 
-    weights = {name: full_tensor(p) for name, p in model.named_parameters()}
-    owners = {p.name: n for n, p in model.named_parameters()}
-    moments = {}
+    owners = {p.name: n for n, p in params.items()}
+    keys = {}
     for key, value in optimizer.state_dict().items():
         if not isinstance(value, paddle.Tensor):
             continue
         owner = max((name for name in owners if key.startswith(name + "_")), key=len, default=None)
         if owner is not None:
-            moments[f"{owners[owner]}/{key[len(owner) + 1:]}"] = full_tensor(value)
+            keys[key] = f"{owners[owner]}/{_MASTER_INFIX.sub('', key[len(owner) + 1:])}"
+    return keys
+
+
+def master_weights(optimizer) -> dict[str, Any]:
+    """The float32 master copy of each low-precision parameter (by Paddle name): AMP O2's trained weights."""
+    return dict(optimizer.state_dict().get("master_weights") or {})
+
+
+def training_state(model, optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Whole float32 weights and AdamW state, keyed by structured names: a collective, every rank calls it.
+
+    The weights are the master copies where the optimizer keeps them (AMP O2: the parameters themselves are
+    rounded to bfloat16/float16 copies of these), else the parameters in float32. Optimizer tensors are keyed
+    ``<structured parameter name>/<state>``, independent of Paddle's generated names, of the parallel layout
+    and of whether the state belongs to a master copy.
+    """
+    params = dict(model.named_parameters())
+    masters = master_weights(optimizer)
+    weights = {}
+    for name, p in params.items():
+        weights[name] = full_tensor(masters.get(p.name, p)).astype("float32")
+    state = optimizer.state_dict()
+    moments = {target: full_tensor(state[key]) for key, target in optimizer_keys(optimizer, params).items()}
     return weights, moments
 
 
 def restore_training_state(model, optimizer, folder: Path) -> dict[str, Any]:
     """Load a checkpoint into the already parallelised ``model`` and ``optimizer``; return its ``state.json``.
 
-    Each tensor is sharded as this run's layout and ZeRO stage want it, whatever layout saved it; Paddle's
-    generator state is restored too, so the run continues as if it had not stopped.
+    Each tensor is sharded as this run's layout and ZeRO stage want it, whatever layout saved it. Master
+    copies (AMP O2) are set from the float32 weights, and the parameters are those rounded to their dtype, so
+    the first step after a resume updates the trained weights. Paddle's generator state is restored too, so
+    the run continues as if it had not stopped.
     """
-    import paddle.distributed as dist
-
     folder = Path(folder)
     state = read_state(folder)
     weights = read_tensors(folder / MODEL_FILE)
     params = dict(model.named_parameters())
     check_weights(weights, {name: p.shape for name, p in params.items()}, folder / MODEL_FILE)
-    # Creating the sharded optimizer state runs one fake step that moves the weights: weights after it.
-    optimizer.state_dict()
-    for name, param in params.items():
-        param.set_value(dist.shard_tensor(weights[name].astype(param.dtype), param.process_mesh, param.placements))
+    create_optimizer_state(optimizer, list(params.values()))
     _restore_optimizer(optimizer, params, folder / OPTIMIZER_FILE)
+    masters = master_weights(optimizer)
+    for name, param in params.items():
+        assign(param, weights[name])
+        if param.name in masters:
+            assign(masters[param.name], weights[name])
     _restore_rng(folder)
     return state
 
 
+def create_optimizer_state(optimizer, params: list) -> None:
+    """Create ``optimizer``'s moments and master copies (sharded when it is), so a checkpoint can fill them.
+
+    A distributed optimizer creates them as Paddle documents, by ``state_dict()`` (one step on zero gradients,
+    which moves the weights: they are set after it); a plain one by ``_create_accumulators``, what its first step
+    calls, which runs no kernel and moves nothing.
+    """
+    import paddle
+
+    if hasattr(optimizer, "_inner_opt"):
+        optimizer.state_dict()
+    else:
+        optimizer._create_accumulators(paddle.static.default_main_program().global_block(), params)
+
+
+def assign(target, value) -> None:
+    """Set ``target`` (a parameter or optimizer tensor, sharded or not) to the whole tensor ``value``, cast."""
+    import paddle.distributed as dist
+
+    value = value.astype(target.dtype)
+    if target.is_dist():
+        value = dist.shard_tensor(value, target.process_mesh, target.placements)
+    target.set_value(value)
+
+
 def _restore_optimizer(optimizer, params: dict[str, Any], path: Path) -> None:
+    """Set ``optimizer``'s created state from the checkpoint file ``path``; every tensor must have its pair."""
     import paddle
     import paddle.distributed as dist
 
     current = optimizer.state_dict()
+    keys = optimizer_keys(optimizer, params)  # Paddle's key -> checkpoint key
+    saved = {f"{k.split('/', 1)[0]}/{_MASTER_INFIX.sub('', k.split('/', 1)[1])}": v
+             for k, v in read_tensors(path).items()}
+    extra = sorted(set(saved) - set(keys.values()))
+    if extra:
+        raise CheckpointError(f"{path}: {extra[0]} has no counterpart in this optimizer")
     restored = {k: v for k, v in current.items() if not isinstance(v, paddle.Tensor)}
-    for key, value in read_tensors(path).items():
-        structured, suffix = key.split("/", 1)
-        target = f"{params[structured].name}_{suffix}" if structured in params else key
-        if target not in current:
-            raise CheckpointError(f"{path}: {key} has no counterpart in this optimizer")
-        like = current[target]  # sharded as this layout and ZeRO stage want it
-        placements = like.placements if like.is_dist() else [dist.Replicate()] * len(params[structured].placements)
-        mesh = like.process_mesh if like.is_dist() else params[structured].process_mesh
-        restored[target] = dist.shard_tensor(paddle.to_tensor(value).astype(like.dtype), mesh, placements)
+    for key, target in keys.items():
+        if target not in saved:
+            raise CheckpointError(f"{path}: no {target} for this optimizer")
+        like, param = current[key], params[target.split("/", 1)[0]]
+        value = paddle.to_tensor(saved[target]).astype(like.dtype)
+        if like.is_dist() or param.is_dist():  # sharded as this layout and ZeRO stage want it
+            placements = like.placements if like.is_dist() else [dist.Replicate()] * len(param.placements)
+            value = dist.shard_tensor(value, like.process_mesh if like.is_dist() else param.process_mesh, placements)
+        restored[key] = value
     optimizer.set_state_dict(restored)
 
 
