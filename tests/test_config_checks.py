@@ -50,7 +50,6 @@ ACCEPTED: dict[str, tuple] = {
     "corpus.encoding.batch_documents": (HUGE,),
     "training.parallel.dp": (-1, HUGE),  # -1 = inferred; the world size is resolve_layout's
     "training.parallel.mp": (HUGE,),
-    "training.parallel.pp": (HUGE,),
     "training.parallel.sharding_stage": (0,),
     "training.batch.micro_batch_size": (HUGE,),
     "training.batch.global_batch_size": (HUGE,),

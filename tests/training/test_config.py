@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 
 from train_deploy.config import ConfigError
-from train_deploy.training.config import TrainingConfig, check_vocabulary, resolve_layout
+from train_deploy.training.config import (
+    BatchConfig,
+    DeviceConfig,
+    Layout,
+    ModelConfig,
+    ParallelConfig,
+    TrainingConfig,
+    check_vocabulary,
+    resolve_layout,
+)
 
 
 def layout(world: int = 2, vocab: int = 2000, **blocks):
@@ -32,9 +41,6 @@ def test_degrees_are_inferred_from_the_world_size():
         (2, 2001, {"parallel": {"mp": 2, "dp": 1}}, "the tokenizer's vocabulary (2001) is not divisible by mp = 2"),
         (4, 2000, {"model": {"overrides": {"hidden_size": 66}}, "parallel": {"mp": 4, "dp": 1}},
          "hidden_size = 66 is not divisible by mp = 4"),
-        (3, 2000, {"parallel": {"pp": 3, "dp": 1}}, "num_hidden_layers = 2 is not divisible by pp = 3"),
-        (2, 2000, {"parallel": {"pp": 2, "dp": 1}}, "pipeline parallelism needs GPUs: Paddle's CPU backend (gloo) "
-                                                     "has no point-to-point send/recv"),
         (1, 2000, {"parallel": {"sharding_stage": 1}}, "which has one rank here"),
         (2, 2000, {"parallel": {"sharding_stage": 2}}, "stage 2 needs GPUs: it reduce-scatters gradients"),
         (1, 2000, {"batch": {"seq_length": 512}}, "seq_length: 512 exceeds the model's max_position_embeddings (128)"),
@@ -48,9 +54,26 @@ def test_layout_errors_say_what_to_change(world, vocab, blocks, message):
     assert message in str(exc.value)
 
 
-def test_pipeline_parallel_is_planned_on_gpu():
-    resolved = layout(8, parallel={"pp": 2, "mp": 2}, device={"type": "gpu"})
+@pytest.mark.parametrize("device", ["cpu", "gpu"])
+def test_pipeline_parallel_is_refused_on_every_device_with_why(device):
+    with pytest.raises(ConfigError, match=r"training.parallel.pp: pipeline parallelism is not supported, set pp: 1 .*"
+                                          r"the loss exists only on the last stage"):
+        layout(4, parallel={"pp": 2, "dp": 2}, device={"type": device})
+
+
+def planned(world: int, **parallel) -> Layout:
+    """The planner's layout of a pipeline configuration, which ``from_params`` refuses."""
+    config = TrainingConfig(model=ModelConfig(preset="tiny"), parallel=ParallelConfig(**parallel),
+                            batch=BatchConfig(micro_batch_size=2, global_batch_size=8, seq_length=32),
+                            device=DeviceConfig(type="gpu"))
+    return resolve_layout(config, world, 2000)
+
+
+def test_the_planner_still_places_pipeline_stages():
+    resolved = planned(8, pp=2, mp=2)
     assert (resolved.pp, resolved.mp, resolved.dp) == (2, 2, 2)
+    with pytest.raises(ConfigError, match="num_hidden_layers = 2 is not divisible by pp = 3"):
+        planned(3, pp=3, dp=1)
 
 
 def test_block_errors_name_the_key():

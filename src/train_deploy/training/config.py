@@ -33,6 +33,13 @@ class ModelConfig:
         return {**PRESETS[self.preset], **self.overrides}
 
 
+PIPELINE_UNSUPPORTED = (
+    "pipeline parallelism is not supported, set pp: 1 and use dp, mp and sharding_stage: in Paddle 3.3's "
+    "dynamic-graph auto-parallel the loss exists only on the last stage, there is no micro-batch schedule (PaddleNLP "
+    "runs pp only through dist.to_static), and the gradient norm and checkpoints would have to cross stages; on CPU, "
+    "gloo also has no point-to-point send/recv")
+
+
 @dataclass(kw_only=True, slots=True)
 class ParallelConfig:
     dp: int = -1
@@ -40,9 +47,13 @@ class ParallelConfig:
     mp: int = 1
     """Tensor-parallel degree (heads, hidden and vocabulary split over mp ranks)."""
     pp: int = 1
-    """Pipeline-parallel degree (layers split over pp stages); GPU only."""
+    """Pipeline-parallel degree; only 1 is accepted (:data:`PIPELINE_UNSUPPORTED` says why). The layout planner and
+    the mesh still place pp stages, for the day the stage runs a pipeline schedule."""
     sharding_stage: int = 0
     """ZeRO stage over the data-parallel group: 0 none, 1 optimizer states, 2 + gradients, 3 + weights."""
+    single_process: Literal["plain", "auto_parallel"] = "plain"
+    """World size 1: plain trains the model as it is (no distributed tensors, faster: docs/benchmarks.md);
+    auto_parallel wraps it as at any other size (to compare, as benchmarks/gpu_check.sh does)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -92,6 +103,9 @@ class PrecisionConfig:
     level: Literal["O1", "O2"] = "O1"
     """O1: float32 weights, white-listed ops in low precision; O2: low-precision weights with float32 master
     copies in the optimizer."""
+    master_grad: bool = False
+    """O2: keep weight gradients in float32 (Paddle's ``master_grad``), so micro-batches accumulate, clip and
+    update in float32; one float32 gradient per weight more memory."""
     recompute: bool = False
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
 
@@ -201,6 +215,7 @@ def _check_block(config: TrainingConfig) -> None:
               f"only one of dp, mp, pp may be -1 (inferred from the world size); {inferred} is -1 already")
         inferred = key if value == -1 else inferred
     check(p.sharding_stage in (0, 1, 2, 3), "training.parallel.sharding_stage", "must be 0, 1, 2 or 3")
+    check(p.pp == 1, "training.parallel.pp", PIPELINE_UNSUPPORTED)
     check_range("training.batch.micro_batch_size", b.micro_batch_size, 1)
     check_range("training.batch.global_batch_size", b.global_batch_size, 1)
     check_range("training.batch.seq_length", b.seq_length, 2)
@@ -269,9 +284,6 @@ def resolve_layout(config: TrainingConfig, world_size: int, vocab_size: int) -> 
     if shape["num_hidden_layers"] % pp:
         raise ConfigError(f"training.parallel.pp: num_hidden_layers = {shape['num_hidden_layers']} is not divisible "
                           f"by pp = {pp}")
-    if pp > 1 and config.device.type == "cpu":
-        raise ConfigError("training.parallel.pp: pipeline parallelism needs GPUs: Paddle's CPU backend (gloo) has "
-                          "no point-to-point send/recv between stages; set pp: 1 on CPU")
     if config.parallel.sharding_stage >= 2 and config.device.type == "cpu":
         raise ConfigError(f"training.parallel.sharding_stage: stage {config.parallel.sharding_stage} needs GPUs: it "
                           "reduce-scatters gradients, which Paddle's CPU backend lacks; use sharding_stage 1 on CPU")
