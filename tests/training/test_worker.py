@@ -27,9 +27,10 @@ def assert_losses_match(folder, reference, rtol=1e-5):
     assert np.max(np.abs(got - expected) / expected) <= rtol, (got, expected)
 
 
-@pytest.mark.parametrize("nproc,parallel", [(2, {"dp": 2}), (2, {"mp": 2, "dp": 1}), (4, {"dp": 2, "mp": 2}),
+@pytest.mark.parametrize("nproc,parallel", [(1, {"dp": 1, "single_process": "auto_parallel"}), (2, {"dp": 2}),
+                                            (2, {"mp": 2, "dp": 1}), (4, {"dp": 2, "mp": 2}),
                                             (2, {"dp": 2, "sharding_stage": 1})],
-                         ids=["dp2", "mp2", "dp2xmp2", "dp2-sharding1"])
+                         ids=["auto-parallel-1", "dp2", "mp2", "dp2xmp2", "dp2-sharding1"])
 def test_parallel_layouts_match_the_single_process_loss(tmp_path, tiny_tokens, reference, nproc, parallel):
     got = launch(tmp_path, tiny_tokens, training_params(nproc, parallel=parallel))
     assert got.finished and got.layout["dp"] == parallel["dp"]
@@ -76,6 +77,13 @@ def test_a_truncated_newest_checkpoint_is_moved_aside_and_every_rank_resumes_fro
     assert max(float(np.abs(resumed[k] - uninterrupted[k]).max()) for k in uninterrupted) <= 1e-4
 
 
+def test_a_plain_single_process_checkpoint_resumes_wrapped_in_auto_parallel(tmp_path, tiny_tokens, reference):
+    launch(tmp_path, tiny_tokens, training_params(1, schedule={"stop_after": 3}))  # plain: no distributed tensors
+    assert launch(tmp_path, tiny_tokens, training_params(1, parallel={"single_process": "auto_parallel"})).finished
+    resumed, uninterrupted = weights(tmp_path, 6), weights(reference, 6)
+    assert max(float(np.abs(resumed[k] - uninterrupted[k]).max()) for k in uninterrupted) <= 1e-6
+
+
 def test_tensor_parallel_checkpoint_resumes_with_data_parallel(tmp_path, tiny_tokens, reference):
     launch(tmp_path, tiny_tokens, training_params(2, parallel={"mp": 2, "dp": 1}, schedule={"stop_after": 3}))
     resumed = launch(tmp_path, tiny_tokens, training_params(2, parallel={"dp": 2}))
@@ -111,3 +119,22 @@ def test_a_validation_split_smaller_than_one_evaluation_batch_is_skipped_with_a_
     log = (tmp_path / "logs" / "node0" / "workerlog.0").read_text()
     assert ("No validation: the validation split holds 3 windows of 32 tokens, fewer than one evaluation batch "
             "(micro_batch_size × dp = 4); raise corpus.encoding.validation_fraction") in log
+
+
+def test_norms_are_not_decayed_whatever_auto_parallel_names_them():
+    """Auto-parallel renames parameters after the optimizer is built; the decay rule must still know the norms."""
+    from train_deploy.training.config import TrainingConfig, resolve_layout
+    from train_deploy.training.model import build_model
+    from train_deploy.training.parallelize import parallelize
+    from train_deploy.training.worker import build_optimizer
+
+    config = TrainingConfig.from_params({**training_params(1), "parallel": {"single_process": "auto_parallel"}})
+    model = build_model(config, 2000, 2)
+    optimizer, _ = build_optimizer(model, config)
+    before = {name: p.name for name, p in model.named_parameters()}
+    model, optimizer, _ = parallelize(model, optimizer, layout=resolve_layout(config, 1, 2000), single="auto_parallel")
+    renamed = {name: p for name, p in model.named_parameters()}
+    assert any(before[name] != p.name for name, p in renamed.items())  # what the rule must survive
+    decayed = {name: optimizer._apply_decay_param_fun(p.name) for name, p in renamed.items()}
+    assert decayed == {name: p.ndim > 1 for name, p in renamed.items()}
+    assert not decayed["llama.norm.weight"] and decayed["llama.embed_tokens.weight"]

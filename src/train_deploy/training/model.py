@@ -18,9 +18,11 @@ def llama_config(config: TrainingConfig, vocab_size: int, eos_id: int):
         bos_token_id=1,
         eos_token_id=eos_id,
         pad_token_id=0,
-        # Portable kernels: identical numbers on CPU and GPU, and exportable (no fused ops in the graph).
+        # GPU training uses flash attention and fused RoPE (the same function, faster; they change no weights);
+        # evaluation and export rebuild the model with portable kernels whatever these say
+        # (evaluation.load_model), since flash attention has no float32 and neither runs on CPU.
         use_fused_rms_norm=False,
-        use_fused_rope=False,
+        use_fused_rope=config.device.type == "gpu",
         use_flash_attention=config.device.type == "gpu",
         recompute=config.precision.recompute,
         tensor_parallel_degree=1,  # tensor parallelism is applied by paddle.distributed.parallelize

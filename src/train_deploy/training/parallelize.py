@@ -18,8 +18,11 @@ def build_mesh(layout: Layout):
     return dist.ProcessMesh(ranks.reshape(layout.dp, layout.mp).tolist(), dim_names=["dp", "mp"])
 
 
-def parallelize(model, optimizer, *, layout: Layout, device: str = "cpu"):
+def parallelize(model, optimizer, *, layout: Layout, device: str = "cpu", single: str = "plain"):
     """Shard ``model`` and ``optimizer`` over the mesh; return them with the mesh.
+
+    One process with ``single`` = ``"plain"`` returns them unchanged with no mesh: auto-parallel would make every
+    parameter a distributed tensor for nothing (``benchmarks/gpu_check.sh`` and ``bench_train.py`` compare).
 
     Order: (1) tensor parallel, the model's own ``auto_dist_config()['mp_config']`` plan (attention and
     MLP projections column/row-wise, embeddings and LM head by vocabulary); (2) pipeline stages over
@@ -28,6 +31,8 @@ def parallelize(model, optimizer, *, layout: Layout, device: str = "cpu"):
     """
     import paddle.distributed as dist
 
+    if layout.world_size == 1 and single == "plain":
+        return model, optimizer, None
     mesh = build_mesh(layout)
     plan = model.auto_dist_config()
     config: dict = {"dp_config": {"sharding_level": layout.sharding_stage}}

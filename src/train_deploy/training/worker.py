@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     model = build_model(config, spec.data.vocab_size, spec.data.eos_id)
     size = ModelSize.of(model)
     optimizer, lr = build_optimizer(model, config)
-    model, optimizer, scaler = apply_precision(model, optimizer, config)
-    model, optimizer, mesh = parallelize(model, optimizer, layout=job.layout, device=config.device.type)
+    model, optimizer, mesh = parallelize(model, optimizer, layout=job.layout, device=config.device.type,
+                                         single=config.parallel.single_process)
+    model, scaler = apply_precision(model, config, distributed=mesh is not None)
     trainer = Trainer(model=model, optimizer=optimizer, lr=lr, scaler=scaler, mesh=mesh, job=job)
 
     # resume, data, metrics
@@ -109,11 +110,21 @@ def set_up(spec: RunSpec) -> Job:
     logging.basicConfig(level=logging.INFO if is_master else logging.WARNING,
                         format=f"%(asctime)s rank {rank} %(levelname)s %(message)s", stream=sys.stdout)
     if world > 1:
+        select_backend(config.device.type)
         dist.init_parallel_env()
     paddle.set_device("gpu" if config.device.type == "gpu" else "cpu")
     paddle.seed(config.schedule.seed)
     return Job(spec=spec, config=config, layout=layout, world=world, rank=rank, is_master=is_master,
                dp_rank=data_rank(rank, layout))
+
+
+def select_backend(device: str) -> str:
+    """The collective backend of ``device``, set where ``init_parallel_env`` reads it: gloo for cpu whatever wheel
+    is installed (with the GPU wheel Paddle's default is NCCL, which cannot reduce CPU tensors); Paddle's own
+    choice (NCCL) for gpu."""
+    backend = "gloo" if device == "cpu" else os.environ.get("PADDLE_DISTRI_BACKEND", "auto")
+    os.environ["PADDLE_DISTRI_BACKEND"] = backend
+    return backend
 
 
 def finish(job: Job) -> None:
@@ -153,13 +164,29 @@ def build_optimizer(model, config: TrainingConfig):
     o, s = config.optimizer, config.schedule
     peak_lr = o.scaled_learning_rate(config.batch.global_batch_size)
     lr = paddle.optimizer.lr.LambdaDecay(peak_lr, _lr_lambda(o.warmup_steps, s.max_steps, o.min_lr_ratio))
-    no_decay = {p.name for p in model.parameters() if p.ndim == 1}
     optimizer = paddle.optimizer.AdamW(
         learning_rate=lr, parameters=model.parameters(), beta1=o.beta1, beta2=o.beta2, epsilon=o.epsilon,
-        weight_decay=o.weight_decay, apply_decay_param_fun=lambda name: name not in no_decay,
+        weight_decay=o.weight_decay, apply_decay_param_fun=DecayRule(model),
         grad_clip=paddle.nn.ClipGradByGlobalNorm(o.grad_clip) if o.grad_clip > 0 else None,
+        # AMP O2: float32 master copies of the low-precision weights, updated by every step (PaddleNLP's Trainer)
+        multi_precision=config.precision.amp and config.precision.level == "O2",
     )
     return optimizer, lr
+
+
+class DecayRule:
+    """AdamW's ``apply_decay_param_fun``: decay every parameter but the 1-D ones (norms), whatever Paddle names
+    them. Auto-parallel renames the parameters after the optimizer is built (``linear_0.w_0`` becomes
+    ``linear_0.w_0.dist``), so the names are read from ``model`` when one is first asked for."""
+
+    def __init__(self, model) -> None:
+        self._model = model
+        self._decayed: dict[str, bool] = {}
+
+    def __call__(self, name: str) -> bool:
+        if name not in self._decayed:
+            self._decayed = {p.name: p.ndim > 1 for p in self._model.parameters()}
+        return self._decayed[name]
 
 
 def _lr_lambda(warmup: int, total: int, min_ratio: float):
@@ -174,17 +201,22 @@ def _lr_lambda(warmup: int, total: int, min_ratio: float):
     return factor
 
 
-def apply_precision(model, optimizer, config: TrainingConfig):
-    """Mixed precision: O2 keeps low-precision weights with float32 master copies; float16 needs a loss scale."""
+def apply_precision(model, config: TrainingConfig, distributed: bool):
+    """Mixed precision on the parallelised model, as PaddleNLP's AutoTrainer orders it (parallelize, then
+    decorate): O2 casts the weights to the low-precision type in place, the optimizer keeps float32 masters
+    (``multi_precision``). float16 needs a dynamic loss scale to keep small gradients representable; across
+    ranks ``dist.shard_scaler`` makes an overflow on one rank skip the step on all. Return the model and the
+    scaler (None without float16)."""
     import paddle
+    import paddle.distributed as dist
 
     amp = config.precision
     if amp.amp and amp.level == "O2":
-        model, optimizer = paddle.amp.decorate(models=model, optimizers=optimizer, level="O2", dtype=amp.dtype,
-                                               master_weight=True)
-    # float16 needs a dynamic loss scale to keep small gradients representable; bfloat16 does not.
-    scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15) if amp.amp and amp.dtype == "float16" else None
-    return model, optimizer, scaler
+        model = paddle.amp.decorate(models=model, level="O2", dtype=amp.dtype, master_grad=amp.master_grad)
+    if not (amp.amp and amp.dtype == "float16"):
+        return model, None
+    scaler = paddle.amp.GradScaler(init_loss_scaling=2.0**15)
+    return model, dist.shard_scaler(scaler) if distributed else scaler
 
 
 @dataclass(kw_only=True, slots=True)
@@ -197,7 +229,8 @@ class Trainer:
     """The learning-rate schedule (``paddle.optimizer.lr.LambdaDecay``); its position is the step."""
     scaler: Any | None
     """float16's loss scale, else None."""
-    mesh: Any
+    mesh: Any | None
+    """The process mesh; None when the model is trained plain (one process, ``parallel.single_process: plain``)."""
     job: Job
 
     def loss(self, windows: np.ndarray):
@@ -229,14 +262,14 @@ class Trainer:
         return norm
 
     def _sharded(self, array: np.ndarray):
-        """``array`` (this rank's rows) as the global tensor whose rows are split over the dp axis."""
+        """``array`` (this rank's rows) as the global tensor whose rows are split over the dp axis (the plain
+        tensor when the model is not parallelised)."""
         import paddle
         import paddle.distributed as dist
 
-        if self.job.layout.pp > 1:  # mesh [pp, dp, mp]
-            placements = [dist.Replicate(), dist.Shard(0), dist.Replicate()]
-        else:  # mesh [dp, mp]
-            placements = [dist.Shard(0)] + [dist.Replicate()] * (len(self.mesh.shape) - 1)
+        if self.mesh is None:
+            return paddle.to_tensor(array)
+        placements = [dist.Shard(0)] + [dist.Replicate()] * (len(self.mesh.shape) - 1)  # mesh [dp, mp]
         return dist.auto_parallel.api.dtensor_from_local(paddle.to_tensor(array), self.mesh, placements)
 
 
