@@ -97,13 +97,42 @@ def launcher_command(config: TrainingConfig, spec_file: Path, log_dir: Path, nod
                "--max_restart", str(la.max_restart)]
     if la.nnodes > 1:
         command += ["--nnodes", str(la.nnodes), "--master", str(la.master), "--rank", str(rank)]
+    if config.device.type == "cpu":
+        command += cpu_job_devices(la.nproc_per_node)
     return command + [worker.__file__, "--run", str(spec_file)]
+
+
+def cpu_job_devices(nproc: int) -> list[str]:
+    """Launcher arguments for a ``device: cpu`` job: none with the CPU wheel; with the GPU wheel on a machine
+    with GPUs, every rank is handed the first visible GPU (which it never uses: the worker sets the CPU device and
+    gloo), because the launcher gives each rank its own GPU and fails when there are fewer GPUs than ranks."""
+    from importlib import metadata
+
+    try:
+        metadata.distribution("paddlepaddle-gpu")
+    except metadata.PackageNotFoundError:
+        return []
+    labels = visible_gpus()
+    return ["--devices", ",".join([labels[0]] * nproc)] if labels else []
+
+
+_DETECT = ("from paddle.distributed.launch.context.device import Device, DeviceType\n"
+           "d = Device.parse_device()\nprint(','.join(d.labels) if d.dtype == DeviceType.GPU else '')")
+
+
+def visible_gpus() -> list[str]:
+    """The GPU labels Paddle's launcher will see, read by its own code in a child process: importing Paddle here
+    would install its signal handlers in the training node, over the node's own (a stop must stop the job)."""
+    found = subprocess.run([sys.executable, "-c", _DETECT], capture_output=True, text=True, check=True,
+                           env={**os.environ, "GLOG_minloglevel": "2"}).stdout.strip().splitlines()
+    return [label for label in (found[-1] if found else "").split(",") if label]
 
 
 def worker_environment(config: TrainingConfig) -> dict[str, str]:
     """This process's environment without credentials (:data:`SECRET_VARIABLES`), with CPU thread counts."""
     env = {name: value for name, value in os.environ.items() if not is_secret(name, value)}
     if config.device.type == "cpu":
+        env["PADDLE_DISTRI_BACKEND"] = "gloo"  # the GPU wheel's default is NCCL, which cannot reduce CPU tensors
         # One BLAS/OpenMP pool per worker sized to its share of the cores, unless the user chose.
         share = max(1, (os.cpu_count() or 1) // config.launch.nproc_per_node)
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
