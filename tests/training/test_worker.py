@@ -27,10 +27,10 @@ def assert_losses_match(folder, reference, rtol=1e-5):
     assert np.max(np.abs(got - expected) / expected) <= rtol, (got, expected)
 
 
-@pytest.mark.parametrize("nproc,parallel", [(1, {"dp": 1, "single_process": "auto_parallel"}), (2, {"dp": 2}),
+@pytest.mark.parametrize("nproc,parallel", [(1, {"dp": 1, "single_process": "plain"}), (2, {"dp": 2}),
                                             (2, {"mp": 2, "dp": 1}), (4, {"dp": 2, "mp": 2}),
                                             (2, {"dp": 2, "sharding_stage": 1})],
-                         ids=["auto-parallel-1", "dp2", "mp2", "dp2xmp2", "dp2-sharding1"])
+                         ids=["plain-1", "dp2", "mp2", "dp2xmp2", "dp2-sharding1"])
 def test_parallel_layouts_match_the_single_process_loss(tmp_path, tiny_tokens, reference, nproc, parallel):
     got = launch(tmp_path, tiny_tokens, training_params(nproc, parallel=parallel))
     assert got.finished and got.layout["dp"] == parallel["dp"]
@@ -78,8 +78,9 @@ def test_a_truncated_newest_checkpoint_is_moved_aside_and_every_rank_resumes_fro
 
 
 def test_a_plain_single_process_checkpoint_resumes_wrapped_in_auto_parallel(tmp_path, tiny_tokens, reference):
-    launch(tmp_path, tiny_tokens, training_params(1, schedule={"stop_after": 3}))  # plain: no distributed tensors
-    assert launch(tmp_path, tiny_tokens, training_params(1, parallel={"single_process": "auto_parallel"})).finished
+    plain = {"single_process": "plain"}  # no distributed tensors
+    launch(tmp_path, tiny_tokens, training_params(1, parallel=plain, schedule={"stop_after": 3}))
+    assert launch(tmp_path, tiny_tokens, training_params(1)).finished  # wrapped, the default
     resumed, uninterrupted = weights(tmp_path, 6), weights(reference, 6)
     assert max(float(np.abs(resumed[k] - uninterrupted[k]).max()) for k in uninterrupted) <= 1e-6
 

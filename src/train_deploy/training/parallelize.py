@@ -18,11 +18,11 @@ def build_mesh(layout: Layout):
     return dist.ProcessMesh(ranks.reshape(layout.dp, layout.mp).tolist(), dim_names=["dp", "mp"])
 
 
-def parallelize(model, optimizer, *, layout: Layout, device: str = "cpu", single: str = "plain"):
+def parallelize(model, optimizer, *, layout: Layout, device: str = "cpu", single: str = "auto_parallel"):
     """Shard ``model`` and ``optimizer`` over the mesh; return them with the mesh.
 
-    One process with ``single`` = ``"plain"`` returns them unchanged with no mesh: auto-parallel would make every
-    parameter a distributed tensor for nothing (``benchmarks/gpu_check.sh`` and ``bench_train.py`` compare).
+    One process with ``single`` = ``"plain"`` returns them unchanged with no mesh (no distributed tensors;
+    ``benchmarks/bench_train.py`` and ``benchmarks/gpu_check.sh`` compare the two).
 
     Order: (1) tensor parallel, the model's own ``auto_dist_config()['mp_config']`` plan (attention and
     MLP projections column/row-wise, embeddings and LM head by vocabulary); (2) pipeline stages over
