@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,18 @@ from tests.conftest import publish
 from train_deploy.atomic import atomic_folder
 from train_deploy.export.bundle import export_bundle
 from train_deploy.export.config import ExportConfig
-from train_deploy.handoffs import Bundle, CheckpointRef, SelectedCheckpoint, TokenizerInfo, TokenManifest
+from train_deploy.export.plots import TrainingCurves
+from train_deploy.handoffs import (
+    Bundle,
+    CheckpointRef,
+    SelectedCheckpoint,
+    TokenizerInfo,
+    TokenManifest,
+    TrainingResult,
+    WorkFolder,
+)
+
+NO_CURVES = TrainingCurves(missing="not part of this test")
 
 # Quick proofs: few windows, one timed call per form.
 TEST_EXPORT = {"parity": {"samples": 4}, "latency": {"batch_sizes": [1, 2], "seq_length": 16, "warmup": 0,
@@ -30,20 +42,38 @@ def selected(checkpoint: Path) -> SelectedCheckpoint:
                               validation_loss=3.0, evaluated_on_windows=4)
 
 
+def training_logs(folder: Path, run: TrainingResult) -> WorkFolder:
+    """The catalog's ``training_logs`` as the training node lays it out (``<folder>/<run name>/metrics.jsonl``),
+    holding a copy of ``run``'s metrics (a test run keeps them in ``<run folder>/logs``)."""
+    logs = Path(folder) / run.run_name
+    logs.mkdir(parents=True, exist_ok=True)
+    shutil.copy(Path(run.checkpoints).parent / "logs" / "metrics.jsonl", logs / "metrics.jsonl")
+    return WorkFolder(path=str(folder))
+
+
 def export_into(folder: Path, checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManifest,
-                **blocks) -> Bundle:
+                curves: TrainingCurves = NO_CURVES, **blocks) -> Bundle:
     """``export_bundle`` into a staging folder that becomes ``folder`` on success, as the catalog publishes it."""
     config = ExportConfig.from_params(export_params(**blocks))
     with atomic_folder(folder) as staging:
-        return export_bundle(checkpoint, tokenizer, tokens, config, {"selection": "last: test"}, staging)
+        return export_bundle(checkpoint, tokenizer, tokens, config, {"selection": "last: test"}, curves, staging)
 
 
 @pytest.fixture(scope="session")
-def tiny_bundle(tmp_path_factory, tiny_checkpoint, tiny_tokenizer, tiny_token_files) -> Path:
-    """The tiny checkpoint exported through the export node and the catalog's versioned bundle dataset."""
+def tiny_training_logs(tmp_path_factory, tiny_run) -> WorkFolder:
+    """``training_logs`` holding the metrics of :func:`tiny_run`."""
+    return training_logs(tmp_path_factory.mktemp("training_logs"), tiny_run)
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory, tiny_checkpoint, tiny_tokenizer, tiny_token_files, tiny_run,
+                tiny_training_logs) -> Path:
+    """The tiny checkpoint exported through the export node and the catalog's versioned bundle dataset, with the
+    training curves of its run."""
     from train_deploy.pipelines.export.nodes import export_model
 
-    work = export_model(export_params(), selected(tiny_checkpoint), tiny_tokenizer, tiny_token_files)
+    work, _ = export_model(export_params(), selected(tiny_checkpoint), tiny_tokenizer, tiny_token_files, tiny_run,
+                           tiny_training_logs)
     bundle = publish(work, tmp_path_factory.mktemp("bundles") / "bundle", Bundle, versions=True)
     assert not bundle.reused
     return Path(bundle.path)

@@ -39,14 +39,16 @@ def test_bundle_holds_server_edge_tokenizer_proofs_and_card(tiny_bundle):
 
 
 def test_same_checkpoint_and_configuration_keep_the_bundle_as_a_new_linked_version(tiny_bundle, tiny_checkpoint,
-                                                                                  tiny_tokenizer, tiny_token_files):
+                                                                                  tiny_tokenizer, tiny_token_files,
+                                                                                  tiny_run, tiny_training_logs):
     from train_deploy.pipelines.export.nodes import export_model
 
-    work = export_model(export_params(), selected(tiny_checkpoint), tiny_tokenizer, tiny_token_files)
+    work, _ = export_model(export_params(), selected(tiny_checkpoint), tiny_tokenizer, tiny_token_files, tiny_run,
+                           tiny_training_logs)
     kept = publish(work, tiny_bundle.parent.parent, Bundle, versions=True)
     assert kept.reused and Path(kept.path) != tiny_bundle and kept.fingerprint == json.loads(
         (tiny_bundle / "bundle.json").read_text(encoding="utf-8"))["fingerprint"]
-    for name in ("server/model.pdiparams", "edge/model.onnx", "MODEL_CARD.md"):  # hard links, not copies
+    for name in ("server/model.pdiparams", "edge/model.onnx", "MODEL_CARD.md", "plots/training.png"):  # links
         assert (Path(kept.path) / name).stat().st_ino == (tiny_bundle / name).stat().st_ino
 
 

@@ -8,7 +8,9 @@ A bundle is one folder (the catalog's versioned ``export_bundle``: ``<path>/<ver
     tokenizer/       the PaddleNLP tokenizer folder the model was trained with
     parity.json      logits of every form against the trained model on fixed validation windows
     latency.json     p50/p95 of one forward pass per form
-    MODEL_CARD.md    generated from all of the above
+    plots/           training.png (curves of the run up to the exported step, when its metrics are known)
+                     and latency.png (by form and batch)
+    MODEL_CARD.md    generated from all of the above, embedding the plots
 
 The catalog gives an empty staging folder and publishes it only when this module returned (parity passed).
 """
@@ -29,6 +31,7 @@ from train_deploy.export.checks import check_parity, latency_report, parity_repo
 from train_deploy.export.config import ExportConfig
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE, convert_to_onnx, quantize_int8
 from train_deploy.export.graph import eager_logits, load_inference_model, save_server_model
+from train_deploy.export.plots import TrainingCurves, write_plots
 from train_deploy.export.runtime import OnnxRuntimeBackend, PaddleInferenceBackend, disable_tf32
 from train_deploy.handoffs import (
     BUNDLE_FILE,
@@ -52,12 +55,15 @@ from train_deploy.training.checkpoint import (
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 2  # part of the reuse fingerprint; 2: the compact server graph (bundles of 1 still load)
+FORMAT = 3  # part of the reuse fingerprint; 2: the compact server graph, 3: plots (bundles of 1 and 2 still load)
 
 
 def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManifest, config: ExportConfig,
-                  provenance: dict[str, Any], folder: Path) -> Bundle:
+                  provenance: dict[str, Any], curves: TrainingCurves, folder: Path) -> Bundle:
     """Export ``checkpoint`` into the empty ``folder`` and prove it; return the bundle's description.
+
+    ``curves`` (the training run's metrics up to the checkpoint's step, or why there are none) become
+    ``plots/training.png``; without rows the card says why there is no training picture.
 
     Parity is measured on the first windows of the validation split of ``tokens``, which must be the corpus
     the checkpoint was trained on; when it fails, its report is kept beside ``folder`` and
@@ -77,8 +83,8 @@ def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManif
     if config.edge.int8:
         quantize_int8(onnx_file, folder / "edge" / INT8_FILE, config.edge.per_channel)
     _copy_tokenizer(tokenizer, folder / "tokenizer")
-    meta = _bundle_meta(state, checkpoint, tokenizer, config, bundle_fingerprint(checkpoint, tokenizer, config),
-                        version, provenance)
+    meta = _bundle_meta(state, checkpoint, tokenizer, config, bundle_fingerprint(checkpoint, tokenizer, config,
+                                                                                 curves), version, provenance)
     write_json(folder / BUNDLE_FILE, meta)
     parity, latency = _prove(folder, checkpoint, state, meta, config, tokens)
     write_json(folder / PARITY_FILE, parity)
@@ -86,6 +92,9 @@ def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManif
         write_json(folder.parent / f"parity-failed-{version}.json", parity)
     check_parity(parity, f"the bundle of {checkpoint}")
     write_json(folder / LATENCY_FILE, latency)
+    # Titled by the step, not the bundle version: equal inputs draw equal bytes.
+    meta["plots"] = write_plots(folder, curves, latency, title=f"training up to step {state['step']}")
+    meta["training_curves"] = curves.summary()
     meta["files"] = {p.relative_to(folder).as_posix(): p.stat().st_size
                      for p in sorted(folder.rglob("*")) if p.is_file()}
     write_json(folder / BUNDLE_FILE, meta)
@@ -165,13 +174,17 @@ def _copy_tokenizer(tokenizer: TokenizerInfo, target: Path) -> None:
     write_json(target / TOKENIZER_FILE, tokenizer)
 
 
-def bundle_fingerprint(checkpoint: Path, tokenizer: TokenizerInfo, config: ExportConfig) -> str:
-    """Equal for the same checkpoint files, tokenizer and export configuration: the bundle would be the same."""
+def bundle_fingerprint(checkpoint: Path, tokenizer: TokenizerInfo, config: ExportConfig,
+                       curves: TrainingCurves) -> str:
+    """Equal for the same checkpoint files, tokenizer, export configuration and training curves: the bundle
+    would be the same. The latency picture is drawn from the bundle's own measurements, so it needs no entry;
+    the training picture depends on metrics outside the checkpoint, so their digest is in."""
     weights = Path(checkpoint) / MODEL_FILE
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing")
     stat = weights.stat()
     payload = {"checkpoint": str(Path(checkpoint).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
                "state": (Path(checkpoint) / STATE_FILE).read_text(encoding="utf-8"), "tokenizer": tokenizer.hash,
-               "config": {k: v for k, v in config.to_dict().items() if k != "reuse"}, "format": FORMAT}
+               "config": {k: v for k, v in config.to_dict().items() if k != "reuse"}, "format": FORMAT,
+               "training_curves": curves.digest}
     return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()

@@ -1,4 +1,8 @@
-"""MODEL_CARD.md of a bundle, generated from what the run recorded (nothing in it is written by hand)."""
+"""MODEL_CARD.md of a bundle, generated from what the run recorded (nothing in it is written by hand).
+
+The pictures (``plots/``, see ``train_deploy.export.plots``) are embedded with links relative to the card,
+so they show wherever the bundle folder goes: a local copy, the MLflow run's ``export/bundle``.
+"""
 
 from __future__ import annotations
 
@@ -38,6 +42,7 @@ def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, An
         f"- Parallel layout of the run: {state.get('layout', {})}.",
         f"- Validation loss {_num(source.get('val_loss'))} (perplexity {_num(parity['perplexity'].get('trained'))} "
         f"on the {parity['samples']} parity windows of {parity['seq_length']} tokens).",
+        *_training_curves_section(meta),
         "",
         "## Exported forms and parity",
         "Reference: the trained model in Paddle eager mode, on the first validation windows.",
@@ -55,13 +60,7 @@ def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, An
     if "int8_perplexity_increase" in parity:
         lines += ["", f"int8 perplexity vs ONNX fp32: {parity['int8_perplexity_increase']:+.2%} "
                   f"(limit {parity['limits']['max_int8_perplexity_increase']:+.0%})."]
-    lines += ["", f"## Latency (one forward pass, sequence {latency['seq_length']}, ms, p50 / p95)", ""]
-    batches = list(next(iter(latency["forms"].values())))
-    lines.append("| form | " + " | ".join(b.replace("_", " ") for b in batches) + " |")
-    lines.append("|---|" + "---:|" * len(batches))
-    for name, rows in latency["forms"].items():
-        cells = (f"{rows[b]['p50']:.1f} / {rows[b]['p95']:.1f}" for b in batches)
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += _latency_section(latency, meta.get("plots", {}))
     lines += [
         "",
         f"Measured on the exporting machine with {meta['server']['cpu_threads']} threads "
@@ -86,6 +85,30 @@ def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, An
         "",
     ]
     return "\n".join(line for line in lines if line is not None)
+
+
+def _training_curves_section(meta: dict[str, Any]) -> list[str]:
+    """The training picture, or one line saying why there is none (bundles made before plots say nothing)."""
+    plots, curves = meta.get("plots"), meta.get("training_curves", {})
+    if plots is None:
+        return []
+    if "training" in plots:
+        return ["", f"![Training loss and validation loss, learning rate, tokens/s and gradient norm by step, "
+                    f"steps {curves.get('first_step', '?')}-{curves.get('last_step', '?')}]({plots['training']})"]
+    return ["", f"No training curves: {curves.get('missing', 'no training metrics')}."]
+
+
+def _latency_section(latency: dict[str, Any], plots: dict[str, str]) -> list[str]:
+    lines = ["", f"## Latency (one forward pass, sequence {latency['seq_length']}, ms, p50 / p95)", ""]
+    if "latency" in plots:
+        lines += [f"![Latency by form and batch]({plots['latency']})", ""]
+    batches = list(next(iter(latency["forms"].values())))
+    lines.append("| form | " + " | ".join(b.replace("_", " ") for b in batches) + " |")
+    lines.append("|---|" + "---:|" * len(batches))
+    for name, rows in latency["forms"].items():
+        cells = (f"{rows[b]['p50']:.1f} / {rows[b]['p95']:.1f}" for b in batches)
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _count(n: int | None) -> str:

@@ -8,7 +8,7 @@ import pytest
 from kedro.io import DataCatalog, MemoryDataset
 from kedro.runner import SequentialRunner
 
-from tests.export.conftest import export_params, selected
+from tests.export.conftest import export_params, selected, training_logs
 from train_deploy.datasets import ArtifactFolderDataset
 from train_deploy.handoffs import Bundle
 from train_deploy.pipelines.export import create_pipeline
@@ -17,9 +17,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_export_pipeline_turns_the_selected_checkpoint_into_a_reported_bundle(tmp_path, tiny_checkpoint,
-                                                                               tiny_tokenizer, tiny_token_files):
+                                                                               tiny_tokenizer, tiny_token_files,
+                                                                               tiny_run):
     inputs = {"params:export": export_params(), "selected_checkpoint": selected(tiny_checkpoint),
-              "tokenizer": tiny_tokenizer, "token_files": tiny_token_files}
+              "tokenizer": tiny_tokenizer, "token_files": tiny_token_files, "training_result": tiny_run,
+              "training_logs": training_logs(tmp_path / "training_logs", tiny_run)}
     catalog = DataCatalog({name: MemoryDataset(value) for name, value in inputs.items()})
     catalog["export_bundle"] = ArtifactFolderDataset(path=str(tmp_path / "bundle"),
                                                      description="train_deploy.handoffs.Bundle", versions=True)
@@ -37,3 +39,8 @@ def test_export_pipeline_turns_the_selected_checkpoint_into_a_reported_bundle(tm
     assert metrics["latency_p50_ms_onnx_int8_batch_1"]["value"] > 0
     sizes = {form: metrics[f"size_mb_{form}"]["value"] for form in ("paddle_inference", "onnx_fp32", "onnx_int8")}
     assert sizes["onnx_int8"] < 0.5 * sizes["onnx_fp32"] and sizes["paddle_inference"] > 0.5 * sizes["onnx_fp32"]
+    # The training curves go to the run as a figure too, drawn from the same rows as the bundle's picture.
+    figure = outputs["training_curves"].load()
+    assert [axis.get_title() for axis in figure.axes] == ["loss", "learning rate", "throughput", "gradient norm"]
+    assert len(figure.axes[0].get_lines()[0].get_xdata()) == bundle.meta["training_curves"]["rows"] == tiny_run.step
+    assert (folder / "plots" / "training.png").is_file()

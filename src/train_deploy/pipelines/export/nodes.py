@@ -1,24 +1,36 @@
-"""Nodes of the export stage: build (or keep) the bundle, then report its numbers to MLflow."""
+"""Nodes of the export stage: build (or keep) the bundle with its pictures, then report its numbers to MLflow."""
 
 from __future__ import annotations
 
 import logging
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from train_deploy.datasets import FolderWork
 from train_deploy.export.bundle import bundle_fingerprint, export_bundle
 from train_deploy.export.config import ExportConfig
+from train_deploy.export.plots import TrainingCurves, read_training_curves, training_figure
 from train_deploy.export.runtime import FORM_FILES
-from train_deploy.handoffs import Bundle, SelectedCheckpoint, TokenizerInfo, TokenManifest
+from train_deploy.handoffs import (
+    Bundle,
+    SelectedCheckpoint,
+    TokenizerInfo,
+    TokenManifest,
+    TrainingResult,
+    WorkFolder,
+)
 
 logger = logging.getLogger(__name__)
 
 
 def export_model(export: dict[str, Any], selected_checkpoint: SelectedCheckpoint, tokenizer: TokenizerInfo,
-                 token_files: TokenManifest) -> FolderWork[Bundle]:
-    """Return how to fill a new bundle version (kept when checkpoint, tokenizer and configuration are unchanged)."""
+                 token_files: TokenManifest, training_result: TrainingResult,
+                 training_logs: WorkFolder) -> tuple[FolderWork[Bundle], Any]:
+    """Return how to fill a new bundle version (kept when checkpoint, tokenizer, configuration and training
+    curves are unchanged) and the training curves' figure for the MLflow run."""
     config = ExportConfig.from_params(export)
+    curves = _training_curves(selected_checkpoint, training_result, training_logs)
     checkpoint = selected_checkpoint.checkpoint.path
     splits = token_files.splits
     provenance = {
@@ -28,10 +40,27 @@ def export_model(export: dict[str, Any], selected_checkpoint: SelectedCheckpoint
                    **{f"{name}_{kind}": getattr(splits[name], kind) for name in ("train", "valid")
                       for kind in ("documents", "tokens")}},
     }
-    fingerprint = bundle_fingerprint(checkpoint, tokenizer, config)
+    fingerprint = bundle_fingerprint(checkpoint, tokenizer, config, curves)
     keep = (lambda bundle: bundle.fingerprint == fingerprint) if config.reuse else None
-    return FolderWork(build=partial(export_bundle, checkpoint, tokenizer, token_files, config, provenance),
+    work = FolderWork(build=partial(export_bundle, checkpoint, tokenizer, token_files, config, provenance, curves),
                       keep=keep, what="bundle")
+    return work, training_figure(curves, title=f"training run {training_result.run_name}")
+
+
+def _training_curves(selected: SelectedCheckpoint, training_result: TrainingResult,
+                     training_logs: WorkFolder) -> TrainingCurves:
+    """The metrics the training run logged up to the selected step, when the selected weights come from it."""
+    ref = selected.checkpoint
+    sources = ref.averaged_from or [ref.path]
+    run_checkpoints = Path(training_result.checkpoints).resolve()
+    if any(Path(source).resolve().parent != run_checkpoints for source in sources):
+        curves = TrainingCurves(missing=f"the checkpoint {ref.path} is not from training run "
+                                        f"{training_result.run_name}")
+    else:  # RunSpec.logs of that run holds its metrics.jsonl (RunSpec.metrics_path)
+        curves = read_training_curves(training_logs.run(training_result.run_name) / "metrics.jsonl", ref.step)
+    if curves.missing:
+        logger.warning("No training curves in the bundle: %s", curves.missing)
+    return curves
 
 
 def report_export(export_bundle: Bundle) -> dict[str, Any]:
