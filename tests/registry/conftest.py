@@ -1,0 +1,87 @@
+"""MLflow models of the tiny bundle, in SQLite stores of the test session's own, and fresh processes to use them.
+
+``tiny_bundle`` (and the export fixtures it needs) come from ``tests/export/conftest.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlflow
+import pytest
+
+from tests.export.conftest import *  # noqa: F403  (tiny_bundle and the fixtures it depends on)
+
+REGISTERED_MODEL = "train_deploy_lm"
+FRESH_TIMEOUT_S = 300
+
+
+@dataclass(frozen=True)
+class ModelStore:
+    """A SQLite tracking and registry store with its artifacts under ``root``."""
+
+    root: Path
+
+    @property
+    def tracking_uri(self) -> str:
+        return f"sqlite:///{(self.root / 'mlflow.db').as_posix()}"
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """This store as the process's tracking and registry URI, restored afterwards."""
+        tracking, registry = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+        mlflow.set_tracking_uri(self.tracking_uri)
+        mlflow.set_registry_uri(self.tracking_uri)
+        try:
+            yield
+        finally:
+            mlflow.set_tracking_uri(tracking)
+            mlflow.set_registry_uri(registry)
+
+    def log(self, bundle: Path, **kwargs: Any) -> mlflow.models.model.ModelInfo:
+        """``log_bundle_model(bundle, **kwargs)`` in a new run of this store."""
+        from train_deploy.registry.model import log_bundle_model
+
+        with self.active():
+            experiment = mlflow.get_experiment_by_name("registry-tests")
+            experiment_id = (experiment.experiment_id if experiment else
+                             mlflow.create_experiment("registry-tests", artifact_location=str(self.root / "artifacts")))
+            with mlflow.start_run(experiment_id=experiment_id):
+                return log_bundle_model(bundle, **kwargs)
+
+    def environment(self) -> dict[str, str]:
+        """A child process's environment: this store as its tracking URI, nothing pointing at the checkout."""
+        env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "MLFLOW_REGISTRY_URI")}
+        return {**env, "MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true",
+                "PYTHONUNBUFFERED": "1"}
+
+
+def run_fresh(script: str, store: ModelStore, folder: Path, timeout: float = FRESH_TIMEOUT_S) -> Any:
+    """Run ``script`` with this venv's Python in a new process started in the empty ``folder`` (no PYTHONPATH,
+    ``store`` as its tracking URI); return the JSON it writes as its last line of standard output."""
+    folder.mkdir(parents=True, exist_ok=True)
+    assert not any(folder.iterdir()), f"{folder} is not empty"
+    done = subprocess.run([sys.executable, "-c", script], cwd=folder, env=store.environment(), capture_output=True,
+                          text=True, timeout=timeout)
+    assert done.returncode == 0, f"the fresh process failed:\n{done.stderr[-4000:]}"
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def model_store(tmp_path_factory) -> ModelStore:
+    """An empty SQLite store for this session's models."""
+    return ModelStore(tmp_path_factory.mktemp("model_store"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(model_store, tiny_bundle) -> mlflow.models.model.ModelInfo:
+    """The tiny bundle logged with the defaults and registered as a version of ``train_deploy_lm``."""
+    return model_store.log(tiny_bundle, registered_model_name=REGISTERED_MODEL)
