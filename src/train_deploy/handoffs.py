@@ -26,6 +26,8 @@ T = TypeVar("T")
 # The file in each artifact folder that describes it.
 TOKENIZER_FILE, MANIFEST_FILE, STATE_FILE = "train_deploy_tokenizer.json", "manifest.json", "state.json"
 BUNDLE_FILE, PARITY_FILE, LATENCY_FILE, CARD_FILE = "bundle.json", "parity.json", "latency.json", "MODEL_CARD.md"
+METRICS_FILE = "metrics.jsonl"
+"""Rank 0's per-step training metrics, one JSON object per line, in a run's log folder."""
 
 _LOCAL = {"json": False}  # metadata of fields that describe this machine or this run, not the artifact
 
@@ -211,7 +213,7 @@ class RunSpec:
 
     @property
     def metrics_path(self) -> Path:
-        return Path(self.logs) / "metrics.jsonl"
+        return Path(self.logs) / METRICS_FILE
 
     @property
     def result_path(self) -> Path:

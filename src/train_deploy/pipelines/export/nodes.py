@@ -13,6 +13,7 @@ from train_deploy.export.config import ExportConfig
 from train_deploy.export.plots import TrainingCurves, read_training_curves, training_figure
 from train_deploy.export.runtime import FORM_FILES
 from train_deploy.handoffs import (
+    METRICS_FILE,
     Bundle,
     SelectedCheckpoint,
     TokenizerInfo,
@@ -57,7 +58,7 @@ def _training_curves(selected: SelectedCheckpoint, training_result: TrainingResu
         curves = TrainingCurves(missing=f"the checkpoint {ref.path} is not from training run "
                                         f"{training_result.run_name}")
     else:  # RunSpec.logs of that run holds its metrics.jsonl (RunSpec.metrics_path)
-        curves = read_training_curves(training_logs.run(training_result.run_name) / "metrics.jsonl", ref.step)
+        curves = read_training_curves(training_logs.run(training_result.run_name) / METRICS_FILE, ref.step)
     if curves.missing:
         logger.warning("No training curves in the bundle: %s", curves.missing)
     return curves
