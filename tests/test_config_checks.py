@@ -32,6 +32,7 @@ BASE: dict[str, dict[str, Any]] = {
     "training": {"launch": {"master": "10.0.0.1:8090"}},
     "averaging": {},
     "export": {},
+    "registry": {},
 }
 
 # The probes a key accepts; every other probe of every numeric key must be refused naming the key.
@@ -98,6 +99,12 @@ ACCEPTED: dict[str, tuple] = {
     "export.latency.warmup": (0, HUGE),
     "export.latency.repeats": (HUGE,),
     "export.latency.rounds": (HUGE,),  # at most repeats are used
+    "registry.min_improvement": (0.0,),  # a fraction below 1; 0 = any improvement
+    "registry.max_batch": (),  # 1 to 100000
+    "registry.eval_set.documents": (),  # 1 to 100000
+    "registry.eval_set.max_chars": (),  # 10 to 100000
+    "registry.retries.attempts": (),  # 1 to 100
+    "registry.retries.wait_seconds": (0.0, 1.0),  # 0 to 3600
 }
 
 
@@ -166,6 +173,9 @@ def test_the_base_blocks_are_valid():
     ("corpus.tokenizer.character_coverage", 0.5, "must be in [0.98, 1] (got 0.5); SentencePiece's range"),
     ("averaging.decay", 0.0, "must be in (0, 1] (got 0.0)"),
     ("export.latency.batch_sizes", [1, 0], "export.latency.batch_sizes[1]: must be at least 1 (got 0)"),
+    ("registry.min_improvement", 1.0, "must be in [0, 1) (got 1.0); a fraction: 0.01 = 1% fewer nats per character"),
+    ("registry.int8", True, "registry.int8: true needs backend: onnx"),
+    ("registry.model_name", "my model", "registry.model_name: 'my model' is not a model name"),
 ])
 def test_refusals_say_what_is_allowed(key, value, message):
     stage, block = with_value(key, value)

@@ -16,6 +16,7 @@ from train_deploy.averaging.config import AveragingConfig
 from train_deploy.config import from_mapping
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.export.config import ExportConfig
+from train_deploy.registry.config import RegistryConfig
 from train_deploy.run_lock import RunConfig
 from train_deploy.training.config import OptimizerConfig, ScheduleConfig, TrainingConfig
 
@@ -27,6 +28,7 @@ BLOCKS: dict[str, type] = {
     "training": TrainingConfig,
     "averaging": AveragingConfig,
     "export": ExportConfig,
+    "registry": RegistryConfig,
     "run": RunConfig,
 }
 

@@ -5,7 +5,7 @@ import importlib
 from kedro.pipeline import Pipeline
 
 # Stages in the order `train_deploy` runs them; later stages join as they land.
-STAGES = ("corpus", "training", "averaging", "export")
+STAGES = ("corpus", "training", "averaging", "export", "registry")
 
 
 def register_pipelines() -> dict[str, Pipeline]:

@@ -14,6 +14,7 @@ from train_deploy.averaging.config import AveragingConfig
 from train_deploy.config import check
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.export.config import ExportConfig
+from train_deploy.registry.config import RegistryConfig
 from train_deploy.training.config import TrainingConfig
 
 # Parameter block → the class whose ``from_params`` validates it (``conf/base/parameters_<block>.yml``).
@@ -22,6 +23,7 @@ STAGE_CONFIGS: dict[str, type] = {
     "training": TrainingConfig,
     "averaging": AveragingConfig,
     "export": ExportConfig,
+    "registry": RegistryConfig,
 }
 
 

@@ -1,0 +1,5 @@
+"""Registry stage."""
+
+from .pipeline import create_pipeline
+
+__all__ = ["create_pipeline"]

@@ -1,0 +1,80 @@
+"""Typed configuration of the registry stage (``conf/base/parameters_registry.yml``, block ``registry``)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from train_deploy.config import check, check_range, from_mapping, to_dict
+
+# MLflow's registered-model names: anything but these characters works everywhere, URIs included.
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,255}$")
+
+
+@dataclass(kw_only=True, slots=True)
+class EvalSetConfig:
+    """The fixed evaluation set, built once by the first registration of a model and kept with it."""
+
+    path: str | None = None
+    """A JSONL file of ``{"text": …}`` lines to use as the set; null = the first ``documents`` documents of the
+    validation split. Read only by the first registration: later runs use the set the model already has."""
+    documents: int = 64
+    """How many validation documents (or JSONL lines) make the set (1 to 100000)."""
+    max_chars: int = 100
+    """Each text is cut to at most this many characters, at the last sentence end within them when there is
+    one (10 to 100000): the texts must fit the context of every model that will be compared on them."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RetryConfig:
+    """What the stage does when the tracking server does not answer."""
+
+    attempts: int = 5
+    """Tries of each registry call before the stage fails naming the server (1 to 100)."""
+    wait_seconds: float = 10
+    """Seconds between two tries (0 to 3600); the stage gives up after about ``attempts × wait_seconds``."""
+
+
+@dataclass(kw_only=True, slots=True)
+class RegistryConfig:
+    """The ``registry`` block: which registered model the bundle becomes a version of, and when it is promoted."""
+
+    model_name: str = "train_deploy_lm"
+    """The registered model (``models:/<model_name>@champion`` is what teams deploy)."""
+    min_improvement: float = 0.01
+    """The candidate becomes ``champion`` only when its nats per character on the evaluation set are lower than
+    the champion's by at least this fraction (0.01 = 1%; 0 = any improvement; below 1)."""
+    force: bool = False
+    """Promote the candidate whatever the comparison says; the decision is recorded as ``forced``."""
+    backend: Literal["paddle", "onnx"] = "paddle"
+    """The form both models are scored with for the gate."""
+    int8: bool = False
+    """Score with the int8 ONNX model (needs backend onnx)."""
+    max_batch: int = 64
+    """Most texts one request to the served model may hold (1 to 100000); recorded with the logged model."""
+    eval_set: EvalSetConfig = field(default_factory=EvalSetConfig)
+    """The fixed evaluation set (`registry.eval_set`)."""
+    retries: RetryConfig = field(default_factory=RetryConfig)
+    """An unreachable tracking server (`registry.retries`)."""
+
+    def __post_init__(self) -> None:
+        check(bool(_MODEL_NAME.match(self.model_name)), "registry.model_name",
+              f"{self.model_name!r} is not a model name (letters, digits, '_', '.', '-'; at most 256)")
+        check_range("registry.min_improvement", self.min_improvement, 0, 1, open_high=True,
+                    note="a fraction: 0.01 = 1% fewer nats per character")
+        check(self.backend == "onnx" or not self.int8, "registry.int8", "true needs backend: onnx")
+        check_range("registry.max_batch", self.max_batch, 1, 100_000)
+        check_range("registry.eval_set.documents", self.eval_set.documents, 1, 100_000)
+        check_range("registry.eval_set.max_chars", self.eval_set.max_chars, 10, 100_000)
+        check(self.eval_set.path is None or bool(self.eval_set.path.strip()), "registry.eval_set.path",
+              "must be a JSONL file or null")
+        check_range("registry.retries.attempts", self.retries.attempts, 1, 100)
+        check_range("registry.retries.wait_seconds", self.retries.wait_seconds, 0, 3600)
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any] | None) -> RegistryConfig:
+        return from_mapping(cls, params, "registry")
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)

@@ -1,0 +1,246 @@
+"""The promotion gate: a bundle becomes a new version of the registered model, and ``champion`` only when better.
+
+:func:`register_and_gate` runs inside the MLflow run that produced the bundle:
+
+1. log the bundle as an MLflow model (:func:`train_deploy.registry.model.log_bundle_model`) and register it as a
+   new version, tagged with where it comes from (:func:`version_tags`);
+2. take the registered model's evaluation set (the first registration stores one, see
+   ``train_deploy.registry.evalset``: the JSONL file is an artifact of that run, ``eval_set.sha256`` and
+   ``eval_set.uri`` are tags of the registered model, and every later run checks the bytes it downloads);
+3. score the new version and the ``champion`` in this process on that set, in nats per character
+   (``-Σ log p / Σ chars``: models with different tokenizers compare fairly);
+4. decide (:func:`decide`), tag the version with the decision (``gate.*``) and append it to the model's history
+   (``train_deploy.registry.history``);
+5. last, move the aliases: ``previous`` to the old champion and ``champion`` to the new version. Anything that
+   fails before leaves the aliases as they were.
+
+Every call to the tracking server goes through :class:`~train_deploy.registry.retry.Retrying`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import subprocess
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import mlflow
+import pandas as pd
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from train_deploy.handoffs import Bundle, TokenManifest, TrainingResult
+from train_deploy.registry import evalset
+from train_deploy.registry.config import RegistryConfig
+from train_deploy.registry.history import CHAMPION, PREVIOUS, alias_version, record_event
+from train_deploy.registry.retry import Retrying
+
+logger = logging.getLogger(__name__)
+
+METRIC = "nats_per_char"
+EVAL_SET_ARTIFACT = "registry/eval_set.jsonl"
+TAG_EVAL_SHA256, TAG_EVAL_URI, TAG_EVAL_TEXTS = "eval_set.sha256", "eval_set.uri", "eval_set.texts"
+_SCORE_CHUNK = 8  # texts per predict call: within any model's max_batch worth setting
+
+Decision = Literal["first", "promoted", "rejected", "forced"]
+
+
+@dataclass(kw_only=True, slots=True)
+class RegistryDecision:
+    """What the registry stage did with a bundle (``data/08_reporting/registry_decision.json``)."""
+
+    model_name: str
+    version: str
+    """The version this run registered."""
+    run_id: str
+    """The MLflow run the version's model was logged to."""
+    decision: Decision
+    """``first`` (no champion yet), ``promoted``, ``rejected`` or ``forced`` (``registry.force``)."""
+    reason: str
+    """A sentence with both numbers."""
+    champion: bool
+    """Whether the version holds ``champion`` now."""
+    previous_champion: str | None
+    """The version that held ``champion`` before (``previous`` now if this version was promoted)."""
+    metric: str
+    candidate_value: float
+    champion_value: float | None
+    eval_set_sha256: str
+    eval_texts: int
+    decided_at: str
+
+
+@dataclass(frozen=True, slots=True)
+class EvalSet:
+    texts: list[str]
+    sha256: str
+
+
+def register_and_gate(bundle: Bundle, config: RegistryConfig, tags: dict[str, str],
+                      build_texts: Callable[[], list[str]]) -> RegistryDecision:
+    """Register ``bundle`` as a new version of ``config.model_name`` in the active run and gate it (see the module).
+
+    ``build_texts`` makes the evaluation set when the registered model has none yet.
+    """
+    from train_deploy.registry.model import log_bundle_model
+
+    run = mlflow.active_run()
+    if run is None:
+        raise MlflowException("register_and_gate needs an active MLflow run (kedro-mlflow opens one per kedro run)")
+    client, name, run_id = MlflowClient(), config.model_name, run.info.run_id
+    retry = Retrying(config.retries, mlflow.get_tracking_uri())
+    stored = retry("read the evaluation set", lambda: stored_eval_set(client, name))
+    info = retry("log the model", lambda: log_bundle_model(Path(bundle.path), max_batch=config.max_batch))
+    version = retry("register the version", lambda: mlflow.register_model(
+        info.model_uri, name, tags={**tags, "source.run_id": run_id})).version
+    if stored is None:
+        texts = build_texts()
+        stored = retry("store the evaluation set", lambda: store_eval_set(client, name, run_id, texts))
+    champion = retry("find the champion", lambda: alias_version(client, name, CHAMPION))
+    candidate_value = retry("score the candidate", lambda: score(f"models:/{name}/{version}", stored.texts, config))
+    champion_value = None if champion is None else retry(
+        "score the champion", lambda: score(f"models:/{name}/{champion}", stored.texts, config))
+    decision, reason = decide(candidate_value, champion, champion_value, config)
+    result = RegistryDecision(
+        model_name=name, version=str(version), run_id=run_id, decision=decision, reason=reason,
+        champion=decision != "rejected", previous_champion=champion, metric=METRIC,
+        candidate_value=candidate_value, champion_value=champion_value, eval_set_sha256=stored.sha256,
+        eval_texts=len(stored.texts), decided_at=dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"))
+    retry("tag the version", lambda: tag_decision(client, result))
+    retry("record the history", lambda: record_event(client, name, promotion_event(result)))
+    retry("move the aliases", lambda: move_aliases(client, result))  # last: a failure above leaves them as they were
+    logger.info("%s version %s: %s (%s)", name, version, decision, reason)
+    return result
+
+
+def decide(candidate: float, champion: str | None, champion_value: float | None,
+           config: RegistryConfig) -> tuple[Decision, str]:
+    """The gate's decision and its reason for a candidate scoring ``candidate`` against ``champion``'s score."""
+    ours = f"the candidate's {candidate:.4f} nats/char"
+    if champion is None or champion_value is None:
+        return "first", f"no champion yet: the first version becomes champion ({ours} on the evaluation set)"
+    gain = (champion_value - candidate) / champion_value
+    theirs = f"champion version {champion}'s {champion_value:.4f}"
+    if config.force:
+        return "forced", f"registry.force: promoted whatever the gate says ({ours} vs {theirs}, {gain:+.2%})"
+    if gain > 0 and gain >= config.min_improvement:
+        return "promoted", (f"{ours} are {gain:.2%} below {theirs} (at least {config.min_improvement:.2%} "
+                            "needed)")
+    change = f"{gain:.2%} below" if gain > 0 else f"{-gain:.2%} above"
+    return "rejected", (f"{ours} are {change} {theirs}; promotion needs at least {config.min_improvement:.2%} "
+                        "fewer (registry.min_improvement)")
+
+
+def score(model_uri: str, texts: list[str], config: RegistryConfig) -> float:
+    """Nats per character of the model at ``model_uri`` on ``texts`` (loaded and scored in this process)."""
+    from train_deploy.registry.model import nats_per_char
+
+    model = mlflow.pyfunc.load_model(model_uri)
+    params = {"task": "score", "backend": config.backend, "int8": config.int8}
+    chunk = min(_SCORE_CHUNK, config.max_batch)
+    frames = [model.predict(pd.DataFrame({"text": texts[first : first + chunk]}), params=params)
+              for first in range(0, len(texts), chunk)]
+    return nats_per_char(pd.concat(frames, ignore_index=True))
+
+
+def stored_eval_set(client: MlflowClient, name: str) -> EvalSet | None:
+    """The registered model's evaluation set, checked against its recorded hash; None when it has none yet."""
+    try:
+        model_tags = client.get_registered_model(name).tags
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+    if TAG_EVAL_SHA256 not in model_tags:
+        return None
+    uri, expected = model_tags.get(TAG_EVAL_URI, "(no eval_set.uri tag)"), model_tags[TAG_EVAL_SHA256]
+    with tempfile.TemporaryDirectory(prefix="train_deploy-eval-") as folder:
+        data = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=folder)).read_bytes()
+    if (found := evalset.sha256(data)) != expected:
+        raise evalset.EvalSetError(f"{uri}: the evaluation set of registered model {name} has sha256 {found}, but "
+                                   f"the model records {expected} ({TAG_EVAL_SHA256}); it was changed after it was "
+                                   "stored, so no candidate can be compared with the champion")
+    return EvalSet(texts=evalset.from_jsonl(data, uri), sha256=expected)
+
+
+def store_eval_set(client: MlflowClient, name: str, run_id: str, texts: list[str]) -> EvalSet:
+    """Log ``texts`` as the run's ``registry/eval_set.jsonl`` and make it the registered model's set (tags)."""
+    data = evalset.to_jsonl(texts)
+    with tempfile.TemporaryDirectory(prefix="train_deploy-eval-") as folder:
+        path = Path(folder) / Path(EVAL_SET_ARTIFACT).name
+        path.write_bytes(data)
+        client.log_artifact(run_id, str(path), str(Path(EVAL_SET_ARTIFACT).parent))
+    digest = evalset.sha256(data)
+    for key, value in ((TAG_EVAL_URI, f"runs:/{run_id}/{EVAL_SET_ARTIFACT}"), (TAG_EVAL_TEXTS, str(len(texts))),
+                       (TAG_EVAL_SHA256, digest)):  # the hash last: it is what says the model has a set
+        client.set_registered_model_tag(name, key, value)
+    logger.info("Registered model %s: evaluation set of %d texts stored (sha256 %s)", name, len(texts), digest)
+    return EvalSet(texts=list(texts), sha256=digest)
+
+
+def version_tags(bundle: Bundle, token_files: TokenManifest, training_result: TrainingResult,
+                 commit: str) -> dict[str, str]:
+    """Where a version comes from: corpus (the token files export checked the checkpoint against), tokenizer,
+    bundle, parity figures, project commit, training run and parallel layout."""
+    meta, parity = bundle.meta, bundle.parity
+    tags = {
+        "corpus.fingerprint": token_files.fingerprint,
+        "tokenizer.hash": meta["tokenizer"]["hash"],
+        "bundle.fingerprint": bundle.fingerprint,
+        "bundle.version": str(meta.get("version", "")),
+        "git.commit": commit,
+        "training.run_name": training_result.run_name,
+        "training.step": str(training_result.step),
+        "training.layout": json.dumps(training_result.layout, sort_keys=True),
+        "parity.passed": str(parity.get("passed")),
+    }
+    tags |= {f"parity.max_abs_logit_diff.{form}": f"{value:.3g}"
+             for form, value in parity.get("max_abs_logit_diff", {}).items()}
+    tags |= {f"parity.perplexity.{form}": f"{value:.6g}" for form, value in parity.get("perplexity", {}).items()}
+    return tags
+
+
+def git_commit(folder: Path) -> str:
+    """``git rev-parse HEAD`` in ``folder`` (the project), or ``unknown`` outside a git checkout."""
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown"
+    return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
+
+
+def tag_decision(client: MlflowClient, result: RegistryDecision) -> None:
+    """The ``gate.*`` tags of the version: decision, reason, both numbers and the metric."""
+    tags = {"gate.decision": result.decision, "gate.reason": result.reason, "gate.metric": result.metric,
+            "gate.candidate": f"{result.candidate_value:.6f}",
+            "gate.champion": "none" if result.champion_value is None else f"{result.champion_value:.6f}",
+            "gate.champion_version": result.previous_champion or "none",
+            "gate.eval_set.sha256": result.eval_set_sha256}
+    for key, value in tags.items():
+        client.set_model_version_tag(result.model_name, result.version, key, value)
+
+
+def promotion_event(result: RegistryDecision) -> dict[str, object]:
+    """The history entry of a gate decision."""
+    promoted = result.champion
+    return {"time": result.decided_at, "event": "gate", "decision": result.decision, "version": result.version,
+            "champion": result.version if promoted else result.previous_champion,
+            "previous": result.previous_champion if promoted else None,
+            "metric": result.metric, "candidate": round(result.candidate_value, 6),
+            "champion_value": None if result.champion_value is None else round(result.champion_value, 6),
+            "reason": result.reason, "run_id": result.run_id}
+
+
+def move_aliases(client: MlflowClient, result: RegistryDecision) -> None:
+    """A promoted version becomes ``champion``; the one it replaces ``previous``. A rejected one moves nothing."""
+    if not result.champion:
+        return
+    if result.previous_champion is not None:
+        client.set_registered_model_alias(result.model_name, PREVIOUS, result.previous_champion)
+    client.set_registered_model_alias(result.model_name, CHAMPION, result.version)

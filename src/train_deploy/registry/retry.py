@@ -1,0 +1,85 @@
+"""Registry calls against a tracking server that may be away for a while: bounded tries, then one line.
+
+MLflow's own HTTP client retries a refused connection with exponential back-off for minutes
+(``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, default 7, factor 2); inside :class:`Retrying` it tries once per call and
+this module waits ``retries.wait_seconds`` between ``retries.attempts`` tries, so the stage gives up after a
+time the configuration states, naming the server, before it has touched any alias.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from train_deploy.registry.config import RetryConfig
+from train_deploy.training.metrics import redact_uri
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# What MLflow's REST client says when the server did not answer, or answered that it cannot now.
+_TRANSIENT = re.compile(r"failed with exception .*(Connection|Max retries|timed out|Read timed out)"
+                        r"|failed with error code 5\d\d|status code 5\d\d", re.S)
+_ONE_TRY = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "60"}
+
+
+class RegistryUnreachable(RuntimeError):
+    """The tracking server did not answer within the configured tries; the message names it."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) says the server did not answer, rather than refused the request."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, ConnectionError | TimeoutError) or type(seen).__name__ in (
+                "ConnectionError", "ConnectTimeout", "ReadTimeout", "NewConnectionError", "MaxRetryError"):
+            return True
+        if _TRANSIENT.search(str(seen)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class Retrying:
+    """Runs registry calls with ``retries.attempts`` tries ``retries.wait_seconds`` apart against ``uri``."""
+
+    def __init__(self, retries: RetryConfig, uri: str) -> None:
+        self.retries, self.uri = retries, redact_uri(uri)
+
+    def __call__(self, what: str, call: Callable[[], T]) -> T:
+        """``call()``'s result; a transient failure is retried, then raised as :class:`RegistryUnreachable`."""
+        attempts = self.retries.attempts
+        for attempt in range(1, attempts + 1):
+            try:
+                with _one_http_try():
+                    return call()
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
+                if attempt == attempts:
+                    reason = redact_uri(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+                    raise RegistryUnreachable(
+                        f"MLflow tracking server {self.uri} did not answer ({what}) after {attempts} tries "
+                        f"{self.retries.wait_seconds:g} s apart; no alias was changed ({reason[:200]})") from None
+                logger.warning("MLflow tracking server %s did not answer (%s); try %d of %d in %g s", self.uri, what,
+                               attempt + 1, attempts, self.retries.wait_seconds)
+                time.sleep(self.retries.wait_seconds)
+        raise AssertionError("unreachable")  # the loop returns or raises
+
+
+@contextlib.contextmanager
+def _one_http_try() -> Iterator[None]:
+    """MLflow's REST client without its own retries (it reads these variables on every request)."""
+    saved = {name: os.environ.get(name) for name in _ONE_TRY}
+    os.environ.update({name: value for name, value in _ONE_TRY.items() if saved[name] is None})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)

@@ -1,0 +1,198 @@
+"""The promotion gate on real bundles of the tiny model in a real MLflow store (SQLite, or a server for outages)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow import MlflowClient
+
+from tests.export.conftest import export_into
+from tests.mlflow_server import mlflow_server  # noqa: F401  (the fixture)
+from tests.registry.conftest import ModelStore
+from tests.training.conftest import launch, training_params
+from train_deploy.handoffs import Bundle, TrainingResult
+from train_deploy.registry.config import RegistryConfig
+from train_deploy.registry.evalset import EvalSetError, validation_texts
+from train_deploy.registry.gate import (
+    EVAL_SET_ARTIFACT,
+    TAG_EVAL_SHA256,
+    RegistryDecision,
+    decide,
+    register_and_gate,
+    version_tags,
+)
+from train_deploy.registry.history import read_history
+from train_deploy.registry.retry import RegistryUnreachable
+
+MODEL = "gate_test_lm"
+# A small, quick evaluation set that fits the tiny model's context of 128 tokens.
+EVAL_SET = {"documents": 12, "max_chars": 60}
+# Six steps of the tiny model move nats per character by about half a percent a few steps (6.276 after 1 step,
+# 6.244 after 3, 6.208 after 6): the gate is asked for 0.3%.
+MIN_IMPROVEMENT = 0.003
+
+
+@pytest.fixture(scope="module")
+def step_bundles(tmp_path_factory, tiny_run, tiny_tokens, tiny_tokenizer, tiny_token_files,
+                 tiny_bundle) -> dict[int, Bundle]:
+    """Bundles of the tiny model after 1, 3 and 6 training steps: worse, then better, on any held-out text."""
+    one_step = launch(tmp_path_factory.mktemp("one_step"), tiny_tokens,
+                      training_params(1, schedule={"max_steps": 1, "eval_every": 1, "checkpoint_every": 1}))
+    bundles = {6: Bundle.read_folder(tiny_bundle)}
+    for step, checkpoint in ((3, Path(tiny_run.checkpoints) / "step_00000003"), (1, Path(one_step.checkpoint))):
+        folder = tmp_path_factory.mktemp(f"bundle_step{step}") / "bundle"
+        export_into(folder, checkpoint, tiny_tokenizer, tiny_token_files)
+        bundles[step] = Bundle.read_folder(folder)
+    return bundles
+
+
+@pytest.fixture
+def store(tmp_path) -> ModelStore:
+    return ModelStore(tmp_path / "store")
+
+
+@contextlib.contextmanager
+def a_run(uri: str, artifacts: Path | None) -> Iterator[str]:
+    """A new MLflow run in ``uri`` (the process's tracking and registry URI meanwhile); yields its id."""
+    saved = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        experiment = mlflow.get_experiment_by_name("gate-tests")
+        experiment_id = experiment.experiment_id if experiment else mlflow.create_experiment(
+            "gate-tests", artifact_location=None if artifacts is None else str(artifacts))
+        with mlflow.start_run(experiment_id=experiment_id) as run:
+            yield run.info.run_id
+    finally:
+        mlflow.set_tracking_uri(saved[0])
+        mlflow.set_registry_uri(saved[1])
+
+
+def gate(uri: str, bundle: Bundle, result: TrainingResult, texts: partial, artifacts: Path | None = None,
+         **registry) -> RegistryDecision:
+    """``register_and_gate`` of ``bundle`` in a new run of the store at ``uri``."""
+    config = RegistryConfig.from_params({"model_name": MODEL, "eval_set": EVAL_SET,
+                                         "min_improvement": MIN_IMPROVEMENT, **registry})
+    with a_run(uri, artifacts):
+        return register_and_gate(bundle, config, tags(bundle, result, texts), texts)
+
+
+def tags(bundle: Bundle, result: TrainingResult, texts: partial) -> dict[str, str]:
+    return version_tags(bundle, texts.args[0], result, "0123abc")
+
+
+@pytest.fixture(scope="module")
+def texts(tiny_token_files, tiny_tokenizer) -> partial:
+    return partial(validation_texts, tiny_token_files, tiny_tokenizer, EVAL_SET["documents"], EVAL_SET["max_chars"])
+
+
+def aliases(uri: str) -> dict[str, str]:
+    model = MlflowClient(uri, uri).get_registered_model(MODEL)
+    return {alias: str(version) for alias, version in model.aliases.items()}
+
+
+def test_promotion_sequence_first_worse_better_forced(store, step_bundles, tiny_run, texts):
+    uri, client = store.tracking_uri, MlflowClient(store.tracking_uri, store.tracking_uri)
+    run = partial(gate, uri, result=tiny_run, texts=texts, artifacts=store.root / "artifacts")
+
+    first = run(step_bundles[3])
+    assert (first.decision, first.version, first.champion) == ("first", "1", True)
+    assert aliases(uri) == {"champion": "1"}
+
+    worse = run(step_bundles[1])
+    assert (worse.decision, worse.version, worse.champion) == ("rejected", "2", False)
+    assert worse.candidate_value > worse.champion_value == pytest.approx(first.candidate_value)
+    assert aliases(uri) == {"champion": "1"}
+    tags = client.get_model_version(MODEL, "2").tags
+    assert tags["gate.decision"] == "rejected" and tags["gate.metric"] == "nats_per_char"
+    assert f"{worse.candidate_value:.4f}" in tags["gate.reason"] and f"{first.candidate_value:.4f}" in tags[
+        "gate.reason"]
+    assert "registry.min_improvement" in tags["gate.reason"]
+    assert float(tags["gate.candidate"]) == pytest.approx(worse.candidate_value, abs=1e-6)
+
+    better = run(step_bundles[6])
+    assert (better.decision, better.champion, better.previous_champion) == ("promoted", True, "1"), better.reason
+    assert aliases(uri) == {"champion": "3", "previous": "1"}
+
+    forced = run(step_bundles[1], force=True)
+    assert forced.decision == "forced" and "registry.force" in forced.reason
+    assert forced.candidate_value > forced.champion_value  # worse, promoted anyway
+    assert aliases(uri) == {"champion": "4", "previous": "3"}
+
+    # One evaluation set for every decision: stored by the first run, its hash on the registered model.
+    model = client.get_registered_model(MODEL)
+    assert {first.eval_set_sha256, worse.eval_set_sha256, better.eval_set_sha256} == {model.tags[TAG_EVAL_SHA256]}
+    assert model.tags["eval_set.uri"] == f"runs:/{first.run_id}/{EVAL_SET_ARTIFACT}"
+    stored = Path(client.download_artifacts(first.run_id, EVAL_SET_ARTIFACT, str(store.root)))
+    assert [json.loads(line)["text"] for line in stored.read_text(encoding="utf-8").splitlines()] == texts()
+    assert model.tags["eval_set.texts"] == str(len(texts())) == str(first.eval_texts)
+    assert [event["decision"] for event in read_history(client, MODEL)] == ["first", "rejected", "promoted", "forced"]
+
+    # Where the version comes from.
+    version = client.get_model_version(MODEL, "3")
+    assert version.run_id == better.run_id and version.tags["source.run_id"] == better.run_id
+    assert version.tags["corpus.fingerprint"] == texts.args[0].fingerprint
+    assert version.tags["tokenizer.hash"] == step_bundles[6].meta["tokenizer"]["hash"]
+    assert version.tags["git.commit"] == "0123abc"
+    assert json.loads(version.tags["training.layout"]) == tiny_run.layout
+    assert float(version.tags["parity.max_abs_logit_diff.paddle_inference"]) <= 1e-4
+
+
+def test_decide_needs_the_relative_improvement():
+    config = RegistryConfig.from_params({"min_improvement": 0.05})
+    assert decide(1.90, "3", 2.0, config)[0] == "promoted"  # 5% fewer nats per character
+    assert decide(1.91, "3", 2.0, config)[0] == "rejected"  # 4.5%
+    assert decide(2.0, "3", 2.0, RegistryConfig.from_params({"min_improvement": 0.0}))[0] == "rejected"  # equal
+    decision, reason = decide(2.2, "3", 2.0, config)
+    assert decision == "rejected" and "10.00% above champion version 3's 2.0000" in reason
+    assert decide(5.0, None, None, config)[0] == "first"
+    assert decide(5.0, "3", 2.0, RegistryConfig.from_params({"force": True}))[0] == "forced"
+
+
+def test_a_changed_evaluation_set_is_refused_in_one_line_and_nothing_moves(store, step_bundles, tiny_run, texts):
+    uri = store.tracking_uri
+    first = gate(uri, step_bundles[3], tiny_run, texts, store.root / "artifacts")
+    client = MlflowClient(uri, uri)
+    stored = Path(client.get_run(first.run_id).info.artifact_uri) / EVAL_SET_ARTIFACT
+    stored.write_text(stored.read_text(encoding="utf-8").replace("。", "，", 1), encoding="utf-8")
+
+    with pytest.raises(EvalSetError) as error:
+        gate(uri, step_bundles[6], tiny_run, texts, store.root / "artifacts")
+    message = str(error.value)
+    assert "\n" not in message and f"runs:/{first.run_id}/{EVAL_SET_ARTIFACT}" in message
+    assert f"the model records {first.eval_set_sha256}" in message
+    assert aliases(uri) == {"champion": "1"}
+    assert [str(v.version) for v in client.search_model_versions(f"name='{MODEL}'")] == ["1"]  # refused before logging
+
+
+def test_an_unreachable_server_is_retried_then_named_and_aliases_stay(mlflow_server, step_bundles,  # noqa: F811
+                                                                       tiny_run, texts):
+    uri = mlflow_server.uri
+    gate(uri, step_bundles[3], tiny_run, texts)
+    client = MlflowClient(uri, uri)
+    assert client.get_model_version(MODEL, "1").run_id  # the model and its artifacts went through the server
+
+    config = RegistryConfig.from_params({"model_name": MODEL, "eval_set": EVAL_SET,
+                                         "retries": {"attempts": 3, "wait_seconds": 0.5}})
+    with a_run(uri, None):
+        mlflow_server.stop()
+        started = time.monotonic()
+        try:
+            with pytest.raises(RegistryUnreachable) as error:
+                register_and_gate(step_bundles[6], config, tags(step_bundles[6], tiny_run, texts), texts)
+            elapsed = time.monotonic() - started
+        finally:
+            mlflow_server.start()
+    message = str(error.value)
+    assert "\n" not in message and f"MLflow tracking server {uri} did not answer" in message
+    assert "after 3 tries 0.5 s apart; no alias was changed" in message
+    assert elapsed < 30  # MLflow's own retries (minutes) are off: three tries, two waits
+    assert aliases(uri) == {"champion": "1"}
+    assert [str(v.version) for v in client.search_model_versions(f"name='{MODEL}'")] == ["1"]
