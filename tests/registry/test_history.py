@@ -1,0 +1,93 @@
+"""The promotion history on the registered model, and `train-deploy-registry history | rollback` as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow import MlflowClient
+
+from tests.registry.conftest import ModelStore
+from train_deploy.handoffs import Bundle
+from train_deploy.registry.config import RegistryConfig
+from train_deploy.registry.evalset import validation_texts
+from train_deploy.registry.gate import register_and_gate, version_tags
+from train_deploy.registry.history import MAX_EVENT_CHARS, format_table, read_history, record_event
+
+MODEL = "history_test_lm"
+COMMAND = Path(sys.executable).parent / "train-deploy-registry"
+
+
+def registry(store: ModelStore, *args: str) -> subprocess.CompletedProcess[str]:
+    """The console command, in its own process, with the store as MLFLOW_TRACKING_URI."""
+    return subprocess.run([str(COMMAND), *args], env=store.environment(), capture_output=True, text=True,
+                          timeout=120, check=False)
+
+
+def aliases(client: MlflowClient) -> dict[str, str]:
+    return {alias: str(version) for alias, version in client.get_registered_model(MODEL).aliases.items()}
+
+
+@pytest.fixture
+def promoted(tmp_path, tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer) -> ModelStore:
+    """A store where version 1 was first and version 2 forced: champion 2, previous 1."""
+    store = ModelStore(tmp_path / "store")
+    bundle = Bundle.read_folder(tiny_bundle)
+    texts = partial(validation_texts, tiny_token_files, tiny_tokenizer, 4, 40)
+    tags = version_tags(bundle, tiny_token_files, tiny_run, "unknown")
+    with store.active():
+        experiment_id = mlflow.create_experiment("history-tests", artifact_location=str(store.root / "artifacts"))
+        for force in (False, True):
+            config = RegistryConfig.from_params({"model_name": MODEL, "force": force,
+                                                 "eval_set": {"documents": 4, "max_chars": 40}})
+            with mlflow.start_run(experiment_id=experiment_id):
+                register_and_gate(bundle, config, tags, texts)
+    return store
+
+
+def test_rollback_command_swaps_champion_and_previous_and_history_prints_every_event(promoted):
+    client = MlflowClient(promoted.tracking_uri, promoted.tracking_uri)
+    assert aliases(client) == {"champion": "2", "previous": "1"}
+
+    done = registry(promoted, "rollback", "--model", MODEL)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{MODEL}: rolled back by ") and "from version 2 to version 1" in done.stdout
+    assert aliases(client) == {"champion": "1", "previous": "2"}  # a second rollback would undo it
+
+    done = registry(promoted, "history", "--model", MODEL)
+    assert done.returncode == 0, done.stderr
+    header, *rows = done.stdout.splitlines()
+    assert header.split()[:4] == ["time", "(UTC)", "event", "decision"] and header.endswith("reason")
+    assert [row.split()[3:6] for row in rows] == [["first", "1", "1"], ["forced", "2", "2"], ["rollback", "1", "1"]]
+    assert "registry.force: promoted whatever the gate says" in rows[1]
+    assert [event["decision"] for event in read_history(client, MODEL)] == ["first", "forced", "rollback"]
+
+
+def test_commands_fail_in_one_line_naming_the_model(promoted):
+    MlflowClient(promoted.tracking_uri, promoted.tracking_uri).create_registered_model("lonely")
+    done = registry(promoted, "rollback", "--model", "lonely")
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.count("\n") == 1
+    assert "registered model lonely: no version has the alias 'previous'" in done.stderr
+    done = registry(promoted, "history", "--model", "nope")
+    assert done.returncode == 1 and done.stderr.count("\n") == 1 and "nope" in done.stderr
+
+
+def test_a_long_event_is_shortened_to_the_tag_limit(tmp_path):
+    store = ModelStore(tmp_path / "store")
+    client = MlflowClient(store.tracking_uri, store.tracking_uri)
+    client.create_registered_model(MODEL)
+    event = {"time": "2026-12-01T10:11:12.000001+00:00", "event": "gate", "decision": "rejected", "version": "7",
+             "reason": "很长的理由" * 2000}
+    key = record_event(client, MODEL, event)
+    assert key == "history.20261201T101112.000001Z"
+    stored = client.get_registered_model(MODEL).tags[key]
+    assert len(stored) <= MAX_EVENT_CHARS and json.loads(stored)["reason"].endswith("…")
+    record_event(client, MODEL, event)  # the same event again (a retried call) stays one entry
+    (read,) = read_history(client, MODEL)
+    assert format_table([read]).splitlines()[1].startswith("2026-12-01 10:11:12  gate   rejected  7")
