@@ -8,8 +8,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,3 +89,68 @@ def model_store(tmp_path_factory) -> ModelStore:
 def tiny_model(model_store, tiny_bundle) -> mlflow.models.model.ModelInfo:
     """The tiny bundle logged with the defaults and registered as a version of ``train_deploy_lm``."""
     return model_store.log(tiny_bundle, registered_model_name=REGISTERED_MODEL)
+
+
+class ModelServer:
+    """``mlflow models serve -m <uri> --env-manager local`` on 127.0.0.1 as its own process group, started in an
+    empty folder with ``store`` as its tracking URI and this venv's ``bin`` first on ``PATH`` (the CLI starts
+    ``uvicorn`` by name)."""
+
+    def __init__(self, uri: str, store: ModelStore, folder: Path, workers: int = 1) -> None:
+        from tests.mlflow_server import HOST, MLFLOW, free_port
+
+        self.url = f"http://{HOST}:{free_port()}"
+        self.command = [str(MLFLOW), "models", "serve", "-m", uri, "--env-manager", "local", "-h", HOST,
+                        "-p", self.url.rsplit(":", 1)[1], "--workers", str(workers)]
+        self.folder, self.log = folder, folder.parent / f"{folder.name}.log"
+        self._env = {**store.environment(), "PATH": f"{MLFLOW.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        self._process: subprocess.Popen | None = None
+
+    def start(self, timeout: float = 180.0) -> None:
+        """Start and return once ``/ping`` answers 200; raise with the log's tail if it exits or is late."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as log:
+            self._process = subprocess.Popen(self.command, cwd=self.folder, env=self._env, stdin=subprocess.DEVNULL,
+                                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while not self._answers("/ping"):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                tail = "\n".join(self.log.read_text(errors="replace").splitlines()[-40:])
+                raise RuntimeError(f"{' '.join(self.command)} did not answer /ping:\n{tail}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        """Terminate the server's process group (the CLI and uvicorn's processes), killing what outlives 15 s."""
+        if self._process is None:
+            return
+        process, self._process = self._process, None
+        for signum, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signum)
+            try:
+                process.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+    def post(self, body: Any) -> tuple[int, Any]:
+        """POST ``body`` as JSON to ``/invocations``; return the status and the decoded JSON answer."""
+        request = urllib.request.Request(f"{self.url}/invocations", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with _OPENER.open(request, timeout=120) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read())
+
+    def _answers(self, path: str) -> bool:
+        try:
+            with _OPENER.open(f"{self.url}{path}", timeout=2) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+
+# No proxies: a proxy from the environment must not answer for a server on the loopback interface.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
