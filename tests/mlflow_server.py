@@ -7,12 +7,15 @@ A test module gets the fixture by naming this module as a plugin, or by importin
 
 and takes ``mlflow_server`` as an argument: a started :class:`MlflowServer` whose ``uri`` the clients use, whose
 ``artifacts`` folder receives what they log, and which ``stop()``/``start()`` restart on the same port and store.
+``mlflow_auth_server`` is the same server with MLflow's authentication (:class:`MlflowAuthServer`, the README's team
+server): ``admin`` holds the administrator's credentials and ``create_user()`` adds a user.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -21,6 +24,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -85,6 +89,10 @@ class MlflowServer:
             "--cors-allowed-origins", ",".join(f"http://{host}" for host in own_hosts),
         ]
 
+    def environment(self) -> dict[str, str]:
+        """Variables the server process gets on top of this process's environment."""
+        return {}
+
     def start(self, timeout: float = START_TIMEOUT_S) -> None:
         """Start the server and return once ``/health`` answers; raise with the log's tail if it dies or is late."""
         if self._process is not None:
@@ -99,6 +107,7 @@ class MlflowServer:
             # The job runner (a huey consumer) is one more process and nothing these tests need.
             "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
             "PYTHONUNBUFFERED": "1",
+            **self.environment(),
         }
         env.pop("MLFLOW_TRACKING_URI", None)
         with self.log.open("ab") as log:
@@ -194,6 +203,77 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     # The client side of the test sends no telemetry either; mlflow reads this on every event.
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     server = MlflowServer(tmp_path_factory.mktemp("mlflow_server"), free_port())
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    """A user of an authenticating server, with the credentials a client sends."""
+
+    username: str
+    password: str
+
+
+class MlflowAuthServer(MlflowServer):
+    """An ``mlflow server --app-name basic-auth``, set up as the README's team server: users, passwords and
+    permissions in ``root/basic_auth.db``, the admin's password generated here and set at start through an auth
+    configuration file readable by its owner only (``root/basic_auth.ini``), every user may edit every
+    experiment (``default_permission = EDIT``), and a client without credentials is refused (HTTP 401)."""
+
+    def __init__(self, root: Path, port: int) -> None:
+        super().__init__(root, port)
+        self.admin = User("admin", secrets.token_urlsafe(18))
+        self._secret_key = secrets.token_hex(32)
+
+    @property
+    def auth_config(self) -> Path:
+        return self.root / "basic_auth.ini"
+
+    def command(self) -> list[str]:
+        return [*super().command(), "--app-name", "basic-auth"]
+
+    def environment(self) -> dict[str, str]:
+        return {"MLFLOW_AUTH_CONFIG_PATH": str(self.auth_config), "MLFLOW_FLASK_SERVER_SECRET_KEY": self._secret_key}
+
+    def start(self, timeout: float = START_TIMEOUT_S) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.auth_config.exists():
+            # Created owner-only before the password is written into it.
+            descriptor = os.open(self.auth_config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w", encoding="utf-8") as config:
+                config.write(f"[mlflow]\ndefault_permission = EDIT\n"
+                             f"database_uri = sqlite:///{(self.root / 'basic_auth.db').as_posix()}\n"
+                             f"admin_username = {self.admin.username}\nadmin_password = {self.admin.password}\n"
+                             "auth_cache_ttl_seconds = 60\n")
+        super().start(timeout)
+
+    def create_user(self, username: str) -> User:
+        """A new (non-admin) user with a generated password, created by the admin through the REST API."""
+        from mlflow.server.auth.routes import CREATE_USER
+        from mlflow.utils.rest_utils import MlflowHostCreds, http_request, verify_rest_response
+
+        user = User(username, secrets.token_urlsafe(18))
+        admin = MlflowHostCreds(self.uri, username=self.admin.username, password=self.admin.password)
+        response = http_request(admin, CREATE_USER, "POST", json={"username": user.username, "password": user.password},
+                                max_retries=0, timeout=10)
+        verify_rest_response(response, CREATE_USER)
+        return user
+
+
+@pytest.fixture
+def mlflow_auth_server(tmp_path_factory: pytest.TempPathFactory,
+                       monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowAuthServer]:
+    """A started basic-auth MLflow server of its own for one test (``create_user`` adds users), stopped afterwards."""
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
+        # The test says who the client is; set first, so that what kedro-mlflow exports is undone afterwards too.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    server = MlflowAuthServer(tmp_path_factory.mktemp("mlflow_auth_server"), free_port())
     server.start()
     try:
         yield server

@@ -12,7 +12,7 @@ from kedro.framework.hooks import hook_impl
 
 from train_deploy.atomic import clean_leftovers, remove_leftovers
 from train_deploy.datasets import ArtifactFolderDataset, WorkFolderDataset
-from train_deploy.preflight import check_run
+from train_deploy.preflight import check_run, check_tracking
 from train_deploy.run_lock import RunConfig, RunLock
 
 logger = logging.getLogger(__name__)
@@ -91,7 +91,14 @@ class CheckConfiguration:
 
     Every stage block is validated, and what the pipeline's stages need of each other is checked
     (``train_deploy.preflight``). ``tryfirst``: before kedro-mlflow opens its run, so a refused run leaves none.
+    A tracking server that does not answer or refuses the credentials stops the session as it starts, with one
+    line naming its URI and what to set, before kedro-mlflow asks it with minutes of retries.
     """
+
+    @hook_impl(tryfirst=True)
+    def after_context_created(self, context) -> None:
+        if mlflow.active_run() is None:  # an outer run: kedro-mlflow logs into it and reads no mlflow.yml
+            check_tracking(context.config_loader)
 
     @hook_impl(tryfirst=True)
     def before_pipeline_run(self, pipeline, catalog) -> None:

@@ -7,8 +7,11 @@ validate their own block: each can also be called alone.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+import contextlib
+import os
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from train_deploy.averaging.config import AveragingConfig
 from train_deploy.config import check
@@ -16,6 +19,7 @@ from train_deploy.corpus.config import CorpusConfig
 from train_deploy.export.config import ExportConfig
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.training.config import TrainingConfig
+from train_deploy.training.metrics import redact_uri
 
 # Parameter block → the class whose ``from_params`` validates it (``conf/base/parameters_<block>.yml``).
 STAGE_CONFIGS: dict[str, type] = {
@@ -44,3 +48,115 @@ def check_validation_split(corpus: CorpusConfig, averaging: AveragingConfig | No
                                      (export, "export checks parity on it")) if config is not None]
     check(not needs or corpus.encoding.validation_fraction > 0, "corpus.encoding.validation_fraction",
           f"0 writes no validation split, but {' and '.join(needs)}; set it above 0 (e.g. 0.01)")
+
+
+# What the pipeline authenticates to a tracking server with: MLflow reads them from the environment, where
+# kedro-mlflow also puts the entry of conf/<env>/credentials.yml that ``server.credentials`` names.
+CREDENTIAL_VARIABLES = ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN")
+_HOW_TO_AUTHENTICATE = ("set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD (or MLFLOW_TRACKING_TOKEN) in "
+                        "the environment, or server.credentials in conf/local/mlflow.yml naming an entry of "
+                        "conf/local/credentials.yml that holds them")
+
+
+class TrackingServerError(RuntimeError):
+    """The tracking server does not answer or refuses this client; the message names its URI and what to set."""
+
+
+def check_tracking(config: Mapping[str, Any]) -> None:
+    """Check the tracking server of kedro-mlflow's configuration (``config["mlflow"]``, ``config`` being a Kedro
+    config loader) with the credentials the run will use (:func:`check_tracking_server`); local stores pass."""
+    from kedro_mlflow.config.kedro_mlflow_config import KedroMlflowConfig
+
+    mlflow_config = KedroMlflowConfig.model_validate({**config["mlflow"]})
+    uri = mlflow_config.server.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "mlruns")
+    if not uri.startswith(("http://", "https://")):
+        return
+    key = mlflow_config.server.credentials
+    check_tracking_server(uri, mlflow_config.tracking.experiment.name,
+                          _credentials_entry(config, key) if key is not None else None)
+
+
+def _credentials_entry(config: Mapping[str, Any], key: str) -> Mapping[str, str]:
+    """The entry ``key`` of the credentials configuration, which kedro-mlflow exports to the environment."""
+    from kedro.config import MissingConfigException
+
+    try:
+        entry = config["credentials"].get(key)
+    except MissingConfigException:
+        entry = None
+    if not isinstance(entry, Mapping):
+        raise TrackingServerError(
+            f"server.credentials: {key!r} is not an entry of conf/<env>/credentials.yml (a mapping of variables, "
+            "e.g. MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD); add it to conf/local/credentials.yml")
+    return entry
+
+
+def check_tracking_server(uri: str, experiment: str, credentials: Mapping[str, str] | None = None,
+                          timeout: float = 10.0) -> None:
+    """Ask an ``http(s)`` tracking server ``uri`` once, without MLflow's minutes of retries, for ``experiment``, as
+    the run will: with the environment's credentials and ``credentials`` (the ``server.credentials`` entry) over
+    them. Raise :class:`TrackingServerError` when it does not answer within ``timeout`` seconds, refuses the
+    credentials (401) or the experiment (403), or answers anything but an MLflow answer. Other URIs pass."""
+    if not uri.startswith(("http://", "https://")):
+        return
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    shown = redact_uri(uri)
+    with _environment(credentials or {}):
+        sent = _sent_credentials()
+        try:
+            response = http_request(get_default_host_creds(uri), "/api/2.0/mlflow/experiments/get-by-name", "GET",
+                                    params={"experiment_name": experiment}, max_retries=0, timeout=timeout)
+        except Exception as exc:  # requests' and urllib3's connection errors and timeouts, wrapped by MLflow
+            raise TrackingServerError(
+                f"MLflow tracking server {shown} is unreachable ({_cause(exc)}): start it, or set "
+                "MLFLOW_TRACKING_URI (or server.mlflow_tracking_uri in conf/local/mlflow.yml) to one that runs") \
+                from None
+    answer = " ".join(response.text.split())[:160]
+    if response.status_code == 401:
+        raise TrackingServerError(f"MLflow tracking server {shown} refused {sent} (HTTP 401): {_HOW_TO_AUTHENTICATE}")
+    if response.status_code == 403 and "Invalid Host header" in answer:
+        raise TrackingServerError(
+            f"MLflow tracking server {shown} refused the host name in the URI (HTTP 403: {answer}): start it with "
+            f"--allowed-hosts naming {urlsplit(uri).netloc.rpartition('@')[2]}, or use a name it allows")
+    if response.status_code == 403:
+        raise TrackingServerError(
+            f"MLflow tracking server {shown} refused {sent} access to experiment {experiment!r} (HTTP 403: "
+            f"{answer}): ask its admin for EDIT permission on it, or {_HOW_TO_AUTHENTICATE} of a user who has it")
+    if response.status_code != 200 and not (response.status_code == 404 and "RESOURCE_DOES_NOT_EXIST" in answer):
+        raise TrackingServerError(f"MLflow tracking server {shown} answered HTTP {response.status_code} "
+                                  f"({answer}); is MLFLOW_TRACKING_URI an MLflow server?")
+
+
+def _sent_credentials() -> str:
+    """What a request carries, without the secret: ``user 'name'``, ``a token`` or ``no credentials``."""
+    from mlflow.utils.credentials import read_mlflow_creds
+
+    username = read_mlflow_creds().username
+    if username:
+        return f"user {username!r}"
+    return "a token" if os.environ.get("MLFLOW_TRACKING_TOKEN") else "no credentials"
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost cause's first line, without user information in URIs."""
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__
+    text = str(exc).strip().splitlines()
+    return redact_uri(f"{type(exc).__name__}: {text[0] if text else ''}")[:200]
+
+
+@contextlib.contextmanager
+def _environment(variables: Mapping[str, str]) -> Iterator[None]:
+    """``variables`` over the process environment for a moment (kedro-mlflow exports them for good right after)."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update({name: str(value) for name, value in variables.items()})
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
