@@ -46,7 +46,8 @@ class MetricsForwarder:
     A thread of the node's process sends the complete lines past an offset every ``interval`` seconds, so
     each line goes once, and the lines already in the file when it starts (earlier runs) never. A failed
     send (server unreachable) keeps its lines for the next try and warns once; closing sends what is left,
-    waiting at most ``final_timeout`` seconds. Training never waits on MLflow, and every line stays in the file.
+    trying every ``interval`` seconds for at most ``final_timeout`` seconds (a server restarting as training
+    ends still gets every line). Training never waits on MLflow, and every line stays in the file.
     """
 
     def __init__(self, path: Path, run_id: str, client: Any = None, interval: float = 1.0,
@@ -74,8 +75,9 @@ class MetricsForwarder:
             node_logger.warning("%d training metric line(s) were not sent to MLflow run %s; they are in %s",
                                 unsent, self.run_id, self.path)
 
-    def send(self) -> None:
-        """Log every complete line past the offset, in batches; stop at the first failure and keep the rest."""
+    def send(self) -> bool:
+        """Log every complete line past the offset, in batches; stop at the first failure and keep the rest.
+        Return whether every complete line is sent."""
         for end, metrics in self._batches():
             try:
                 if metrics:
@@ -86,13 +88,17 @@ class MetricsForwarder:
                     reason = redact_uri(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
                     node_logger.warning("Training metrics could not be sent to MLflow (%s); they stay in %s "
                                         "and are sent when it answers", reason[:300], self.path)
-                return
+                return False
             self.offset = end
+        return True
 
     def _run(self) -> None:
         while not self._closing.wait(self.interval):
             self.send()
-        self.send()
+        # Closing: one failed try is not the end (MLflow's client may fail fast, e.g. with retries turned off).
+        deadline = time.monotonic() + self.final_timeout
+        while not self.send() and time.monotonic() + self.interval < deadline:
+            time.sleep(self.interval)
 
     def _lines(self) -> list[tuple[int, bytes]]:
         """The complete lines past the offset, each with the offset just after it."""
