@@ -151,3 +151,22 @@ class ShowBundle:
             "    from train_deploy.export import LanguageModel\n"
             f"    model = LanguageModel.load({folder!r})\n"
             "    print(model.generate('中国', max_new_tokens=20, temperature=0))\n")
+
+
+class ShowRegistryDecision:
+    """After a run that registered a version, print its MLflow run, the version and whether it became ``champion``,
+    with the gate's reason (plain text, unwrapped)."""
+
+    @hook_impl
+    def after_pipeline_run(self, pipeline, catalog) -> None:
+        if "registry_decision" not in pipeline.all_outputs():
+            return
+        decision = catalog.load("registry_decision")
+        verdict = ("became champion" if decision.champion else
+                   f"did not become champion (champion stays version {decision.previous_champion})")
+        sys.stdout.write(
+            f"\nMLflow run: {decision.run_id}\n"
+            f"Registered {decision.model_name} version {decision.version}: {verdict} [{decision.decision}]\n"
+            f"  reason: {decision.reason}\n"
+            f"  serve the champion: mlflow models serve -m models:/{decision.model_name}@champion --env-manager local\n"
+            f"  history and rollback: train-deploy-registry history|rollback --model {decision.model_name}\n")

@@ -3,7 +3,14 @@
 from kedro.config import OmegaConfigLoader
 from omegaconf.resolvers import oc
 
-from train_deploy.hooks import CheckConfiguration, CloseMlflowRun, LocalMlflowStore, ProjectRunLock, ShowBundle
+from train_deploy.hooks import (
+    CheckConfiguration,
+    CloseMlflowRun,
+    LocalMlflowStore,
+    ProjectRunLock,
+    ShowBundle,
+    ShowRegistryDecision,
+)
 
 
 def _artifact_location(tracking_uri: str) -> str | None:
@@ -12,7 +19,9 @@ def _artifact_location(tracking_uri: str) -> str | None:
     return "mlartifacts" if tracking_uri.startswith(("sqlite:", "file:")) or "://" not in tracking_uri else None
 
 
-HOOKS = (ProjectRunLock(), LocalMlflowStore(), CheckConfiguration(), CloseMlflowRun(), ShowBundle())
+# pluggy calls the last registered first: the registry's decision is printed after the bundle, last of a run.
+HOOKS = (ProjectRunLock(), LocalMlflowStore(), CheckConfiguration(), CloseMlflowRun(), ShowRegistryDecision(),
+         ShowBundle())
 
 # kedro-telemetry is a dependency of kedro itself; its hooks never run in this project.
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro-telemetry", "kedro-viz")

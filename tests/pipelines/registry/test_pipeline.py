@@ -1,0 +1,103 @@
+"""The registry stage as `kedro run` runs it: last in `train_deploy`, so a run failing earlier never moves an alias."""
+
+from __future__ import annotations
+
+import json
+from functools import partial
+from pathlib import Path
+
+import mlflow
+import pytest
+from kedro.framework.session import KedroSession
+from mlflow import MlflowClient
+
+from tests.conftest import tiny_runtime_params
+from tests.export.conftest import *  # noqa: F403  (tiny_bundle and the fixtures it depends on)
+from train_deploy.handoffs import Bundle
+from train_deploy.registry.config import RegistryConfig
+from train_deploy.registry.evalset import validation_texts
+from train_deploy.registry.gate import EVAL_SET_ARTIFACT, register_and_gate, version_tags
+
+pytestmark = pytest.mark.slow
+
+MODEL = RegistryConfig().model_name
+
+
+def _params(**blocks: dict) -> dict:
+    """A quick `train_deploy` (one process, 4 steps, light proofs) with ``blocks`` merged over its blocks."""
+    params = tiny_runtime_params()
+    params["corpus"]["encoding"]["validation_fraction"] = 0.05
+    params["training"] = {
+        "model": {"preset": "tiny"},
+        "batch": {"micro_batch_size": 4, "global_batch_size": 8, "seq_length": 32},
+        "schedule": {"max_steps": 4, "log_every": 1, "eval_every": 2, "checkpoint_every": 2},
+        "launch": {"nproc_per_node": 1},
+    }
+    params["export"] = {"parity": {"samples": 2}, "latency": {"batch_sizes": [1], "repeats": 1, "warmup": 0}}
+    for name, values in blocks.items():
+        params[name] = {**params.get(name, {}), **values}
+    return params
+
+
+def _run(project: Path, params: dict, **run) -> None:
+    with KedroSession.create(project_path=project, runtime_params=params) as session:
+        session.run(pipeline_names=["train_deploy"], **run)
+
+
+def _state(client: MlflowClient) -> tuple[dict[str, str], list[str]]:
+    """The aliases and the versions of the registered model."""
+    aliases = {alias: str(v) for alias, v in client.get_registered_model(MODEL).aliases.items()}
+    return aliases, sorted(str(v.version) for v in client.search_model_versions(f"name='{MODEL}'"))
+
+
+def _seed_champion(uri: str, tiny_bundle: Path, tiny_run, tiny_token_files, tiny_tokenizer) -> None:
+    """Version 1 from the session's tiny bundle, with a small evaluation set that later runs reuse."""
+    bundle = Bundle.read_folder(tiny_bundle)
+    config = RegistryConfig.from_params({"eval_set": {"documents": 8, "max_chars": 60}})
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    with mlflow.start_run(experiment_id=mlflow.create_experiment("seed")):
+        register_and_gate(bundle, config, version_tags(bundle, tiny_token_files, tiny_run, "seed"),
+                          partial(validation_texts, tiny_token_files, tiny_tokenizer, 8, 60))
+
+
+def test_failed_runs_leave_the_aliases_and_a_good_run_registers_gates_and_says_so(
+        project, tmp_path, capsys, tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer):
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"  # the project fixture's store
+    _seed_champion(uri, tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer)
+    client = MlflowClient(uri, uri)
+    assert _state(client) == ({"champion": "1"}, ["1"])
+
+    # Training fails inside its node: 3 processes cannot split the tiny model's 4 heads.
+    with pytest.raises(Exception, match="num_attention_heads = 4 is not divisible by mp = 3"):
+        _run(project, _params(training={"parallel": {"mp": 3}, "launch": {"nproc_per_node": 3}}))
+    assert _state(client) == ({"champion": "1"}, ["1"])
+
+    _run(project, _params())
+    decision = json.loads((project / "data/08_reporting/registry_decision.json").read_text(encoding="utf-8"))
+    assert decision["version"] == "2" and decision["previous_champion"] == "1"
+    assert decision["decision"] in ("promoted", "rejected") and decision["eval_texts"] == 8
+    champion = "2" if decision["champion"] else "1"
+    after_good_run = ({"champion": champion, **({"previous": "1"} if decision["champion"] else {})}, ["1", "2"])
+    assert _state(client) == after_good_run
+    out = capsys.readouterr().out
+    verdict = "became champion" if decision["champion"] else "did not become champion (champion stays version 1)"
+    assert out.index("Exported bundle:") < out.index(f"MLflow run: {decision['run_id']}\n")  # the last lines
+    assert f"Registered {MODEL} version 2: {verdict} [{decision['decision']}]\n  reason: {decision['reason']}\n" in out
+
+    # The version and the run hold what a person needs to trust it.
+    version = client.get_model_version(MODEL, "2")
+    assert version.run_id == decision["run_id"] and version.tags["gate.reason"] == decision["reason"]
+    assert version.tags["git.commit"] == "unknown"  # the project copy is no git checkout
+    assert json.loads(version.tags["training.layout"])["dp"] == 1
+    artifacts = {a.path for a in client.list_artifacts(decision["run_id"], "registry")}
+    assert {"registry/history.jsonl", "registry/registry_decision.json"} <= artifacts
+    assert EVAL_SET_ARTIFACT not in artifacts  # the model's set came from the seeding run
+    history = client.download_artifacts(decision["run_id"], "registry/history.jsonl", str(tmp_path))
+    (event,) = [json.loads(line) for line in Path(history).read_text(encoding="utf-8").splitlines()]
+    assert (event["version"], event["decision"]) == ("2", decision["decision"])
+
+    # Export fails inside its node (parity cannot hold to 1e-30); the registry never runs.
+    with pytest.raises(Exception, match="parity failed"):
+        _run(project, _params(export={"parity": {"samples": 2, "max_logit_diff": 1e-30}}), from_nodes=["export_bundle"])
+    assert _state(client) == after_good_run
