@@ -92,7 +92,8 @@ def test_train_deploy_against_a_tracking_server_puts_the_bundle_in_the_run(proje
     assert (folder / "edge/model.int8.onnx").is_file() and (folder / "server/model.pdiparams").is_file()
     assert run.data.metrics["export.max_logit_diff_paddle_inference"] <= 1e-4
     assert run.data.metrics["export.max_logit_diff_onnx_fp32"] <= 1e-4
-    assert f"Exported bundle: {folder}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"Exported bundle: {folder}" in out
 
     # The run holds the model itself: downloaded into an empty folder, it loads and scores.
     downloaded = Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="export/bundle",
@@ -103,6 +104,15 @@ def test_train_deploy_against_a_tracking_server_puts_the_bundle_in_the_run(proje
     (score,) = LanguageModel.load(downloaded, backend="onnx").score(["今天天气很好。"])
     assert 1.0 < score.perplexity < 10 * meta["model"]["vocab_size"]
     assert not (project / "mlartifacts").exists()  # nothing went to the client's disk instead
+
+    # The registry ran last: version 1 of the registered model, from this run, champion as the first one.
+    version = client.get_model_version("train_deploy_lm", "1")
+    assert version.run_id == run.info.run_id and version.tags["gate.decision"] == "first"
+    assert version.tags["corpus.fingerprint"] == meta["source"]["corpus"]["fingerprint"]
+    assert version.tags["tokenizer.hash"] == meta["tokenizer"]["hash"]
+    assert json.loads(version.tags["training.layout"])["dp"] == 2
+    assert {k: str(v) for k, v in client.get_registered_model("train_deploy_lm").aliases.items()} == {"champion": "1"}
+    assert f"MLflow run: {run.info.run_id}\nRegistered train_deploy_lm version 1: became champion [first]\n" in out
 
 
 def _tiny_train_deploy_params() -> dict:
