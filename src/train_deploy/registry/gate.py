@@ -125,15 +125,14 @@ def decide(candidate: float, champion: str | None, champion_value: float | None,
     if champion is None or champion_value is None:
         return "first", f"no champion yet: the first version becomes champion ({ours} on the evaluation set)"
     gain = (champion_value - candidate) / champion_value
-    theirs = f"champion version {champion}'s {champion_value:.4f}"
+    comparison = (f"{ours} are {f'{gain:.2%} below' if gain > 0 else f'{-gain:.2%} above'} "
+                  f"champion version {champion}'s {champion_value:.4f}")
     if config.force:
-        return "forced", f"registry.force: promoted whatever the gate says ({ours} vs {theirs}, {gain:+.2%})"
+        return "forced", f"registry.force: promoted whatever the gate says ({comparison})"
     if gain > 0 and gain >= config.min_improvement:
-        return "promoted", (f"{ours} are {gain:.2%} below {theirs} (at least {config.min_improvement:.2%} "
-                            "needed)")
-    change = f"{gain:.2%} below" if gain > 0 else f"{-gain:.2%} above"
-    return "rejected", (f"{ours} are {change} {theirs}; promotion needs at least {config.min_improvement:.2%} "
-                        "fewer (registry.min_improvement)")
+        return "promoted", f"{comparison} (at least {config.min_improvement:.2%} needed)"
+    return "rejected", (f"{comparison}; promotion needs at least {config.min_improvement:.2%} fewer "
+                        "(registry.min_improvement)")
 
 
 def score(model_uri: str, texts: list[str], config: RegistryConfig) -> float:
