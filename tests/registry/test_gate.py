@@ -19,7 +19,7 @@ from tests.registry.conftest import ModelStore
 from tests.training.conftest import launch, training_params
 from train_deploy.handoffs import Bundle, TrainingResult
 from train_deploy.registry.config import RegistryConfig
-from train_deploy.registry.evalset import EvalSetError, validation_texts
+from train_deploy.registry.evalset import EvalSetError, cut, jsonl_texts, validation_texts
 from train_deploy.registry.gate import (
     EVAL_SET_ARTIFACT,
     TAG_EVAL_SHA256,
@@ -98,6 +98,7 @@ def aliases(uri: str) -> dict[str, str]:
     return {alias: str(version) for alias, version in model.aliases.items()}
 
 
+@pytest.mark.slow
 def test_promotion_sequence_first_worse_better_forced(store, step_bundles, tiny_run, texts):
     uri, client = store.tracking_uri, MlflowClient(store.tracking_uri, store.tracking_uri)
     run = partial(gate, uri, result=tiny_run, texts=texts, artifacts=store.root / "artifacts")
@@ -156,6 +157,7 @@ def test_decide_needs_the_relative_improvement():
     assert decide(5.0, "3", 2.0, RegistryConfig.from_params({"force": True}))[0] == "forced"
 
 
+@pytest.mark.slow
 def test_a_changed_evaluation_set_is_refused_in_one_line_and_nothing_moves(store, step_bundles, tiny_run, texts):
     uri = store.tracking_uri
     first = gate(uri, step_bundles[3], tiny_run, texts, store.root / "artifacts")
@@ -172,6 +174,7 @@ def test_a_changed_evaluation_set_is_refused_in_one_line_and_nothing_moves(store
     assert [str(v.version) for v in client.search_model_versions(f"name='{MODEL}'")] == ["1"]  # refused before logging
 
 
+@pytest.mark.slow
 def test_an_unreachable_server_is_retried_then_named_and_aliases_stay(mlflow_server, step_bundles,  # noqa: F811
                                                                        tiny_run, texts):
     uri = mlflow_server.uri
@@ -196,3 +199,17 @@ def test_an_unreachable_server_is_retried_then_named_and_aliases_stay(mlflow_ser
     assert elapsed < 30  # MLflow's own retries (minutes) are off: three tries, two waits
     assert aliases(uri) == {"champion": "1"}
     assert [str(v.version) for v in client.search_model_versions(f"name='{MODEL}'")] == ["1"]
+
+
+def test_a_configured_jsonl_set_is_cut_at_sentence_ends_and_bad_lines_are_named(tmp_path):
+    assert cut("  今天天气很好。明天也好。后天呢  ", 10) == "今天天气很好。"  # the last sentence end within 10
+    assert cut("一二三。四五六七八九十十一", 10) == "一二三。四五六七八九"  # none in the second half: at the limit
+    path = tmp_path / "eval.jsonl"
+    lines = ['{"text": "今天天气很好。明天也好。后天呢"}', "", '{"text": "人民日报"}', '{"text": "多余"}']
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert jsonl_texts(path, 2, 10) == ["今天天气很好。", "人民日报"]
+    path.write_text('{"text": "好"}\n{"txt": "好"}\n', encoding="utf-8")
+    with pytest.raises(EvalSetError, match=rf'^{path}:2: expected {{"text": "…"}}, got {{"txt": "好"}}$'):
+        jsonl_texts(path, 5, 10)
+    with pytest.raises(EvalSetError, match=rf"^registry.eval_set.path: {tmp_path / 'nope.jsonl'} does not exist$"):
+        jsonl_texts(tmp_path / "nope.jsonl", 5, 10)

@@ -50,6 +50,7 @@ def promoted(tmp_path, tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer) 
     return store
 
 
+@pytest.mark.slow
 def test_rollback_command_swaps_champion_and_previous_and_history_prints_every_event(promoted):
     client = MlflowClient(promoted.tracking_uri, promoted.tracking_uri)
     assert aliases(client) == {"champion": "2", "previous": "1"}
@@ -68,6 +69,7 @@ def test_rollback_command_swaps_champion_and_previous_and_history_prints_every_e
     assert [event["decision"] for event in read_history(client, MODEL)] == ["first", "forced", "rollback"]
 
 
+@pytest.mark.slow
 def test_commands_fail_in_one_line_naming_the_model(promoted):
     MlflowClient(promoted.tracking_uri, promoted.tracking_uri).create_registered_model("lonely")
     done = registry(promoted, "rollback", "--model", "lonely")
