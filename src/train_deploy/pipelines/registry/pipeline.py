@@ -7,6 +7,7 @@ from .nodes import register_bundle
 
 def create_pipeline(**kwargs) -> Pipeline:
     return Pipeline([
-        Node(register_bundle, ["params:registry", "export_bundle", "token_files", "tokenizer", "training_result"],
+        Node(register_bundle, ["params:registry", "export_bundle", "export_metrics", "token_files", "tokenizer",
+                              "training_result"],
              ["registry_decision", "registry_history"], name="register_bundle"),
     ])
