@@ -117,3 +117,27 @@ def tiny_runtime_params() -> dict:
         "tokenizer": TINY_TOKENIZER,
         "encoding": {"workers": 2, "progress": False},
     }}
+
+
+@pytest.fixture(scope="session")
+def tiny_training_logs(tmp_path_factory, tiny_run):
+    """``training_logs`` (a ``WorkFolder``) holding the metrics of :func:`tiny_run`."""
+    from tests.export.conftest import training_logs
+
+    return training_logs(tmp_path_factory.mktemp("training_logs"), tiny_run)
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory, tiny_checkpoint, tiny_tokenizer, tiny_token_files, tiny_run,
+                tiny_training_logs) -> Path:
+    """The tiny checkpoint exported through the export node and the catalog's versioned bundle dataset, with the
+    training curves of its run: one export per session, shared by the export and registry tests."""
+    from tests.export.conftest import export_params, selected
+    from train_deploy.handoffs import Bundle
+    from train_deploy.pipelines.export.nodes import export_model
+
+    work, _ = export_model(export_params(), selected(tiny_checkpoint), tiny_tokenizer, tiny_token_files, tiny_run,
+                           tiny_training_logs)
+    bundle = publish(work, tmp_path_factory.mktemp("bundles") / "bundle", Bundle, versions=True)
+    assert not bundle.reused
+    return Path(bundle.path)

@@ -5,9 +5,6 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
-
-from tests.conftest import publish
 from train_deploy.atomic import atomic_folder
 from train_deploy.export.bundle import export_bundle
 from train_deploy.export.config import ExportConfig
@@ -57,23 +54,3 @@ def export_into(folder: Path, checkpoint: Path, tokenizer: TokenizerInfo, tokens
     config = ExportConfig.from_params(export_params(**blocks))
     with atomic_folder(folder) as staging:
         return export_bundle(checkpoint, tokenizer, tokens, config, {"selection": "last: test"}, curves, staging)
-
-
-@pytest.fixture(scope="session")
-def tiny_training_logs(tmp_path_factory, tiny_run) -> WorkFolder:
-    """``training_logs`` holding the metrics of :func:`tiny_run`."""
-    return training_logs(tmp_path_factory.mktemp("training_logs"), tiny_run)
-
-
-@pytest.fixture(scope="session")
-def tiny_bundle(tmp_path_factory, tiny_checkpoint, tiny_tokenizer, tiny_token_files, tiny_run,
-                tiny_training_logs) -> Path:
-    """The tiny checkpoint exported through the export node and the catalog's versioned bundle dataset, with the
-    training curves of its run."""
-    from train_deploy.pipelines.export.nodes import export_model
-
-    work, _ = export_model(export_params(), selected(tiny_checkpoint), tiny_tokenizer, tiny_token_files, tiny_run,
-                           tiny_training_logs)
-    bundle = publish(work, tmp_path_factory.mktemp("bundles") / "bundle", Bundle, versions=True)
-    assert not bundle.reused
-    return Path(bundle.path)

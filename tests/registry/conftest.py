@@ -22,8 +22,6 @@ from typing import Any
 import mlflow
 import pytest
 
-from tests.export.conftest import *  # noqa: F403  (tiny_bundle and the fixtures it depends on)
-
 REGISTERED_MODEL = "train_deploy_lm"
 FRESH_TIMEOUT_S = 300
 

@@ -12,7 +12,6 @@ from kedro.framework.session import KedroSession
 from mlflow import MlflowClient
 
 from tests.conftest import tiny_runtime_params
-from tests.export.conftest import *  # noqa: F403  (tiny_bundle and the fixtures it depends on)
 from train_deploy.handoffs import Bundle
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.evalset import validation_texts
