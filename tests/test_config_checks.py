@@ -78,6 +78,7 @@ ACCEPTED: dict[str, tuple] = {
     "training.launch.node_rank": (0,),
     "training.launch.max_restart": (0, HUGE),
     "training.launch.stall_timeout": (1.0, HUGE),
+    "training.launch.metrics_timeout": (0, 1.0, HUGE),
     "averaging.k": (HUGE,),
     "averaging.steps": (HUGE,),
     "averaging.max_step": (HUGE,),

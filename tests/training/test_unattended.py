@@ -241,7 +241,7 @@ def test_no_credential_reaches_the_run_folders_and_log_folders_are_private(tmp_p
     tracking_uri(f"http://user:{canary}@127.0.0.1:1")  # unreachable
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail at once rather than back off for minutes
     monkeypatch.setenv("TRAIN_DEPLOY_TEST_VISIBLE", "plain")
-    params = training_params(1)
+    params = training_params(1, launch={"metrics_timeout": 1})  # the server never comes back
     with caplog.at_level(logging.INFO):
         result = run_training(TrainingConfig.from_params(params), run_spec(tmp_path, tiny_tokens, params),
                               mlflow_run_id="0" * 32)

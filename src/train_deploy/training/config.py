@@ -162,9 +162,15 @@ class LaunchConfig:
     it; longer than log_every steps, an evaluation and a checkpoint take. Until its first step (start-up, the
     other nodes joining, building the model, resuming) it may be silent twice as long, at least 10 minutes."""
 
+    metrics_timeout: float = 30.0
+    """Seconds the training node keeps trying, after training ends, to send MLflow the metrics it could not send
+    while the tracking server was down; past it, it warns (every metric stays in metrics.jsonl)."""
+
     def __post_init__(self) -> None:
         check(self.stall_timeout > 0, "training.launch.stall_timeout",
               f"must be a positive number of seconds (got {self.stall_timeout!r})")
+        check(self.metrics_timeout >= 0, "training.launch.metrics_timeout",
+              f"must be a number of seconds, at least 0 (got {self.metrics_timeout!r})")
 
 
 @dataclass(kw_only=True, slots=True)

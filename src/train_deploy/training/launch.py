@@ -82,7 +82,8 @@ def run_training(config: TrainingConfig, spec: RunSpec, mlflow_run_id: str | Non
     logs = _private_folder(Path(spec.logs))
     spec_file = logs / RUN_FILE
     write_json(spec_file, spec)
-    forwarding = MetricsForwarder(spec.metrics_path, mlflow_run_id) if mlflow_run_id else contextlib.nullcontext()
+    forwarding = (MetricsForwarder(spec.metrics_path, mlflow_run_id, final_timeout=config.launch.metrics_timeout)
+                  if mlflow_run_id else contextlib.nullcontext())
     with forwarding:
         run_launcher(config, spec_file, logs)
     return read_json(TrainingResult, spec.result_path)
