@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,17 @@ def publish(work: FolderWork, folder: Path, description: type, **dataset: Any) -
                                    **dataset)
     target.save(work)
     return target.load()
+
+
+@pytest.fixture(autouse=True)
+def _mlflow_environment_restored() -> Iterator[None]:
+    """MLflow keeps the URIs a test sets in ``MLFLOW_*`` variables (``set_registry_uri`` exports
+    ``MLFLOW_REGISTRY_URI``), which the next test's sessions would inherit: each test starts from the same."""
+    saved = {name: value for name, value in os.environ.items() if name.startswith("MLFLOW_")}
+    yield
+    for name in [name for name in os.environ if name.startswith("MLFLOW_") and name not in saved]:
+        del os.environ[name]
+    os.environ.update(saved)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -117,6 +129,23 @@ def tiny_runtime_params() -> dict:
         "tokenizer": TINY_TOKENIZER,
         "encoding": {"workers": 2, "progress": False},
     }}
+
+
+def tiny_train_deploy_params(nproc: int = 1, **blocks: dict) -> dict:
+    """A quick whole `train_deploy` (tiny model, 4 steps on ``nproc`` processes, light proofs), with ``blocks``
+    merged over its blocks."""
+    params = tiny_runtime_params()
+    params["corpus"]["encoding"]["validation_fraction"] = 0.05
+    params["training"] = {
+        "model": {"preset": "tiny"},
+        "batch": {"micro_batch_size": 4, "global_batch_size": 8, "seq_length": 32},
+        "schedule": {"max_steps": 4, "log_every": 1, "eval_every": 2, "checkpoint_every": 2},
+        "launch": {"nproc_per_node": nproc},
+    }
+    params["export"] = {"parity": {"samples": 2}, "latency": {"batch_sizes": [1], "repeats": 1, "warmup": 0}}
+    for name, values in blocks.items():
+        params[name] = {**params.get(name, {}), **values}
+    return params
 
 
 @pytest.fixture(scope="session")

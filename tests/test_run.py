@@ -9,7 +9,7 @@ import mlflow
 import pytest
 from kedro.framework.session import KedroSession
 
-from tests.conftest import TINY_SLICE, tiny_runtime_params
+from tests.conftest import TINY_SLICE, tiny_runtime_params, tiny_train_deploy_params
 from train_deploy.export import LanguageModel
 
 pytest_plugins = ["tests.mlflow_server"]
@@ -56,7 +56,7 @@ def test_train_deploy_against_a_tracking_server_puts_the_bundle_in_the_run(proje
     monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server.uri)
     for name in ("MLFLOW_TRACKING_PASSWORD", "AWS_SECRET_ACCESS_KEY"):  # credentials a scheduler would hold
         monkeypatch.setenv(name, f"canary-{name.lower()}-4f1c")
-    with KedroSession.create(project_path=project, runtime_params=_tiny_train_deploy_params()) as session:
+    with KedroSession.create(project_path=project, runtime_params=tiny_train_deploy_params(2)) as session:
         session.run(pipeline_names=["train_deploy"])
     written = [p for root in (project, mlflow_server.root) for p in root.rglob("*") if p.is_file()]
     assert any(p.name.startswith("envlog.") for p in written)  # the launcher's dump of its environment is read too
@@ -113,16 +113,3 @@ def test_train_deploy_against_a_tracking_server_puts_the_bundle_in_the_run(proje
     assert json.loads(version.tags["training.layout"])["dp"] == 2
     assert {k: str(v) for k, v in client.get_registered_model("train_deploy_lm").aliases.items()} == {"champion": "1"}
     assert f"MLflow run: {run.info.run_id}\nRegistered train_deploy_lm version 1: became champion [first]\n" in out
-
-
-def _tiny_train_deploy_params() -> dict:
-    params = tiny_runtime_params()
-    params["corpus"]["encoding"]["validation_fraction"] = 0.05
-    params["training"] = {
-        "model": {"preset": "tiny"},
-        "batch": {"micro_batch_size": 4, "global_batch_size": 8, "seq_length": 32},
-        "schedule": {"max_steps": 4, "log_every": 1, "eval_every": 2, "checkpoint_every": 2},
-        "launch": {"nproc_per_node": 2},
-    }
-    params["export"] = {"parity": {"samples": 4}, "latency": {"batch_sizes": [1], "repeats": 2}}
-    return params

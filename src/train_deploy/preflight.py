@@ -7,15 +7,15 @@ validate their own block: each can also be called alone.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
 from train_deploy.averaging.config import AveragingConfig
 from train_deploy.config import check
 from train_deploy.corpus.config import CorpusConfig
+from train_deploy.environment import scoped_environment
 from train_deploy.export.config import ExportConfig
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.training.config import TrainingConfig
@@ -103,7 +103,7 @@ def check_tracking_server(uri: str, experiment: str, credentials: Mapping[str, s
     from mlflow.utils.rest_utils import http_request
 
     shown = redact_uri(uri)
-    with _environment(credentials or {}):
+    with scoped_environment(credentials or {}):
         sent = _sent_credentials()
         try:
             response = http_request(get_default_host_creds(uri), "/api/2.0/mlflow/experiments/get-by-name", "GET",
@@ -145,18 +145,3 @@ def _cause(exc: BaseException) -> str:
         exc = exc.__cause__ or exc.__context__
     text = str(exc).strip().splitlines()
     return redact_uri(f"{type(exc).__name__}: {text[0] if text else ''}")[:200]
-
-
-@contextlib.contextmanager
-def _environment(variables: Mapping[str, str]) -> Iterator[None]:
-    """``variables`` over the process environment for a moment (kedro-mlflow exports them for good right after)."""
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update({name: str(value) for name, value in variables.items()})
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value

@@ -42,6 +42,7 @@ class ModelStore:
         tracking, registry = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
         mlflow.set_tracking_uri(self.tracking_uri)
         mlflow.set_registry_uri(self.tracking_uri)
+        mlflow.set_experiment("registry-tests")  # runs go here, not to an experiment id of another test's store
         try:
             yield
         finally:

@@ -8,14 +8,13 @@ time the configuration states, naming the server, before it has touched any alia
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
+from train_deploy.environment import scoped_environment
 from train_deploy.registry.config import RetryConfig
 from train_deploy.training.metrics import redact_uri
 
@@ -56,7 +55,7 @@ class Retrying:
         attempts = self.retries.attempts
         for attempt in range(1, attempts + 1):
             try:
-                with _one_http_try():
+                with scoped_environment(_ONE_TRY, keep_set=True):  # MLflow's client, one try
                     return call()
             except Exception as exc:
                 if not is_transient(exc):
@@ -70,16 +69,3 @@ class Retrying:
                                attempt + 1, attempts, self.retries.wait_seconds)
                 time.sleep(self.retries.wait_seconds)
         raise AssertionError("unreachable")  # the loop returns or raises
-
-
-@contextlib.contextmanager
-def _one_http_try() -> Iterator[None]:
-    """MLflow's REST client without its own retries (it reads these variables on every request)."""
-    saved = {name: os.environ.get(name) for name in _ONE_TRY}
-    os.environ.update({name: value for name, value in _ONE_TRY.items() if saved[name] is None})
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)

@@ -11,7 +11,7 @@ import pytest
 from kedro.framework.session import KedroSession
 from mlflow import MlflowClient
 
-from tests.conftest import tiny_runtime_params
+from tests.conftest import tiny_train_deploy_params
 from train_deploy.handoffs import Bundle
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.evalset import validation_texts
@@ -23,19 +23,8 @@ MODEL = RegistryConfig().model_name
 
 
 def _params(**blocks: dict) -> dict:
-    """A quick `train_deploy` (one process, 4 steps, light proofs) with ``blocks`` merged over its blocks."""
-    params = tiny_runtime_params()
-    params["corpus"]["encoding"]["validation_fraction"] = 0.05
-    params["training"] = {
-        "model": {"preset": "tiny"},
-        "batch": {"micro_batch_size": 4, "global_batch_size": 8, "seq_length": 32},
-        "schedule": {"max_steps": 4, "log_every": 1, "eval_every": 2, "checkpoint_every": 2},
-        "launch": {"nproc_per_node": 1},
-    }
-    params["export"] = {"parity": {"samples": 2}, "latency": {"batch_sizes": [1], "repeats": 1, "warmup": 0}}
-    for name, values in blocks.items():
-        params[name] = {**params.get(name, {}), **values}
-    return params
+    """A quick one-process `train_deploy` with ``blocks`` merged over its blocks."""
+    return tiny_train_deploy_params(1, **blocks)
 
 
 def _run(project: Path, params: dict, **run) -> None:
