@@ -103,6 +103,11 @@ def test_train_deploy_against_a_tracking_server_puts_the_bundle_in_the_run(proje
         encoding="utf-8")
     (score,) = LanguageModel.load(downloaded, backend="onnx").score(["今天天气很好。"])
     assert 1.0 < score.perplexity < 10 * meta["model"]["vocab_size"]
+    card = (downloaded / "MODEL_CARD.md").read_text(encoding="utf-8")
+    for picture in ("plots/training.png", "plots/latency.png"):  # in the run, and shown by the card
+        assert (downloaded / picture).read_bytes().startswith(b"\x89PNG") and f"]({picture})" in card
+    top = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"training_curves.png", "export", "registry"} <= top
     assert not (project / "mlartifacts").exists()  # nothing went to the client's disk instead
 
     # The registry ran last: version 1 of the registered model, from this run, champion as the first one.
