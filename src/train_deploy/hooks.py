@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from train_deploy.atomic import clean_leftovers, remove_leftovers
 from train_deploy.datasets import ArtifactFolderDataset, WorkFolderDataset
 from train_deploy.preflight import check_run, check_tracking
 from train_deploy.run_lock import RunConfig, RunLock
+from train_deploy.schedule import TRIGGER_VARIABLE
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +115,9 @@ class CloseMlflowRun:
     active-run stack after kedro-mlflow ends it, so a second KedroSession in the same process (a
     scheduler, a notebook, the tests) would log into the first run. A run that was already active
     before the session started is left open, as kedro-mlflow documents.
+
+    The run is also tagged with what started it: ``trigger`` = ``schedule`` for ``train-deploy schedule``
+    (which sets ``TRAIN_DEPLOY_TRIGGER``), ``manual`` otherwise.
     """
 
     def __init__(self) -> None:
@@ -122,6 +127,11 @@ class CloseMlflowRun:
     def after_context_created(self, context) -> None:
         run = mlflow.active_run()
         self._outer_run_id = run.info.run_id if run else None
+
+    @hook_impl(trylast=True)  # after kedro-mlflow has opened its run
+    def before_pipeline_run(self) -> None:
+        if mlflow.active_run() is not None:
+            mlflow.set_tag("trigger", os.environ.get(TRIGGER_VARIABLE) or "manual")
 
     @hook_impl
     def after_pipeline_run(self) -> None:
