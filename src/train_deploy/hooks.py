@@ -115,9 +115,6 @@ class CloseMlflowRun:
     active-run stack after kedro-mlflow ends it, so a second KedroSession in the same process (a
     scheduler, a notebook, the tests) would log into the first run. A run that was already active
     before the session started is left open, as kedro-mlflow documents.
-
-    The run is also tagged with what started it: ``trigger`` = ``schedule`` for ``train-deploy schedule``
-    (which sets ``TRAIN_DEPLOY_TRIGGER``), ``manual`` otherwise.
     """
 
     def __init__(self) -> None:
@@ -127,11 +124,6 @@ class CloseMlflowRun:
     def after_context_created(self, context) -> None:
         run = mlflow.active_run()
         self._outer_run_id = run.info.run_id if run else None
-
-    @hook_impl(trylast=True)  # after kedro-mlflow has opened its run
-    def before_pipeline_run(self) -> None:
-        if mlflow.active_run() is not None:
-            mlflow.set_tag("trigger", os.environ.get(TRIGGER_VARIABLE) or "manual")
 
     @hook_impl
     def after_pipeline_run(self) -> None:
@@ -144,6 +136,16 @@ class CloseMlflowRun:
     def _close(self) -> None:
         while (run := mlflow.active_run()) is not None and run.info.run_id != self._outer_run_id:
             mlflow.end_run()
+
+
+class TagTrigger:
+    """Tag the MLflow run with what started it: ``trigger`` = ``schedule`` for ``train-deploy schedule`` (which
+    sets ``TRAIN_DEPLOY_TRIGGER``), ``manual`` otherwise."""
+
+    @hook_impl(trylast=True)  # after kedro-mlflow has opened its run
+    def before_pipeline_run(self) -> None:
+        if mlflow.active_run() is not None:
+            mlflow.set_tag("trigger", os.environ.get(TRIGGER_VARIABLE) or "manual")
 
 
 class ShowBundle:

@@ -10,6 +10,7 @@ from train_deploy.hooks import (
     ProjectRunLock,
     ShowBundle,
     ShowRegistryDecision,
+    TagTrigger,
 )
 
 
@@ -20,8 +21,8 @@ def _artifact_location(tracking_uri: str) -> str | None:
 
 
 # pluggy calls the last registered first: the registry's decision is printed after the bundle, last of a run.
-HOOKS = (ProjectRunLock(), LocalMlflowStore(), CheckConfiguration(), CloseMlflowRun(), ShowRegistryDecision(),
-         ShowBundle())
+HOOKS = (ProjectRunLock(), LocalMlflowStore(), CheckConfiguration(), CloseMlflowRun(), TagTrigger(),
+         ShowRegistryDecision(), ShowBundle())
 
 # kedro-telemetry is a dependency of kedro itself; its hooks never run in this project.
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro-telemetry", "kedro-viz")
