@@ -131,6 +131,17 @@ def tiny_runtime_params() -> dict:
     }}
 
 
+def cli_params(params: dict, prefix: str = "") -> list[str]:
+    """Nested parameters as `kedro run --params` items (``corpus.reader.max_bytes=…``)."""
+    items = []
+    for key, value in params.items():
+        if isinstance(value, dict):
+            items += cli_params(value, f"{prefix}{key}.")
+        else:
+            items.append(f"{prefix}{key}={value}")
+    return items
+
+
 def tiny_train_deploy_params(nproc: int = 1, **blocks: dict) -> dict:
     """A quick whole `train_deploy` (tiny model, 4 steps on ``nproc`` processes, light proofs), with ``blocks``
     merged over its blocks."""

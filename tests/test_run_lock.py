@@ -15,7 +15,7 @@ import mlflow
 import pytest
 from kedro.framework.session import KedroSession
 
-from tests.conftest import TINY_SLICE, tiny_runtime_params
+from tests.conftest import TINY_SLICE, cli_params, tiny_runtime_params
 from train_deploy.config import ConfigError
 from train_deploy.run_lock import HOLDER_FILE, RunConfig, RunLock, RunLockHeld
 
@@ -68,14 +68,6 @@ def test_run_configuration_is_checked():
         RunConfig.from_params({"wait_timeout": 0})
 
 
-def _cli_params(params: dict, prefix: str = "") -> list[str]:
-    items = []
-    for key, value in params.items():
-        if isinstance(value, dict):
-            items += _cli_params(value, f"{prefix}{key}.")
-        else:
-            items.append(f"{prefix}{key}={value}")
-    return items
 
 
 @pytest.mark.slow
@@ -83,7 +75,7 @@ def test_two_sessions_on_one_project_one_runs_the_other_is_refused_or_waits(proj
     params = tiny_runtime_params()
     params["corpus"]["reader"]["max_bytes"] = 4 * TINY_SLICE  # a few seconds of work while holding the lock
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlruns.db'}"}
-    first = subprocess.Popen([str(KEDRO), "run", "--pipeline", "corpus", "--params", ",".join(_cli_params(params))],
+    first = subprocess.Popen([str(KEDRO), "run", "--pipeline", "corpus", "--params", ",".join(cli_params(params))],
                              cwd=project, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(lambda: (project / "data" / HOLDER_FILE).exists() or first.poll() is not None)

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from kedro.framework.session import KedroSession
 
-from tests.conftest import tiny_runtime_params
+from tests.conftest import cli_params, tiny_runtime_params
 from train_deploy.run_lock import HOLDER_FILE, RunConfig, RunLock
 
 TRAIN_DEPLOY = Path(sys.executable).parent / "train-deploy"
@@ -197,7 +197,7 @@ def test_bad_cron_expression_is_refused_naming_it(stand_in):
 
 @pytest.mark.slow
 def test_scheduled_corpus_run_and_a_manual_run_are_tagged_with_their_trigger(project, tmp_path):
-    params = ",".join(_cli_params(tiny_runtime_params()))
+    params = ",".join(cli_params(tiny_runtime_params()))
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlruns.db'}"}
     scheduled = subprocess.run([str(TRAIN_DEPLOY), "schedule", "--once", "--pipeline", "corpus", "--params", params],
                                cwd=project, env=env, capture_output=True, text=True, timeout=120)
@@ -208,13 +208,3 @@ def test_scheduled_corpus_run_and_a_manual_run_are_tagged_with_their_trigger(pro
     runs = mlflow.search_runs(experiment_names=["train_deploy"], output_format="list", order_by=["start_time ASC"])
     assert [(r.info.status, r.data.tags.get("trigger")) for r in runs] == [("FINISHED", "schedule"),
                                                                             ("FINISHED", "manual")]
-
-
-def _cli_params(params: dict, prefix: str = "") -> list[str]:
-    items = []
-    for key, value in params.items():
-        if isinstance(value, dict):
-            items += _cli_params(value, f"{prefix}{key}.")
-        else:
-            items.append(f"{prefix}{key}={value}")
-    return items
