@@ -93,6 +93,19 @@ class RunLock:
         except (OSError, ValueError, KeyError, TypeError):
             return "a run that has not described itself yet"
 
+    def held_by(self) -> str | None:
+        """Who holds the lock now (:meth:`holder`), or None when it is free; checked without keeping it."""
+        from filelock import FileLock, Timeout
+
+        self.folder.mkdir(parents=True, exist_ok=True)
+        probe = FileLock(self.path)
+        try:
+            probe.acquire(timeout=0)
+        except Timeout:
+            return self.holder()
+        probe.release()
+        return None
+
     def _describe(self, pipeline: str) -> None:
         about = {"pid": os.getpid(), "host": socket.gethostname(), "pipeline": pipeline,
                  "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}

@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train_deploy.run_lock import LOCK_FILE, RunLock
+from train_deploy.run_lock import RunLock
 
 logger = logging.getLogger(__name__)
 
@@ -75,21 +75,6 @@ def _signal_group(pgid: int, signum: int) -> bool:
         return False
 
 
-def _holder(project: Path) -> str | None:
-    """Who holds the project's run lock, or None when it is free (checked without keeping it)."""
-    from filelock import FileLock, Timeout
-
-    lock = RunLock(project / "data")
-    lock.folder.mkdir(parents=True, exist_ok=True)
-    probe = FileLock(lock.folder / LOCK_FILE)
-    try:
-        probe.acquire(timeout=0)
-    except Timeout:
-        return lock.holder()
-    probe.release()
-    return None
-
-
 def _run_once(schedule: Schedule, stop: _Stop) -> int:
     """One run of the command in its own process group; its exit code."""
     started = time.monotonic()
@@ -122,7 +107,7 @@ def _reap_group(pgid: int) -> None:
 
 def run_with_retries(schedule: Schedule, stop: _Stop) -> int:
     """A run and its retries; the last exit code (0 for a run skipped because the project is held)."""
-    holder = _holder(schedule.project)
+    holder = RunLock(schedule.project / "data").held_by()
     if holder is not None:
         logger.info("skipped: %s holds the project %s", holder, schedule.project)
         return 0
