@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -22,8 +23,13 @@ class ReaderConfig:
     paths: list[str] = field(default_factory=list)
     """Files, folders (searched recursively) or glob patterns; for `people_daily`, other files in the
     same `word/POS` format (empty: the embedded January 1998 corpus)."""
-    document_split: Literal["blank_line", "line", "file"] = "blank_line"
-    """`text` only: a document is a block between blank lines, a single line, or a whole file."""
+    document_split: Literal["blank_line", "line", "file", "separator", "wiki_extractor"] = "blank_line"
+    """`text` only: a document is a block between blank lines, a single line, a whole file, the lines between
+    two lines matching `separator`, or a `<doc …>` … `</doc>` block of WikiExtractor output (the tag lines
+    dropped, the title line kept)."""
+    separator: str | None = None
+    """`document_split: separator` only: a regular expression a whole line must match to end a document
+    (`re.fullmatch` on the line without its newline, e.g. `%` or `-{4,}`); the separator line is dropped."""
     text_field: str = "text"
     """`jsonl` only: the field holding the document text."""
     lines_per_document: int = 1
@@ -39,6 +45,21 @@ class ReaderConfig:
     chunk_bytes: int = 1024 * 1024
     """Input is cut into chunks of about this size at document boundaries; each worker encodes whole
     chunks. The output does not depend on the worker count, only on this value."""
+
+
+def _check_separator(r: ReaderConfig) -> None:
+    wanted = r.source == "text" and r.document_split == "separator"
+    check(wanted == (r.separator is not None), "corpus.reader.separator",
+          "document_split: separator needs a separator regular expression (e.g. '%')" if wanted
+          else "only document_split: separator (source: text) uses a separator; set it to null")
+    if r.separator is not None:
+        try:
+            re.compile(r.separator)
+        except re.error as exc:
+            check(False, "corpus.reader.separator", f"{r.separator!r} is not a regular expression ({exc})")
+        check(re.fullmatch(r.separator, "") is None, "corpus.reader.separator",
+              f"{r.separator!r} matches an empty line: blank lines would end documents (use document_split: "
+              "blank_line)")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -122,6 +143,7 @@ class CorpusConfig:
         r, c, t, e = self.reader, self.cleaning, self.tokenizer, self.encoding
         check(r.source == "people_daily" or bool(r.paths), "corpus.reader.paths",
               f"source {r.source!r} needs at least one file, folder or glob")
+        _check_separator(r)
         check_range("corpus.reader.lines_per_document", r.lines_per_document, 1)
         check_range("corpus.reader.max_bytes", r.max_bytes, 0, open_low=True, note="null = no limit")
         check_range("corpus.reader.max_line_bytes", r.max_line_bytes, 1024)

@@ -42,6 +42,8 @@ _POS_BATCH = 1024
 # of an empty stream; byte-aligned only at stream starts) in a multistream .bz2, a page in plain XML.
 _BZ2_STREAM = re.compile(rb"BZh[1-9](?:1AY&SY|\x17rE8P\x90)")
 _XML_PAGE = re.compile(rb"<page>")
+# WikiExtractor's output: every article between a `<doc id=… url=… title=…>` line and a `</doc>` line.
+WIKI_EXTRACTOR_SEPARATOR = r"\s*</?doc(?:\s[^>]*)?>\s*"
 
 
 class CorpusError(ValueError):
@@ -189,7 +191,9 @@ def iter_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iter
         return
     if reader.document_split != "file" and (text := _clean_chunk_text(chunk, reader)) is not None:
         lines = ((line.rstrip("\r"), 0) for line in text.split("\n"))  # the fast path: no bad input here
-    if reader.document_split == "line":
+    if reader.document_split in ("separator", "wiki_extractor"):
+        yield from _separated_documents(lines, separator_pattern(reader))
+    elif reader.document_split == "line":
         yield from (text for text, _ in lines if text.strip())
     elif reader.document_split == "file":
         doc = "".join(text + "\n" for text, _ in lines)
@@ -269,6 +273,8 @@ def _next_boundary(f: IO[bytes], target: int, reader: ReaderConfig, size: int) -
     if target >= size:
         return size
     blank_lines = reader.source == "text" and reader.document_split == "blank_line"
+    if reader.source == "text" and reader.document_split in ("separator", "wiki_extractor"):
+        return _after_separator(f, target, separator_pattern(reader), size)
     # Scan forward window by window, keeping only an unfinished run of blank lines: memory stays bounded
     # even when the target falls inside a 100 MB line.
     offset = target - 1
@@ -292,6 +298,28 @@ def _next_boundary(f: IO[bytes], target: int, reader: ReaderConfig, size: int) -
             return size
         offset += keep
         data = data[keep:]
+
+
+def separator_pattern(reader: ReaderConfig) -> re.Pattern[str]:
+    """The whole-line pattern that ends a document (``separator`` or WikiExtractor's ``<doc>`` tags)."""
+    return re.compile(WIKI_EXTRACTOR_SEPARATOR if reader.document_split == "wiki_extractor" else reader.separator)
+
+
+def _after_separator(f: IO[bytes], target: int, pattern: re.Pattern[str], size: int) -> int:
+    """The offset just after the first separator line that starts at or after ``target`` (or the end of file).
+
+    Lines are read at most ``_BLOCK`` bytes at a time: a longer piece cannot be a separator line, and memory
+    stays bounded."""
+    f.seek(target - 1)
+    at_line_start = f.read(1) == b"\n"
+    offset = target
+    while line := f.readline(_BLOCK):
+        offset += len(line)
+        whole = line.endswith(b"\n") or offset >= size
+        if at_line_start and whole and pattern.fullmatch(line.decode("utf-8", "replace").rstrip("\r\n")):
+            return min(offset, size)
+        at_line_start = line.endswith(b"\n")
+    return size
 
 
 # --- reading lines ---------------------------------------------------------------------------------
@@ -406,6 +434,21 @@ def _blank_line_documents(lines: Iterator[tuple[str, int]]) -> Iterator[str]:
             block = []
     if block:
         yield "\n".join(block)
+
+
+def _separated_documents(lines: Iterator[tuple[str, int]], pattern: re.Pattern[str]) -> Iterator[str]:
+    """The lines between separator lines (which are dropped), without leading and trailing blank lines."""
+    block: list[str] = []
+    for text, _ in itertools.chain(lines, [(None, 0)]):
+        if text is not None and not pattern.fullmatch(text):
+            block.append(text)
+            continue
+        while block and not block[-1].strip():
+            block.pop()
+        first = next((i for i, line in enumerate(block) if line.strip()), len(block))
+        if first < len(block):
+            yield "\n".join(block[first:])
+        block = []
 
 
 def _group(lines: Iterator[str], size: int) -> Iterator[str]:
