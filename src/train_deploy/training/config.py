@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from train_deploy.config import ConfigError, check, check_range, from_mapping
+from train_deploy.config import ConfigError, check, check_range, from_mapping, to_dict
 
 # Llama shapes; the vocabulary size always comes from the tokenizer.
 PRESETS: dict[str, dict[str, int]] = {
@@ -203,6 +203,24 @@ class TrainingConfig:
     @property
     def world_size(self) -> int:
         return self.launch.nproc_per_node * self.launch.nnodes
+
+    def identity(self) -> dict[str, Any]:
+        """What determines the trained weights besides the data: model shape, optimizer, global batch, sequence
+        length, precision, seed and schedule length, with defaults filled in.
+
+        Cadences and housekeeping (logging, evaluation, checkpoints, ``stop_after``, ``resume``), recompute, the
+        micro-batch, the parallel layout, the launch and the device are left out: a rerun that changes only them,
+        such as a time-boxed job continued, resumes where it stopped, on any machine, and is not a change worth
+        retraining for (``train_deploy.retrain``).
+        """
+        b, p, s = self.batch, self.precision, self.schedule
+        return {
+            "model": self.model.shape(),
+            "optimizer": to_dict(self.optimizer),
+            "batch": {"global_batch_size": b.global_batch_size, "seq_length": b.seq_length},
+            "precision": {"amp": p.amp, "dtype": p.dtype, "level": p.level} if p.amp else {"amp": False},
+            "schedule": {"max_steps": s.max_steps, "seed": s.seed},
+        }
 
 
 def _check_block(config: TrainingConfig) -> None:

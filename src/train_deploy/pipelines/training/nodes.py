@@ -7,7 +7,6 @@ import json
 import logging
 from typing import Any
 
-from train_deploy.config import to_dict
 from train_deploy.handoffs import DataSpec, RunSpec, TokenManifest, TrainingResult, WorkFolder
 from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
 from train_deploy.training.launch import run_training
@@ -32,22 +31,9 @@ def train_model(training: dict[str, Any], token_files: TokenManifest, checkpoint
 
 
 def _run_name(config: TrainingConfig, token_files: TokenManifest) -> str:
-    """The checkpoint folder's name: the token files' fingerprint and what determines the weights (model shape,
-    optimizer, global batch, sequence length, precision, seed, schedule length), with defaults filled in.
-
-    Cadences and housekeeping (logging, evaluation, checkpoints, ``stop_after``, ``resume``), recompute, the
-    micro-batch, the parallel layout, the launch and the device are left out: a rerun that changes only them,
-    such as a time-boxed job continued, resumes in the same folder, on any machine.
-    """
-    b, p, s = config.batch, config.precision, config.schedule
-    identity = {
-        "model": config.model.shape(),
-        "optimizer": to_dict(config.optimizer),
-        "batch": {"global_batch_size": b.global_batch_size, "seq_length": b.seq_length},
-        "precision": {"amp": p.amp, "dtype": p.dtype, "level": p.level} if p.amp else {"amp": False},
-        "schedule": {"max_steps": s.max_steps, "seed": s.seed},
-    }
-    digest = hashlib.blake2b(json.dumps(identity, sort_keys=True).encode(), digest_size=4).hexdigest()
+    """The checkpoint folder's name: the token files' fingerprint and what determines the weights
+    (:meth:`TrainingConfig.identity`), so a rerun that changes only cadences, layout or launch resumes in it."""
+    digest = hashlib.blake2b(json.dumps(config.identity(), sort_keys=True).encode(), digest_size=4).hexdigest()
     return f"{token_files.fingerprint[:12]}-{digest}"
 
 
