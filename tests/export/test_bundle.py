@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.conftest import publish
 from tests.export.conftest import export_into, export_params, selected
+from train_deploy.baselines import ngram_baselines
+from train_deploy.evaluation import validation_windows
+from train_deploy.export.card import model_card
 from train_deploy.export.checks import ParityError
 from train_deploy.handoffs import Bundle
+from train_deploy.pipelines.export.nodes import report_export
 from train_deploy.training.checkpoint import CheckpointError
 
 pytestmark = pytest.mark.slow
@@ -36,6 +42,38 @@ def test_bundle_holds_server_edge_tokenizer_proofs_and_card(tiny_bundle):
     card = (tiny_bundle / "MODEL_CARD.md").read_text(encoding="utf-8")
     assert "| onnx_int8 | `edge/model.int8.onnx` |" in card and "Selected because: last: test." in card
     assert "## Intended use and limits" in card
+
+
+def test_parity_and_card_carry_the_ngram_baselines_and_warn_when_the_model_loses_to_the_bigram(
+        tiny_bundle, tiny_token_files, tiny_checkpoint):
+    parity = json.loads((tiny_bundle / "parity.json").read_text(encoding="utf-8"))
+    windows = validation_windows(tiny_token_files.prefix("valid"), tiny_token_files.dtype, 32, 4)  # parity's
+    train = np.memmap(f"{tiny_token_files.prefix('train')}.bin", dtype=tiny_token_files.dtype, mode="r")
+    expected = ngram_baselines(train, windows, tiny_token_files.tokenizer.vocab_size)
+    baselines = parity["baselines"]
+    assert baselines["unigram_loss"] == pytest.approx(expected.unigram_loss, rel=1e-12)
+    assert baselines["bigram_loss"] == pytest.approx(expected.bigram_loss, rel=1e-12)
+    assert baselines["model_loss"] == pytest.approx(math.log(parity["perplexity"]["trained"]), rel=1e-9)
+    # 6 tiny steps learn less than a bigram table: the card says so at its top, with both numbers
+    assert baselines["model_loss"] > baselines["bigram_loss"] and not baselines["model_beats_bigram"]
+    card = (tiny_bundle / "MODEL_CARD.md").read_text(encoding="utf-8")
+    head = card.split("## Model", 1)[0]
+    assert "Warning: this model does not beat the bigram baseline" in head
+    assert f"{baselines['model_loss']:.4f} nats/token" in head and f"{baselines['bigram_loss']:.4f}" in head
+    assert f"unigram {baselines['unigram_loss']:.4f}" in card and "is **not below** the bigram's" in card
+    metrics = report_export(Bundle.read_folder(tiny_bundle))  # what MLflow gets, as export.<name>
+    assert metrics["baseline_bigram_loss"]["value"] == baselines["bigram_loss"]
+    assert metrics["baseline_unigram_loss"]["value"] == baselines["unigram_loss"]
+    assert metrics["model_loss"]["value"] == baselines["model_loss"]
+
+    # the same card for a model below the bigram baseline carries no warning
+    meta = json.loads((tiny_bundle / "bundle.json").read_text(encoding="utf-8"))
+    latency = json.loads((tiny_bundle / "latency.json").read_text(encoding="utf-8"))
+    state = json.loads((tiny_checkpoint / "state.json").read_text(encoding="utf-8"))
+    better = {**parity, "baselines": {**baselines, "model_loss": baselines["bigram_loss"] - 0.5,
+                                      "model_beats_bigram": True}}
+    winning = model_card(meta, state, better, latency)
+    assert "Warning" not in winning and "is below the bigram's" in winning
 
 
 def test_same_checkpoint_and_configuration_keep_the_bundle_as_a_new_linked_version(tiny_bundle, tiny_checkpoint,

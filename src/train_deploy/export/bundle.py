@@ -55,7 +55,8 @@ from train_deploy.training.checkpoint import (
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 3  # part of the reuse fingerprint; 2: the compact server graph, 3: plots (bundles of 1 and 2 still load)
+FORMAT = 4  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json
+# (bundles of 1 to 3 still load)
 
 
 def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManifest, config: ExportConfig,
@@ -122,6 +123,7 @@ def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str
     """Parity and latency of every form, the trained model (Paddle eager) as reference."""
     import paddle
 
+    from train_deploy.baselines import baselines_for
     from train_deploy.evaluation import load_model, validation_windows
 
     paddle.base.core.set_num_threads(config.server.cpu_threads)  # the eager reference gets the same threads
@@ -136,7 +138,8 @@ def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str
     seq = min(config.parity.seq_length or state["training"]["batch"]["seq_length"], context)
     windows = validation_windows(tokens.prefix("valid"), tokens.dtype, seq, config.parity.samples)
     parity = parity_report(windows, lambda ids, mask: eager_logits(trained, ids), forms, vocab, config.parity,
-                           precisions={"paddle_inference": config.server.form_precision})
+                           precisions={"paddle_inference": config.server.form_precision},
+                           baselines=baselines_for(tokens, windows))
     latency = latency_report({"paddle_eager": lambda ids, mask: eager_logits(trained, ids), **forms}, vocab,
                              context, config.latency)
     return parity, latency

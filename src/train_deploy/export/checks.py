@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -9,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from train_deploy.baselines import Baselines
 from train_deploy.export.config import LatencyConfig, ParityConfig
 from train_deploy.export.runtime import Logits, log_softmax
 
@@ -22,14 +24,16 @@ class ParityError(RuntimeError):
 
 
 def parity_report(windows: np.ndarray, reference: Logits, forms: dict[str, Logits], vocab_size: int,
-                  config: ParityConfig, precisions: dict[str, str] | None = None) -> dict[str, Any]:
+                  config: ParityConfig, precisions: dict[str, str] | None = None,
+                  baselines: Baselines | None = None) -> dict[str, Any]:
     """Compare each form's logits with ``reference`` on ``windows`` ``[n, seq + 1]``; the verdict is in the report.
 
     Each form is judged by the rule of its precision (``precisions``: ``fp32`` unless named, ``int8`` for
     ``onnx_int8``): float32 forms must match within ``max_logit_diff``; fp16 and TensorRT forms (any other
     precision) may raise the trained model's perplexity by at most ``max_fp16_perplexity_increase``, and
     their |logit| difference is only held against ``max_fp16_logit_diff`` as a warning; the int8 model's
-    perplexity may exceed ONNX fp32's by at most ``max_int8_perplexity_increase``.
+    perplexity may exceed ONNX fp32's by at most ``max_int8_perplexity_increase``. ``baselines`` (the n-gram
+    baselines of the same ``windows``) go into the report beside the trained model's loss, as information.
     """
     precisions = {name: "int8" if name == "onnx_int8" else "fp32" for name in forms} | (precisions or {})
     ids, targets = windows[:, :-1].astype(np.int64), windows[:, 1:].astype(np.int64)
@@ -55,11 +59,19 @@ def parity_report(windows: np.ndarray, reference: Logits, forms: dict[str, Logit
                    "max_fp16_perplexity_increase": config.max_fp16_perplexity_increase,
                    "max_int8_perplexity_increase": config.max_int8_perplexity_increase},
     }
+    if baselines is not None:
+        report["baselines"] = baseline_report(baselines, nll["trained"] / tokens)
     report["failures"], report["warnings"] = _judge(report, config)
     report["passed"] = not report["failures"]
     for warning in report["warnings"]:
         logger.warning("Parity: %s", warning)
     return report
+
+
+def baseline_report(baselines: Baselines, model_loss: float) -> dict[str, Any]:
+    """The n-gram baselines of the parity windows beside the trained model's loss on them (nats/token)."""
+    return {**dataclasses.asdict(baselines), "model_loss": model_loss,
+            "model_beats_bigram": baselines.beaten_by(model_loss)}
 
 
 def _judge(report: dict[str, Any], config: ParityConfig) -> tuple[list[str], list[str]]:

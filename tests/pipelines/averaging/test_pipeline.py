@@ -6,10 +6,12 @@ import dataclasses
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from kedro.io import DataCatalog, MemoryDataset
 from kedro.runner import SequentialRunner
 
+from train_deploy.baselines import ngram_baselines
 from train_deploy.datasets import ArtifactFolderDataset
 from train_deploy.evaluation import load_model, validation_loss, validation_windows
 from train_deploy.handoffs import CheckpointRef, SelectedCheckpoint
@@ -44,6 +46,10 @@ def test_averaging_pipeline_publishes_the_average_and_chooses_on_the_manifest_s_
     better = min(("last", "averaged"), key=lambda name: metrics[f"{name}_val_loss"]["value"])
     assert selected.which == better and selected.checkpoint.path == (
         tiny_run.checkpoint if better == "last" else str(tmp_path / "averaged"))
+    train = np.memmap(f"{tiny_token_files.prefix('train')}.bin", dtype=tiny_token_files.dtype, mode="r")
+    baselines = ngram_baselines(train, windows, tiny_token_files.tokenizer.vocab_size)  # the same windows
+    assert metrics["baseline_unigram_loss"]["value"] == pytest.approx(baselines.unigram_loss, rel=1e-12)
+    assert metrics["baseline_bigram_loss"]["value"] == pytest.approx(baselines.bigram_loss, rel=1e-12)
 
 
 def test_an_unchanged_average_is_kept_and_a_new_method_rebuilds_it(tmp_path, tiny_run, tiny_token_files):

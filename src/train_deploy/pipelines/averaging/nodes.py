@@ -8,6 +8,7 @@ from typing import Any
 
 from train_deploy.averaging.average import average_checkpoints, averaging_fingerprint, select_checkpoints
 from train_deploy.averaging.config import AveragingConfig
+from train_deploy.baselines import Baselines, baselines_for
 from train_deploy.datasets import FolderWork
 from train_deploy.evaluation import load_model, perplexity, validation_loss, validation_windows
 from train_deploy.handoffs import CheckpointRef, SelectedCheckpoint, TokenManifest, TrainingResult
@@ -27,7 +28,8 @@ def average(averaging: dict[str, Any], training_result: TrainingResult) -> Folde
 
 def evaluate(averaging: dict[str, Any], averaged_checkpoint: CheckpointRef, training_result: TrainingResult,
              token_files: TokenManifest) -> tuple[SelectedCheckpoint, dict[str, Any], Any]:
-    """Return the selected checkpoint, the comparison metrics and a bar plot of both perplexities.
+    """Return the selected checkpoint, the comparison metrics (with the n-gram baselines of the same windows)
+    and a bar plot of both perplexities against the bigram baseline's.
 
     Both checkpoints must be intact and trained on the corpus of ``token_files``, else it stops naming them.
     """
@@ -46,15 +48,19 @@ def evaluate(averaging: dict[str, Any], averaged_checkpoint: CheckpointRef, trai
     reason = (f"{chosen}: validation loss {losses[chosen]:.4f} vs {losses[other]:.4f}"
               + ("" if config.choose == "better" else f" (averaging.choose: {config.choose})"))
     logger.info("Selected the %s checkpoint: %s", chosen, reason)
+    baselines = baselines_for(token_files, windows)
+    (logger.info if baselines.beaten_by(losses[chosen]) else logger.warning)(
+        "Averaging, %s checkpoint: %s", chosen, baselines.describe(losses[chosen]))
     selected = SelectedCheckpoint(checkpoint=candidates[chosen], which=chosen, reason=reason,
                                   validation_loss=losses[chosen], evaluated_on_windows=len(windows))
     metrics = {f"{name}_{kind}": {"value": value, "step": 0}
                for name, loss in losses.items()
                for kind, value in (("val_loss", loss), ("perplexity", perplexity(loss)))}
-    return selected, metrics, _plot(losses)
+    metrics |= {name: {"value": value, "step": 0} for name, value in baselines.metrics().items()}
+    return selected, metrics, _plot(losses, baselines)
 
 
-def _plot(losses: dict[str, float]):
+def _plot(losses: dict[str, float], baselines: Baselines):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -63,6 +69,8 @@ def _plot(losses: dict[str, float]):
     figure, axis = plt.subplots(figsize=(4, 3))
     names = list(losses)
     axis.bar(names, [perplexity(losses[n]) for n in names], color=["#888888", "#3b7dd8"])
+    axis.axhline(perplexity(baselines.bigram_loss), color="#c0392b", linestyle="--", label="add-k bigram")
+    axis.legend(loc="lower right", fontsize="small")
     axis.set_ylabel("validation perplexity")
     axis.set_title("last vs averaged checkpoint")
     figure.tight_layout()

@@ -7,6 +7,8 @@ import json
 import logging
 from typing import Any
 
+from train_deploy.baselines import baselines_for
+from train_deploy.evaluation import validation_windows
 from train_deploy.handoffs import DataSpec, RunSpec, TokenManifest, TrainingResult, WorkFolder
 from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
 from train_deploy.training.launch import run_training
@@ -27,7 +29,24 @@ def train_model(training: dict[str, Any], token_files: TokenManifest, checkpoint
     result = run_training(config, spec, mlflow_run_id=_mlflow_run_id())
     logger.info("Training reached step %d; last checkpoint %s (validation loss %s)", result.step,
                 result.checkpoint, result.val_loss)
+    _report_baselines(result, token_files)
     return result
+
+
+def _report_baselines(result: TrainingResult, token_files: TokenManifest) -> None:
+    """Log the n-gram baselines of the windows the run evaluated beside its validation loss, and send them
+    to MLflow once (``train.baseline_unigram_loss``, ``train.baseline_bigram_loss`` at the last step)."""
+    if not result.eval_windows:
+        return
+    windows = validation_windows(token_files.prefix("valid"), token_files.dtype, result.seq_length,
+                                 result.eval_windows)
+    baselines = baselines_for(token_files, windows)
+    (logger.info if baselines.beaten_by(result.val_loss) else logger.warning)("Training: %s",
+                                                                               baselines.describe(result.val_loss))
+    import mlflow
+
+    if mlflow.active_run() is not None:
+        mlflow.log_metrics({f"train.{name}": value for name, value in baselines.metrics().items()}, step=result.step)
 
 
 def _run_name(config: TrainingConfig, token_files: TokenManifest) -> str:
