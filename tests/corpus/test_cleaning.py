@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
+from train_deploy.corpus import cleaning, native
 from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CleaningConfig
 
@@ -15,8 +17,19 @@ def clean(text: str, **options) -> str:
 
 
 def test_nfkc_folds_full_width_latin_digits_and_spaces():
-    assert clean("１９９８年　ＷＴＯ") == "1998年 WTO"
-    assert clean("１９９８年", nfkc=False) == "１９９８年"
+    assert clean("１９９８年　ＷＴＯ，好") == "1998年 WTO，好"
+    assert clean("１９９８年　ＷＴＯ，好", normalization="nfkc") == "1998年 WTO,好"
+    assert clean("１９９８年，", normalization="none") == "１９９８年，"
+
+
+def test_zh_policy_keeps_chinese_punctuation_and_folds_latin_digits_and_the_ideographic_space():
+    kept = "，：；！？（）、。《》「」【】〔〕…～［］"
+    assert clean(kept) == kept
+    assert clean("ＡＢＣ１２３　ａｂｃ") == "ABC123 abc"
+    assert clean("１．５％，ａ＋ｂ＝ｃ") == "1.5%，a+b=c"  # symbols inside numbers and formulas are folded
+    assert clean("｢引号｣､句号｡") == "「引号」、句号。"  # half-width CJK forms become the full-width ones
+    assert clean("e\u0301，e\u0301") == "é，é"  # NFKC on each side of a kept character
+    assert clean("，：；！？（）", normalization="nfkc") == ",:;!?()"
 
 
 def test_control_characters_and_ansi_escapes_are_removed():
@@ -34,16 +47,17 @@ def test_traditional_to_simplified_is_optional():
     assert clean("漢語的資訊", traditional_to_simplified=True) == "汉语的资讯"
 
 
-@pytest.mark.parametrize("flags", [(True, True, True), (True, False, True), (False, True, False), (True, True, False),
-                                   (False, False, True)])
+@pytest.mark.parametrize("flags", [("zh", True, True), ("nfkc", True, True), ("zh", False, True),
+                                   ("none", True, False), ("nfkc", True, False), ("none", False, True)])
 def test_vectorised_batch_cleaning_equals_the_regular_expression_rules(flags):
-    nfkc, control, whitespace = flags
-    cleaner = Cleaner(CleaningConfig(nfkc=nfkc, strip_control=control, normalize_whitespace=whitespace))
-    rng = random.Random(sum(flags))
+    policy, control, whitespace = flags
+    cleaner = Cleaner(CleaningConfig(normalization=policy, strip_control=control, normalize_whitespace=whitespace))
+    rng = random.Random(str(flags))
     # Characters the tables handle, and ones that send a document to the exact slow path.
-    simple = list("中文，。（）ＡＢ１２ \t\n\r\u3000\xa0\x0b\x0c\x1c\x85\u2028\u2029\u200b\ufeff\x00\x07\x7f"
+    simple = list("中文，。（）：；！？、…～＂［］｛｝％．＋｡｢､〶〸ＡＢ１２"
+                  " \t\n\r\u3000\xa0\x0b\x0c\x1c\x85\u2028\u2029\u200b\ufeff\x00\x07\x7f"
                   "\x9f①\ue001abc…℃Ⅱ⑵㎏¼‥㍻") + ["\r\n", "\n\n\n", "  ", " \n \n "]
-    tricky = list("e\u0301\u1100\u1161가ﬁ㈱😀𝐀")
+    tricky = list("e\u0301\u1100\u1161가ﬁ㈱😀𝐀\u302a\u3099")
 
     def doc() -> str:
         chars = [rng.choice(simple) for _ in range(rng.randrange(0, 40))]
@@ -64,9 +78,10 @@ def people_daily_docs() -> list[str]:
     return strip_pos_tags(people_daily_path().read_text(encoding="utf-8").splitlines()[:3000])
 
 
-def test_every_bmp_character_cleans_alike_in_batch_and_alone_between_neighbours():
-    cleaner = Cleaner(CleaningConfig())
-    docs = [f"中{chr(cp)}a{chr(cp)}{chr(cp)} 1" for cp in range(0x10000) if not 0xD800 <= cp < 0xE000]
+@pytest.mark.parametrize("policy", ["zh", "nfkc"])
+def test_every_bmp_character_cleans_alike_in_batch_and_alone_between_neighbours(policy):
+    cleaner = Cleaner(CleaningConfig(normalization=policy))
+    docs = [f"中{chr(cp)}a{chr(cp)}{chr(cp)}，1" for cp in range(0x10000) if not 0xD800 <= cp < 0xE000]
     assert cleaner.clean_batch(docs) == [cleaner.clean_one(d) for d in docs]
 
 
@@ -99,3 +114,25 @@ def test_unicode_tables_are_built_once_per_machine_and_rebuilt_from_a_bad_cache(
         assert same(tables())
     finally:
         cleaning._tables.cache_clear()
+
+
+@pytest.mark.skipif(native.compiled is None, reason="the C kernels were not built here")
+@pytest.mark.parametrize("policy", ["zh", "nfkc"])
+def test_compiled_folding_equals_numpy_under_each_policy_on_every_bmp_character_and_beyond(policy):
+    codes = np.concatenate([np.arange(0x10000, dtype=np.uint32), np.array([0x1F600, 0x10FFFF, 0xFF0C], np.uint32)])
+    codes = np.concatenate([codes, np.random.default_rng(1).permutation(codes)])
+    folded, unsafe = native.compiled.nfkc_fold(codes, *cleaning._nfkc_tables(policy))
+    expected, expected_unsafe = cleaning.nfkc_fold_numpy(codes, policy)
+    assert np.frombuffer(folded, np.uint32).tolist() == expected.tolist()
+    assert np.frombuffer(unsafe, np.int64).tolist() == expected_unsafe.tolist()
+    punctuation = np.array([ord(ch) for ch in "，（…"], np.uint32)
+    kept = np.frombuffer(native.compiled.nfkc_fold(punctuation, *cleaning._nfkc_tables(policy))[0], np.uint32)
+    assert kept.tolist() == (punctuation.tolist() if policy == "zh" else [ord(ch) for ch in ",(..."])
+
+
+@pytest.mark.parametrize("policy", ["zh", "nfkc"])
+def test_normalisation_is_idempotent_on_the_corpus_and_on_every_bmp_character(policy):
+    texts = people_daily_docs()[:500] + [f"中{chr(cp)}，{chr(cp)}a" for cp in range(0x10000)
+                                         if not 0xD800 <= cp < 0xE000]
+    once = [cleaning.normalize(text, policy) for text in texts]
+    assert [cleaning.normalize(text, policy) for text in once] == once

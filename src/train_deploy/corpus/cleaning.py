@@ -1,11 +1,34 @@
-"""Document cleaning: NFKC, control and ANSI removal, whitespace normalisation, optional t2s.
+"""Document cleaning: Unicode normalisation, control and ANSI removal, whitespace normalisation, optional t2s.
 
 Cleaning runs on batches: the documents are joined with a separator and every rule is a vectorised
 pass over the UTF-32 code points of the joined text. NFKC is a table lookup for characters whose NFKC
-form is one to four characters (``…`` → ``...``) that cannot interact with their neighbours (no combining
+form is one to four characters (``℃`` → ``°C``) that cannot interact with their neighbours (no combining
 marks, no canonical composition partners); a document holding any other character, or an ANSI escape, is cleaned by
 ``Cleaner.clean_one``, the same rules as regular expressions and ``unicodedata.normalize``. Both paths
 give identical results (tested).
+
+Normalisation policies (``corpus.cleaning.normalization``, :func:`normalize`):
+
+- ``nfkc``: Unicode NFKC.
+- ``zh`` (default): NFKC, except that the punctuation of Chinese text is kept as written. The text is cut at
+  every kept character, each piece between them is NFKC-normalised, and the kept characters stay. Kept
+  (:data:`ZH_KEPT`):
+
+  * the CJK Symbols and Punctuation block U+3001–U+303F (``、。〈〉《》「」『』【】〔〕〖〗〜〃`` …; NFKC changes
+    only 〶 and the Hangzhou numerals 〸〹〺 there), except the ideographic tone marks U+302A–U+302F, which
+    are combining marks NFKC leaves alone (they keep NFKC's canonical ordering);
+  * the full-width punctuation of Chinese prose: ``！＂＇（），：；？［］｛｝～｟｠``;
+  * the ellipsis ``…`` U+2026 (the Chinese 省略号 is ``……``; NFKC would write ``......``).
+
+  Still folded as NFKC does: full-width Latin letters and digits (``ＡＢＣ１２３`` → ``ABC123``), the ideographic
+  space U+3000 (→ a space, then whitespace normalisation), the full-width symbols that sit inside numbers,
+  code and formulas (``＃＄％＆＊＋－．／＜＝＞＠＼＾＿｀｜`` → ASCII, so ``１．５％`` → ``1.5%``, not ``1．5％``),
+  the half-width CJK forms (``｡｢｣､･`` → ``。「」、・``), and the small and vertical presentation forms
+  U+FE10–FE19, U+FE30–FE6B (``﹐`` → ``,``) as NFKC maps them.
+- ``none``: no normalisation.
+
+The tokenizer trained on the corpus carries the same policy as SentencePiece normalisation rules
+(:func:`normalization_rules`), so new text is folded like the corpus wherever the tokenizer is used.
 """
 
 from __future__ import annotations
@@ -15,6 +38,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -33,6 +57,23 @@ _SPACES = re.compile(r"[^\S\n]+")
 _LINE_BREAKS = re.compile(r" ?\n(?: ?\n)* ?")
 # Joins the documents of a batch: a private-use character, untouched by every rule above.
 _SEPARATOR = "\ue000"
+
+Normalization = Literal["zh", "nfkc", "none"]
+ZH_KEPT = ("".join(chr(cp) for cp in range(0x3001, 0x3040) if not 0x302A <= cp <= 0x302F)
+           + "！＂＇（），：；？［］｛｝～｟｠…")
+"""What the ``zh`` policy keeps as written (see the module docstring): none of them is a combining mark."""
+_ZH_KEPT_RUNS = re.compile(f"([{re.escape(ZH_KEPT)}]+)")
+
+
+def normalize(text: str, policy: Normalization) -> str:
+    """``text`` under a normalisation policy: the reference for the tables and the tokenizer's rules."""
+    if policy == "none" or text.isascii():
+        return text
+    if policy == "nfkc":
+        return unicodedata.normalize("NFKC", text)
+    pieces = _ZH_KEPT_RUNS.split(text)  # odd places: runs of kept characters
+    pieces[::2] = [unicodedata.normalize("NFKC", piece) for piece in pieces[::2]]
+    return "".join(pieces)
 
 
 class Cleaner:
@@ -61,9 +102,9 @@ class Cleaner:
             return [self.clean_one(text) for text in texts]
         codes = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32)
         slow: np.ndarray = np.zeros(0, dtype=np.int64)
-        if c.nfkc:
+        if c.normalization != "none":
             original = codes
-            codes, unsafe = _nfkc_fold(codes)
+            codes, unsafe = _nfkc_fold(codes, c.normalization)
             if len(unsafe):  # indices into the original codes: the documents that hold them
                 slow = np.unique(np.searchsorted(np.flatnonzero(original == ord(_SEPARATOR)), unsafe))
         codes = _clean_codes(codes, strip_control=c.strip_control, normalize_whitespace=c.normalize_whitespace)
@@ -79,8 +120,7 @@ class Cleaner:
     def clean_one(self, text: str) -> str:
         """The cleaning rules as regular expressions, one document: the reference for ``clean_batch``."""
         c = self.config
-        if c.nfkc:
-            text = unicodedata.normalize("NFKC", text)
+        text = normalize(text, c.normalization)
         if c.strip_control or c.normalize_whitespace:
             text = _NEWLINES.sub("\n", text)
         if c.strip_control:
@@ -95,7 +135,7 @@ class Cleaner:
 
 
 def _clean_codes(codes: np.ndarray, *, strip_control: bool, normalize_whitespace: bool) -> np.ndarray:
-    """The regular-expression rules of :meth:`Cleaner.clean_one` (after NFKC) on code points."""
+    """The regular-expression rules of :meth:`Cleaner.clean_one` (after normalisation) on code points."""
     if compiled is None:
         return clean_codes_numpy(codes, strip_control=strip_control, normalize_whitespace=normalize_whitespace)
     control, space = _class_tables()
@@ -141,11 +181,19 @@ def _class_tables() -> tuple[np.ndarray, np.ndarray]:
     return tables["control"], tables["space"]
 
 
-def _nfkc_tables() -> tuple[np.ndarray, np.ndarray]:
-    """For each BMP code point, its NFKC form when it may be normalised on its own: ``mapping[j]`` is the
-    j-th character, ``lengths`` how many (0: it may not; its document takes the exact slow path)."""
+@functools.cache
+def _nfkc_tables(policy: Normalization = "nfkc") -> tuple[np.ndarray, np.ndarray]:
+    """For each BMP code point, its form under ``policy`` (``nfkc`` or ``zh``) when it may be normalised on its
+    own: ``mapping[j]`` is the j-th character, ``lengths`` how many (0: it may not; its document takes the
+    exact slow path). ``zh`` is the NFKC tables with each kept character mapped to itself: the text between
+    kept characters is NFKC-normalised piece by piece, so a kept character never interacts with a neighbour."""
     tables = _tables()
-    return tables["mapping"], tables["lengths"]
+    mapping, lengths = tables["mapping"], tables["lengths"]
+    if policy == "zh":
+        kept = np.array([ord(ch) for ch in ZH_KEPT], dtype=np.int64)
+        mapping, lengths = mapping.copy(), lengths.copy()
+        mapping[0, kept], lengths[kept] = kept, 1
+    return mapping, lengths
 
 
 _MAX_EXPANSION = 4  # longer NFKC forms (a few Arabic ligatures) take the slow path
@@ -208,18 +256,19 @@ def _build_nfkc_tables() -> tuple[np.ndarray, np.ndarray]:
     return mapping, lengths
 
 
-def _nfkc_fold(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Table NFKC of ``codes``, and the indices of the code points the tables cannot fold alone."""
-    mapping, lengths = _nfkc_tables()
+def _nfkc_fold(codes: np.ndarray, policy: Normalization = "nfkc") -> tuple[np.ndarray, np.ndarray]:
+    """Table normalisation of ``codes`` under ``policy`` (``nfkc`` or ``zh``), and the indices of the code points
+    the tables cannot fold alone. The kernel is the same for both: the policy is in the tables."""
+    mapping, lengths = _nfkc_tables(policy)
     if compiled is not None:
         folded, unsafe = compiled.nfkc_fold(codes, mapping, lengths)
         return np.frombuffer(folded, dtype=np.uint32), np.frombuffer(unsafe, dtype=np.int64)
-    return nfkc_fold_numpy(codes)
+    return nfkc_fold_numpy(codes, policy)
 
 
-def nfkc_fold_numpy(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def nfkc_fold_numpy(codes: np.ndarray, policy: Normalization = "nfkc") -> tuple[np.ndarray, np.ndarray]:
     """The numpy version of :func:`_nfkc_fold`: the reference the compiled kernel is tested against."""
-    mapping, lengths = _nfkc_tables()
+    mapping, lengths = _nfkc_tables(policy)
     bmp = np.minimum(codes, 0xFFFF)
     count = np.where(codes <= 0xFFFF, lengths[bmp], 0)
     return _expand(codes, bmp, count, mapping), np.flatnonzero(count == 0)

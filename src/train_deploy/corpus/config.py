@@ -66,8 +66,11 @@ def _check_separator(r: ReaderConfig) -> None:
 class CleaningConfig:
     """Text normalisation and document filters, applied in this order."""
 
-    nfkc: bool = True
-    """Unicode NFKC (full-width Latin and digits become ASCII, compatibility forms are folded)."""
+    normalization: Literal["zh", "nfkc", "none"] = "zh"
+    """`zh`: Unicode NFKC (full-width Latin, digits and the ideographic space become ASCII, compatibility
+    forms are folded) that keeps Chinese punctuation as written (`，：；！？（）`, `、。《》…`: the exact set
+    is in corpus/cleaning.py); `nfkc`: plain NFKC; `none`: as read. A trained tokenizer applies the same
+    policy to new text."""
     strip_control: bool = True
     """Remove ANSI escape sequences, control and zero-width characters (tabs and newlines are kept)."""
     normalize_whitespace: bool = True
