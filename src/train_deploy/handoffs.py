@@ -197,6 +197,38 @@ class DataSpec:
 
 
 @dataclass(kw_only=True, slots=True)
+class InitSource:
+    """Where training starts (``training.init_from``), resolved before the corpus stage, which takes the
+    tokenizer from it; the training workers load its weights."""
+
+    requested: str
+    """``training.init_from`` as configured: ``scratch``, ``champion`` or a folder."""
+    path: str = ""
+    """The PaddleNLP model folder (``save_pretrained`` layout) whose weights and tokenizer are used; empty for
+    scratch."""
+    hash: str = ""
+    """Content hash of that folder (its files, not its path)."""
+    tokenizer_path: str = ""
+    """The folder's tokenizer files alone, for the corpus stage (``corpus.tokenizer.mode: load`` from it)."""
+    shape: dict[str, Any] = field(default_factory=dict)
+    """The model configuration keys taken from the folder's ``config.json`` (the preset is ignored)."""
+    champion_version: str = ""
+    """``champion``: the registered version the weights come from."""
+    reason: str = ""
+    """Why a ``champion`` start fell back to scratch (no champion, another tokenizer configuration)."""
+    tokenizer_config_fingerprint: str
+    """Digest of this run's cleaning and tokenizer configuration (not its inputs): compared with the champion's
+    version tag of the same name."""
+
+    @property
+    def started_from(self) -> str:
+        """``scratch``, ``champion`` or ``folder``: what the weights really start from."""
+        if not self.path:
+            return "scratch"
+        return "champion" if self.requested == "champion" else "folder"
+
+
+@dataclass(kw_only=True, slots=True)
 class RunSpec:
     """Everything a worker needs: written by the training node as ``run.json``, read by every rank."""
 
@@ -210,6 +242,9 @@ class RunSpec:
     logs: str
     """The launcher's log folder (``node<R>/workerlog.<rank>``), the metrics and the result; readable by its
     owner only. Nothing here names the MLflow run: the training node sends the metrics there itself."""
+    init: InitSource | None = None
+    """The weights every rank loads before parallelising (None or no ``path``: from scratch); a resumed run's own
+    checkpoint wins over them."""
 
     @property
     def metrics_path(self) -> Path:
@@ -240,6 +275,14 @@ class TrainingResult:
     """Validation windows every evaluation of this run used (the first ones of the split)."""
     parameters: int
     layout: dict[str, int]
+    init_from: str = "scratch"
+    """What the weights started from: ``scratch``, ``champion`` or ``folder`` (``training.init_from``)."""
+    init_from_hash: str = ""
+    """Content hash of the model folder the weights started from."""
+    init_from_reason: str = ""
+    """Why ``init_from: champion`` fell back to scratch."""
+    tokenizer_config_fingerprint: str = ""
+    """The run's cleaning and tokenizer configuration digest (:class:`InitSource`), tagged on the version."""
 
 
 # --- averaging ---------------------------------------------------------------------------------------

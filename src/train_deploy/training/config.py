@@ -193,6 +193,13 @@ class TrainingConfig:
     """Hardware (`training.device`)."""
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     """Processes and nodes (`training.launch`)."""
+    init_from: str = "scratch"
+    """Where the weights start: `scratch` (random, seeded); `champion` (the registered champion's weights and
+    tokenizer; scratch when there is none or the tokenizer configuration changed); or a local folder holding a
+    PaddleNLP Llama-family causal LM saved by `save_pretrained(folder, safe_serialization=True)` with its
+    tokenizer: the corpus stage encodes with that tokenizer and the shape comes from its config.json (`model` is
+    ignored). Weights only: the optimizer and the schedule, warm-up included, start afresh
+    (``train_deploy.training.pretrained``)."""
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> TrainingConfig:
@@ -206,20 +213,26 @@ class TrainingConfig:
 
     def identity(self) -> dict[str, Any]:
         """What determines the trained weights besides the data: model shape, optimizer, global batch, sequence
-        length, precision, seed and schedule length, with defaults filled in.
+        length, precision, seed and schedule length, with defaults filled in; and a warm start's source
+        (``champion``, or a folder by its content hash, not its path, standing for the shape too).
 
         Cadences and housekeeping (logging, evaluation, checkpoints, ``stop_after``, ``resume``), recompute, the
         micro-batch, the parallel layout, the launch and the device are left out: a rerun that changes only them,
         such as a time-boxed job continued, resumes where it stopped, on any machine, and is not a change worth
         retraining for (``train_deploy.retrain``).
         """
+        from train_deploy.training.pretrained import init_identity
+
         b, p, s = self.batch, self.precision, self.schedule
+        start = init_identity(self.init_from)
         return {
-            "model": self.model.shape(),
+            # a folder's config.json gives the shape, and its content hash names it with the weights
+            "model": {"init_from": start} if start.startswith("folder:") else self.model.shape(),
             "optimizer": to_dict(self.optimizer),
             "batch": {"global_batch_size": b.global_batch_size, "seq_length": b.seq_length},
             "precision": {"amp": p.amp, "dtype": p.dtype, "level": p.level} if p.amp else {"amp": False},
             "schedule": {"max_steps": s.max_steps, "seed": s.seed},
+            **({} if start == "scratch" else {"init_from": start}),
         }
 
 
@@ -239,6 +252,7 @@ def _check_block(config: TrainingConfig) -> None:
         check(value != -1 or inferred is None, f"training.parallel.{key}",
               f"only one of dp, mp, pp may be -1 (inferred from the world size); {inferred} is -1 already")
         inferred = key if value == -1 else inferred
+    check(bool(str(config.init_from).strip()), "training.init_from", "must be scratch, champion or a model folder")
     check(p.sharding_stage in (0, 1, 2, 3), "training.parallel.sharding_stage", "must be 0, 1, 2 or 3")
     check(p.pp == 1, "training.parallel.pp", PIPELINE_UNSUPPORTED)
     check_range("training.batch.micro_batch_size", b.micro_batch_size, 1)

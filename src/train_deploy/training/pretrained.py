@@ -1,0 +1,226 @@
+"""Warm starts (``training.init_from``): a PaddleNLP Llama model folder, or the registered champion's bundle.
+
+A model folder is what ``LlamaForCausalLM.save_pretrained(folder, safe_serialization=True)`` writes, plus a
+tokenizer saved beside it::
+
+    config.json                       the LlamaConfig: the model shape comes from here (the preset is ignored)
+    model.safetensors                 the weights (or model-0000x-of-0000n.safetensors + model.safetensors.index.json)
+    tokenizer_config.json, …          the tokenizer: the corpus stage encodes with it
+
+Only safetensors are read: ``model_state.pdparams`` is a pickle, which could run code when loaded. The weights
+have the structured names of PaddleNLP's ``LlamaForCausalLM``, which are those of ``LlamaForCausalLMNet`` the
+workers train. ``init_from: champion`` downloads the champion's bundle, whose ``pretrained/`` folder has this
+layout (``train_deploy.export.bundle``), and uses it as any other folder. Warm starts load weights only: the
+optimizer and the learning-rate schedule (with its warm-up) start afresh.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from train_deploy.config import ConfigError
+from train_deploy.handoffs import InitSource
+
+logger = logging.getLogger(__name__)
+
+SCRATCH, CHAMPION = "scratch", "champion"
+CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX = "config.json", "model.safetensors", "model.safetensors.index.json"
+PICKLED_WEIGHTS = ("model_state.pdparams", "pytorch_model.bin")
+CONFIG_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+               "num_key_value_heads", "max_position_embeddings", "rms_norm_eps", "rope_theta", "tie_word_embeddings")
+"""What is taken from ``config.json``: the shape and every setting that changes what the weights compute."""
+SHAPE_KEYS = CONFIG_KEYS[1:7]
+"""Required in ``config.json``: the keys of a preset."""
+TOKENIZER_TAG = "tokenizer.config_fingerprint"
+"""The version tag holding :func:`tokenizer_config_fingerprint` of the run that trained it."""
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of ``folder`` (one, or the shards its index names); refuse pickled weights."""
+    folder = Path(folder)
+    index = folder / WEIGHTS_INDEX
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ConfigError(f"{index}: not a safetensors index ({exc!r})") from None
+        missing = [name for name in names if not (folder / name).is_file()]
+        if missing:
+            raise ConfigError(f"{index}: names {missing[0]}, which is not in {folder}")
+        return [folder / name for name in names]
+    if (folder / WEIGHTS_FILE).is_file():
+        return [folder / WEIGHTS_FILE]
+    pickled = [name for name in PICKLED_WEIGHTS if (folder / name).is_file()]
+    if pickled:
+        raise ConfigError(f"{folder / pickled[0]}: pickled weights are not loaded (a pickle can run code); re-save "
+                          "the model with save_pretrained(folder, safe_serialization=True) (training.init_from)")
+    raise ConfigError(f"{folder}: no {WEIGHTS_FILE} nor {WEIGHTS_INDEX}; save the model with "
+                      "save_pretrained(folder, safe_serialization=True) (training.init_from)")
+
+
+def model_config(folder: Path) -> dict[str, Any]:
+    """The :data:`CONFIG_KEYS` of ``folder``'s ``config.json``, checked to describe a Llama-family model."""
+    path = Path(folder) / CONFIG_FILE
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: missing; training.init_from needs a folder written by save_pretrained") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: not a JSON object")
+    family = str(config.get("model_type", "")) + " ".join(map(str, config.get("architectures") or []))
+    if "llama" not in family.lower():
+        raise ConfigError(f"{path}: model_type {config.get('model_type')!r} is not a Llama-family causal LM, the "
+                          "only kind train_deploy trains")
+    for key in ("vocab_size", *SHAPE_KEYS):
+        value = config.get(key)
+        if type(value) is not int or value < 1:
+            raise ConfigError(f"{path}: {key} must be a positive integer (got {value!r})")
+    return {key: config[key] for key in CONFIG_KEYS if key in config}
+
+
+def folder_hash(folder: Path) -> str:
+    """Content hash of every file of ``folder`` (names and bytes), remembered while no file changes."""
+    folder = Path(folder).resolve()
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: training.init_from is not scratch, champion nor a folder")
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    return _hash(folder, tuple((p.relative_to(folder).as_posix(), p.stat().st_size, p.stat().st_mtime_ns)
+                               for p in files))
+
+
+@functools.lru_cache(maxsize=8)
+def _hash(folder: Path, files: tuple[tuple[str, int, int], ...]) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for name, _, _ in files:
+        digest.update(name.encode() + b"\0")
+        with open(folder / name, "rb") as f:
+            while block := f.read(1 << 24):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def init_identity(init_from: str) -> str:
+    """What ``init_from`` contributes to a run's identity: the word, or a folder's content hash."""
+    return init_from if init_from in (SCRATCH, CHAMPION) else f"folder:{folder_hash(Path(init_from))}"
+
+
+def copy_tokenizer(folder: Path, target: Path) -> Path:
+    """``target`` holding ``folder``'s files but its weights (the tokenizer and configuration), made once."""
+    if not target.is_dir():
+        staging = target.with_name(f".{target.name}.tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(folder, staging, ignore=shutil.ignore_patterns("*.safetensors", WEIGHTS_INDEX,
+                                                                       *PICKLED_WEIGHTS))
+        staging.rename(target)
+    return target
+
+
+def tokenizer_config_fingerprint(corpus_config) -> str:
+    """Digest of what makes a tokenizer besides the text: the cleaning and the tokenizer block (threads aside).
+    Equal to the champion's tag: the champion's tokenizer is the one this configuration asks for."""
+    tokenizer = {k: v for k, v in asdict(corpus_config.tokenizer).items() if k != "num_threads"}
+    payload = {"cleaning": asdict(corpus_config.cleaning), "tokenizer": tokenizer}
+    return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()
+
+
+def load_pretrained_weights(model, folder: Path) -> None:
+    """Set every parameter of ``model`` (built, not yet parallelised) from ``folder``'s safetensors, cast to the
+    model's dtypes; a missing tensor or another shape is refused naming the file and the tensor."""
+    from train_deploy.training.checkpoint import CheckpointError, read_tensors
+
+    expected = dict(model.state_dict())
+    weights: dict[str, Any] = {}
+    files = weight_files(folder)
+    for path in files:
+        weights.update({name: tensor for name, tensor in read_tensors(path).items() if name in expected})
+    where = files[0] if len(files) == 1 else Path(folder) / WEIGHTS_INDEX
+    for name, target in expected.items():
+        if name not in weights:
+            raise CheckpointError(f"{where}: no tensor {name!r}, which {type(model).__name__} needs "
+                                  "(training.init_from)")
+        if list(weights[name].shape) != list(target.shape):
+            raise CheckpointError(f"{where}: {name!r} has shape {list(weights[name].shape)}, the model built from "
+                                  f"its config.json needs {list(target.shape)}")
+    model.set_state_dict({name: weights[name].astype(target.dtype) for name, target in expected.items()})
+
+
+# --- resolving training.init_from ------------------------------------------------------------------
+
+
+def resolve_init_source(init_from: str, corpus_config, model_name: str, cache: Path) -> InitSource:
+    """Where this run's weights and tokenizer come from: nothing (scratch), a model folder, or the champion's
+    ``pretrained/`` downloaded into ``cache``; the champion falls back to scratch, with the reason, when there is
+    none or its tokenizer configuration differs."""
+    fingerprint = tokenizer_config_fingerprint(corpus_config)
+    if init_from == SCRATCH:
+        return InitSource(requested=init_from, tokenizer_config_fingerprint=fingerprint)
+    if init_from == CHAMPION:
+        folder, version, reason = champion_folder(model_name, fingerprint, Path(cache))
+        if folder is None:
+            logger.warning("training.init_from: champion: starting from scratch: %s", reason)
+            return InitSource(requested=init_from, reason=reason, tokenizer_config_fingerprint=fingerprint)
+        source = folder_source(folder, init_from, fingerprint, Path(cache))
+        source.champion_version = version
+        return source
+    return folder_source(Path(init_from).expanduser().resolve(), init_from, fingerprint, Path(cache))
+
+
+def folder_source(folder: Path, requested: str, fingerprint: str, cache: Path) -> InitSource:
+    """A model folder checked (configuration, safetensors weights, tokenizer) and hashed; its tokenizer copied
+    alone under ``cache`` for the corpus stage."""
+    digest = folder_hash(folder)
+    shape = model_config(folder)
+    weight_files(folder)
+    if not (folder / "tokenizer_config.json").is_file():
+        raise ConfigError(f"{folder}: no tokenizer_config.json; save the model's tokenizer beside it with "
+                          "tokenizer.save_pretrained(folder) (training.init_from)")
+    tokenizer = copy_tokenizer(folder, cache / "tokenizers" / digest)
+    logger.info("Starting from %s (content hash %s): its weights, its tokenizer and its config.json's shape", folder,
+                digest[:12])
+    return InitSource(requested=requested, path=str(folder), hash=digest, tokenizer_path=str(tokenizer), shape=shape,
+                      tokenizer_config_fingerprint=fingerprint)
+
+
+def champion_folder(model_name: str, fingerprint: str, cache: Path) -> tuple[Path | None, str, str]:
+    """The champion version's ``pretrained/`` folder, downloaded once into ``cache``, and its version; or None
+    and why the run starts from scratch."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from train_deploy.registry.history import CHAMPION as ALIAS
+    from train_deploy.registry.history import alias_version
+
+    client = MlflowClient()
+    version = alias_version(client, model_name, ALIAS)
+    if version is None:
+        return None, "", f"registered model {model_name} has no {ALIAS} yet"
+    tags = client.get_model_version(model_name, version).tags
+    if tags.get(TOKENIZER_TAG) != fingerprint:
+        return None, version, (f"the tokenizer configuration (corpus.cleaning and corpus.tokenizer) is not the one "
+                               f"{ALIAS} version {version} was trained with ({TOKENIZER_TAG} "
+                               f"{tags.get(TOKENIZER_TAG, 'missing')}, this run {fingerprint})")
+    target = cache / "champion" / f"{model_name}-v{version}"
+    if not (target / CONFIG_FILE).is_file():
+        staging = target.with_name(f".{target.name}.tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            downloaded = mlflow.artifacts.download_artifacts(
+                artifact_uri=f"models:/{model_name}/{version}/artifacts/bundle/pretrained", dst_path=str(staging))
+        except mlflow.exceptions.MlflowException as exc:
+            shutil.rmtree(staging, ignore_errors=True)
+            return None, version, (f"{ALIAS} version {version}'s bundle has no pretrained/ folder (exported before "
+                                   f"train_deploy wrote one?): {exc.message.splitlines()[0]}")
+        shutil.rmtree(target, ignore_errors=True)
+        Path(downloaded).rename(target)
+        shutil.rmtree(staging, ignore_errors=True)
+        logger.info("Downloaded %s version %s's pretrained/ into %s", model_name, version, target)
+    return target, version, ""
