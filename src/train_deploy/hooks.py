@@ -149,20 +149,61 @@ class TagTrigger:
 
 
 class ShowBundle:
-    """After a run that exported a bundle, print where it is and how to load it (plain text, unwrapped)."""
+    """After a run that exported a bundle, print where it is, its validation loss beside the n-gram baselines and
+    how to load it, with a sample that continues the start of a validation document (plain text, unwrapped)."""
 
     @hook_impl
     def after_pipeline_run(self, pipeline, catalog) -> None:
         if "export_bundle" not in pipeline.all_outputs():
             return
-        folder = catalog.load("export_bundle").path
+        bundle = catalog.load("export_bundle")
+        folder, baselines = bundle.path, bundle.parity.get("baselines")
+        prompt, sample = _validation_sample(folder, catalog.load("token_files"))
+        call = (f"model.generate({prompt!r}, max_new_tokens={SAMPLE_TOKENS}, temperature={SAMPLE_TEMPERATURE}, "
+                f"top_k={SAMPLE_TOP_K}, seed=0)")
         sys.stdout.write(
             f"\nExported bundle: {folder}\n"
             f"  model card: {folder}/MODEL_CARD.md\n"
-            "  load it (Paddle Inference; backend='onnx', int8=True for the edge model):\n"
+            + (f"  {_baseline_line(baselines)}\n" if baselines else "")
+            + "  load it (Paddle Inference; backend='onnx', int8=True for the edge model):\n"
             "    from train_deploy.export import LanguageModel\n"
             f"    model = LanguageModel.load({folder!r})\n"
-            "    print(model.generate('中国', max_new_tokens=20, temperature=0))\n")
+            f"    print({call})\n"
+            + (f"  which printed: {prompt}|{sample}\n" if sample is not None else ""))
+
+
+SAMPLE_TOKENS, SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 30, 0.8, 20
+"""The end-of-run sample: a little sampling (greedy decoding of a small model repeats itself), a fixed seed."""
+PROMPT_TOKENS = 8
+"""The prompt: at most this many tokens of the first validation document (at most half of it)."""
+
+
+def _baseline_line(baselines: dict) -> str:
+    from train_deploy.baselines import Baselines
+
+    fields = {name: baselines[name] for name in Baselines.__slots__}
+    return "validation (parity windows): " + Baselines(**fields).describe(baselines["model_loss"])
+
+
+def _validation_sample(folder: str, tokens) -> tuple[str, str | None]:
+    """The start of the first validation document, decoded, and the bundle's sampled continuation of it (None,
+    with a warning, when the bundle cannot generate here)."""
+    import numpy as np
+
+    from train_deploy.export import LanguageModel
+
+    try:
+        valid = np.memmap(f"{tokens.prefix('valid')}.bin", dtype=np.dtype(tokens.dtype), mode="r")
+        ends = np.flatnonzero(np.asarray(valid[:4096]) == tokens.tokenizer.eos_id)
+        document = np.asarray(valid[: ends[0] if len(ends) else min(len(valid), 4096)], dtype=np.int64)
+        model = LanguageModel.load(folder)
+        prompt = model.tokenizer.decode(document[: max(1, min(PROMPT_TOKENS, len(document) // 2))].tolist())
+        prompt = prompt if prompt.strip() else "中国"
+        return prompt, model.generate(prompt, max_new_tokens=SAMPLE_TOKENS, temperature=SAMPLE_TEMPERATURE,
+                                      top_k=SAMPLE_TOP_K, seed=0)
+    except Exception as exc:  # a hint must not fail a run that has finished
+        logger.warning("No sample from %s: %s", folder, exc)
+        return "中国", None
 
 
 class ShowRegistryDecision:
