@@ -41,7 +41,12 @@ ACCEPTED: dict[str, tuple] = {
     "corpus.reader.max_bytes": (HUGE,),
     "corpus.reader.max_line_bytes": (HUGE,),
     "corpus.reader.chunk_bytes": (HUGE,),
-    "corpus.cleaning.min_chars": (0, HUGE),
+    "corpus.cleaning.min_chars": (0,),  # at most max_chars
+    "corpus.cleaning.max_chars": (HUGE,),  # null = no limit
+    "corpus.cleaning.min_cjk_share": (0.0,),  # 0 = off
+    "corpus.cleaning.max_repeated_line_share": (1.0,),  # 1 = off
+    "corpus.cleaning.max_repeated_ngram_share": (1.0,),
+    "corpus.cleaning.max_symbol_share": (1.0,),
     "corpus.tokenizer.character_coverage": (1.0,),
     "corpus.tokenizer.sample_bytes": (HUGE,),
     "corpus.tokenizer.num_threads": (0,),  # 0 = all cores; at most 1024

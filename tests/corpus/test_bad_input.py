@@ -153,8 +153,9 @@ def test_jsonl_line_without_the_text_field(tmp_path, tiny_tokenizer):
 
 def test_truncated_bz2_is_named(tmp_path, tiny_tokenizer):
     path = tmp_path / "c.jsonl.bz2"
-    data = "".join(json.dumps({"text": f"第{i}行的内容{'很长' * 50}。"}, ensure_ascii=False) + "\n"
-                   for i in range(20000)).encode()  # 3.5 MB: several 900 kB bz2 blocks
+    filler = "".join(chr(0x4E00 + k * 97 % 20000) for k in range(100))  # no repeated n-gram for the filters
+    data = "".join(json.dumps({"text": f"第{i}行的内容{filler}。"}, ensure_ascii=False) + "\n"
+                   for i in range(20000)).encode()  # 6 MB: several 900 kB bz2 blocks
     compressed = bz2.compress(data)
     path.write_bytes(compressed[: len(compressed) // 2])
     with pytest.raises(CorpusError) as exc:

@@ -50,7 +50,8 @@ def test_a_multistream_wiki_dump_is_shared_by_the_workers_and_encodes_like_a_sin
     outputs, manifests = [], []
     for name, workers in (("multi", 1), ("multi", 2), ("single", 1)):
         folder = tmp_path / f"{name}_{workers}"
-        _, manifest = encode(folder, tiny_tokenizer, encoding={"workers": workers}, reader={
+        _, manifest = encode(folder, tiny_tokenizer, encoding={"workers": workers},
+                             cleaning={"max_repeated_ngram_share": 1.0}, reader={  # the pages repeat 内容
             "source": "wiki_xml", "paths": [str(tmp_path / f"{name}.xml.bz2")], "max_bytes": None,
             "chunk_bytes": 4096})
         outputs.append(output_bytes(folder / "tokens"))

@@ -34,6 +34,7 @@ from train_deploy import __version__
 from train_deploy.atomic import scratch_folder
 from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CorpusConfig
+from train_deploy.corpus.filters import QualityFilter
 from train_deploy.corpus.indexed import ShardWriter, merge_shards, token_dtype
 from train_deploy.corpus.native import compiled
 from train_deploy.corpus.readers import (
@@ -42,7 +43,6 @@ from train_deploy.corpus.readers import (
     CorpusPlan,
     ReadStats,
     iter_document_batches,
-    iter_documents,
 )
 from train_deploy.corpus.tokenizer import TokenEncoder
 from train_deploy.handoffs import MANIFEST_FILE as MANIFEST
@@ -51,6 +51,7 @@ from train_deploy.handoffs import DocumentCounts, SplitInfo, TokenizerInfo, Toke
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "valid")
+_SAMPLE_BATCH = 64  # documents cleaned and filtered at once while sampling: little work past the budget
 FORMAT = "paddlenlp-mmap-indexed-v1"
 
 
@@ -74,18 +75,18 @@ def corpus_fingerprint(config: CorpusConfig, plan: CorpusPlan, tokenizer: Tokeni
 
 def sample_documents(config: CorpusConfig, plan: CorpusPlan) -> Iterator[str]:
     """Cleaned documents for tokenizer training: about ``sample_bytes``, spread evenly over all chunks."""
-    cleaner = Cleaner(config.cleaning)
+    cleaner, quality = Cleaner(config.cleaning), QualityFilter(config.cleaning)
     sizes = [c.end - c.start if not c.compressed else Path(c.path).stat().st_size for c in plan.chunks]
     total = max(1, sum(sizes))
     for chunk, size in zip(plan.chunks, sizes, strict=True):
         budget = config.tokenizer.sample_bytes * size / total
         taken = 0
-        for raw in iter_documents(chunk, config.reader, ReadStats()):
-            text = cleaner(raw)
-            if len(text) < config.cleaning.min_chars:
-                continue
-            yield text
-            taken += len(text.encode("utf-8"))
+        for raw in iter_document_batches(chunk, config.reader, ReadStats(), _SAMPLE_BATCH):
+            texts = cleaner.clean_batch(raw)
+            for text, reason in zip(texts, quality.reasons(texts), strict=True):
+                if reason is None and taken < budget:
+                    yield text
+                    taken += len(text.encode("utf-8"))
             if taken >= budget:
                 break
 
@@ -151,6 +152,7 @@ class _Worker:
     config: CorpusConfig
     encoder: TokenEncoder
     cleaner: Cleaner
+    quality: QualityFilter
     work: Path
     dtype: np.dtype
     progress: tuple[Any, Any] | None
@@ -169,7 +171,7 @@ _WORKER: _Worker | None = None
 def _init_worker(config: CorpusConfig, tokenizer: TokenizerInfo, work: Path, progress, cursor, claimed,
                  slot: int = 0, watch: Callable[[], None] | None = None) -> None:
     global _WORKER
-    _WORKER = _Worker(config, TokenEncoder(tokenizer), Cleaner(config.cleaning), work,
+    _WORKER = _Worker(config, TokenEncoder(tokenizer), Cleaner(config.cleaning), QualityFilter(config.cleaning), work,
                       token_dtype(tokenizer.vocab_size), progress, cursor, claimed, slot, watch)
 
 
@@ -194,8 +196,9 @@ def _encode_batch(w: _Worker, raw: list[str], writers: dict[str, ShardWriter], r
         return
     result.documents_read += len(raw)
     cleaned = w.cleaner.clean_batch(raw)
-    texts = [text for text in cleaned if len(text) >= w.config.cleaning.min_chars]
-    result.dropped["too_short"] += len(cleaned) - len(texts)
+    reasons = w.quality.reasons(cleaned)
+    result.dropped.update(filter(None, reasons))
+    texts = [text for text, reason in zip(cleaned, reasons, strict=True) if reason is None]
     if not texts:
         return
     # One seeded 128-bit hash per document: its first 8 bytes identify it (de-duplication), the last 8 pick

@@ -78,7 +78,24 @@ class CleaningConfig:
     traditional_to_simplified: bool = False
     """Convert traditional to simplified Chinese with OpenCC (t2s)."""
     min_chars: int = 8
-    """Documents shorter than this (after cleaning) are dropped."""
+    """Documents shorter than this (after cleaning) are dropped (`too_short`)."""
+    max_chars: int | None = 1_000_000
+    """Documents longer than this (after cleaning) are dropped (`too_long`); null = no limit."""
+    min_cjk_share: float = 0.0
+    """Documents whose non-space characters are less than this share CJK ideographs are dropped
+    (`low_cjk_share`); 0 = off. For a Chinese corpus, e.g. 0.3 drops pages in other languages and code."""
+    max_repeated_line_share: float = 0.3
+    """Documents with more than this share of their characters in lines that occur twice or more are dropped
+    (`repeated_lines`, Gopher's duplicate-line rule); 1 = off."""
+    max_repeated_ngram_share: float = 0.6
+    """Documents with more than this share of their characters covered by a `repetition_ngram`-character
+    n-gram that occurs twice or more are dropped (`repeated_ngrams`, Gopher's duplicate n-gram rule in
+    characters); 1 = off."""
+    repetition_ngram: int = 10
+    """Characters per n-gram of the `max_repeated_ngram_share` rule (2 to 100); about five Chinese words."""
+    max_symbol_share: float = 0.5
+    """Documents whose non-space characters are more than this share digits and symbols (Unicode N* and S*)
+    are dropped (`symbol_share`: tables, lists of numbers, ASCII art); 1 = off."""
     deduplicate: bool = True
     """Drop exact duplicates (by a 64-bit content hash of the cleaned text); the first one is kept."""
 
@@ -151,7 +168,12 @@ class CorpusConfig:
         check_range("corpus.reader.max_bytes", r.max_bytes, 0, open_low=True, note="null = no limit")
         check_range("corpus.reader.max_line_bytes", r.max_line_bytes, 1024)
         check_range("corpus.reader.chunk_bytes", r.chunk_bytes, 4096)
-        check_range("corpus.cleaning.min_chars", c.min_chars, 0)
+        check_range("corpus.cleaning.max_chars", c.max_chars, 1, note="null = no limit")
+        check_range("corpus.cleaning.min_chars", c.min_chars, 0, c.max_chars, note="at most max_chars")
+        check_range("corpus.cleaning.min_cjk_share", c.min_cjk_share, 0, 1, open_high=True, note="0 = off")
+        for key in ("max_repeated_line_share", "max_repeated_ngram_share", "max_symbol_share"):
+            check_range(f"corpus.cleaning.{key}", getattr(c, key), 0, 1, open_low=True, note="1 = off")
+        check_range("corpus.cleaning.repetition_ngram", c.repetition_ngram, 2, 100)
         check(t.mode == "train" or bool(t.load_path), "corpus.tokenizer.load_path",
               "mode 'load' needs the directory of an existing tokenizer")
         # SentencePiece's own limits, so that a bad value stops here and not after the corpus is sampled.
