@@ -95,6 +95,18 @@ def test_train_deploy_against_a_tracking_server_puts_the_bundle_in_the_run(proje
     out = capsys.readouterr().out
     assert f"Exported bundle: {folder}" in out
 
+    # The n-gram baselines beside the model's loss, in every stage's metrics, parity.json, the card and the hint.
+    parity = json.loads((folder / "parity.json").read_text(encoding="utf-8"))
+    assert parity["baselines"]["bigram_loss"] < parity["baselines"]["unigram_loss"]
+    for stage in ("train", "averaging", "export"):
+        assert {f"{stage}.baseline_unigram_loss", f"{stage}.baseline_bigram_loss"} <= set(run.data.metrics)
+    assert run.data.metrics["export.baseline_bigram_loss"] == parity["baselines"]["bigram_loss"]
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "train.baseline_bigram_loss")] == [4]  # once
+    assert "NOT below the bigram baseline" in out  # 4 tiny steps lose to counting pairs, and the run says so
+    assert "Warning: this model does not beat the bigram baseline" in (folder / "MODEL_CARD.md").read_text(
+        encoding="utf-8")
+    assert "temperature=0.8, top_k=20, seed=0)" in out and "  which printed: " in out
+
     # The run holds the model itself: downloaded into an empty folder, it loads and scores.
     downloaded = Path(mlflow.artifacts.download_artifacts(run_id=run.info.run_id, artifact_path="export/bundle",
                                                           dst_path=str(tmp_path / "empty"),
