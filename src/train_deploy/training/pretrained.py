@@ -224,3 +224,41 @@ def champion_folder(model_name: str, fingerprint: str, cache: Path) -> tuple[Pat
         shutil.rmtree(staging, ignore_errors=True)
         logger.info("Downloaded %s version %s's pretrained/ into %s", model_name, version, target)
     return target, version, ""
+
+
+# --- the training node's side ---------------------------------------------------------------------
+
+
+def check_source_current(init_from: str, source: InitSource) -> None:
+    """The init source the corpus stage resolved must be this configuration's (and a folder unchanged since)."""
+    if source.requested != init_from:
+        raise ConfigError(f"training.init_from: is {init_from!r} but the corpus stage resolved "
+                          f"{source.requested!r} (init_source); run the corpus stage again")
+    if source.path and init_from != CHAMPION and folder_hash(Path(source.path)) != source.hash:
+        raise ConfigError(f"training.init_from: {source.path} changed since the corpus stage took its tokenizer; "
+                          "run the corpus stage again")
+
+
+def warm_start_training(training: dict[str, Any], source: InitSource) -> dict[str, Any]:
+    """The ``training`` block the workers get: with a model folder, its ``config.json`` shape over the preset."""
+    if not source.path:
+        return training
+    model = training.get("model") or {}
+    if model:
+        logger.info("training.model (%s) is ignored: the shape comes from %s", model, Path(source.path) / CONFIG_FILE)
+    return {**training, "model": {"preset": model.get("preset", "small"), "overrides": dict(source.shape)}}
+
+
+def check_layout(config, source: InitSource, vocab_size: int):
+    """:func:`~train_deploy.training.config.resolve_layout` and the vocabulary check, a folder's ``config.json``
+    named in front of the message when the shape is its."""
+    from train_deploy.training.config import check_vocabulary, resolve_layout
+
+    shape = config.model.shape()
+    try:
+        check_vocabulary(vocab_size, shape.get("vocab_size", vocab_size))
+        return resolve_layout(config, config.world_size, shape.get("vocab_size", vocab_size))
+    except ConfigError as exc:
+        if source.path:
+            raise ConfigError(f"{Path(source.path) / CONFIG_FILE}: {exc}") from None
+        raise

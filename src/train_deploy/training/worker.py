@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> None:
 
     # model, optimizer, parallelism: each step wraps what the one before built
     model = build_model(config, spec.data.vocab_size, spec.data.eos_id)
+    warm_start(model, spec)
     size = ModelSize.of(model)
     optimizer, lr = build_optimizer(model, config)
     model, optimizer, mesh = parallelize(model, optimizer, layout=job.layout, device=config.device.type,
@@ -105,7 +106,7 @@ def set_up(spec: RunSpec) -> Job:
 
     config = TrainingConfig.from_params(spec.training)
     world, rank = dist.get_world_size(), dist.get_rank()
-    layout = resolve_layout(config, world, spec.data.vocab_size)
+    layout = resolve_layout(config, world, config.model.shape().get("vocab_size", spec.data.vocab_size))
     is_master = rank == 0
     logging.basicConfig(level=logging.INFO if is_master else logging.WARNING,
                         format=f"%(asctime)s rank {rank} %(levelname)s %(message)s", stream=sys.stdout)
@@ -172,6 +173,18 @@ def build_optimizer(model, config: TrainingConfig):
         multi_precision=config.precision.amp and config.precision.level == "O2",
     )
     return optimizer, lr
+
+
+def warm_start(model, spec: RunSpec) -> None:
+    """Load the weights of the run's init source (``training.init_from``) into the model every rank built, before
+    it is parallelised; weights only: the optimizer and schedule start afresh. Resuming replaces them later."""
+    if spec.init is None or not spec.init.path:
+        return
+    from train_deploy.training.pretrained import load_pretrained_weights
+
+    load_pretrained_weights(model, Path(spec.init.path))
+    logger.info("Weights from %s (%s, content hash %s); optimizer and schedule from scratch", spec.init.path,
+                spec.init.started_from, spec.init.hash[:12])
 
 
 class DecayRule:
@@ -423,7 +436,16 @@ def _result(job: Job, progress: Progress, size: ModelSize, valid: np.ndarray | N
         checkpoint=str(step_dir(Path(job.spec.checkpoints), progress.step)), val_loss=progress.val_loss,
         seq_length=job.config.batch.seq_length, eval_windows=0 if valid is None else len(valid),
         parameters=size.parameters,
-        layout={"dp": job.layout.dp, "mp": job.layout.mp, "pp": job.layout.pp})
+        layout={"dp": job.layout.dp, "mp": job.layout.mp, "pp": job.layout.pp}, **_init_fields(job.spec))
+
+
+def _init_fields(spec: RunSpec) -> dict[str, str]:
+    """The ``TrainingResult`` fields that say what the weights started from."""
+    init = spec.init
+    if init is None:
+        return {}
+    return {"init_from": init.started_from, "init_from_hash": init.hash, "init_from_reason": init.reason,
+            "tokenizer_config_fingerprint": init.tokenizer_config_fingerprint}
 
 
 def _throughput(job: Job, size: ModelSize) -> Throughput:

@@ -9,7 +9,7 @@ from kedro.io import DataCatalog, MemoryDataset
 from kedro.runner import SequentialRunner
 
 from tests.conftest import corpus_params
-from train_deploy.datasets import ArtifactFolderDataset
+from train_deploy.datasets import ArtifactFolderDataset, WorkFolderDataset
 from train_deploy.handoffs import DocumentCounts, TokenManifest
 from train_deploy.pipelines.corpus import create_pipeline
 from train_deploy.pipelines.corpus.nodes import report_corpus
@@ -18,6 +18,9 @@ from train_deploy.pipelines.corpus.nodes import report_corpus
 def test_corpus_pipeline_publishes_tokenizer_and_token_folders_with_manifest_and_metrics(tmp_path):
     catalog = DataCatalog({
         "params:corpus": MemoryDataset(corpus_params()),
+        "params:training": MemoryDataset({}),  # init_from: scratch
+        "params:registry": MemoryDataset({}),
+        "init_cache": WorkFolderDataset(path=str(tmp_path / "init_from")),
         "tokenizer": ArtifactFolderDataset(path=str(tmp_path / "tokenizer"),
                                            description="train_deploy.handoffs.TokenizerInfo"),
         "token_files": ArtifactFolderDataset(path=str(tmp_path / "tokens"),

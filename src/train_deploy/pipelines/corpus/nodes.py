@@ -18,7 +18,10 @@ from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.readers import CorpusPlan, plan_corpus
 from train_deploy.corpus.tokenizer import load_tokenizer, tokenizer_is_current, train_tokenizer, training_sentences
 from train_deploy.datasets import FolderWork
-from train_deploy.handoffs import TokenizerInfo, TokenManifest, to_json
+from train_deploy.handoffs import InitSource, TokenizerInfo, TokenManifest, WorkFolder, to_json
+from train_deploy.registry.config import RegistryConfig
+from train_deploy.training.config import TrainingConfig
+from train_deploy.training.pretrained import resolve_init_source
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +35,24 @@ def plan_inputs(corpus: dict[str, Any]) -> tuple[CorpusConfig, CorpusPlan]:
     return config, plan
 
 
-def prepare_tokenizer(corpus_config: CorpusConfig, corpus_plan: CorpusPlan) -> FolderWork[TokenizerInfo]:
-    """Return how to fill the tokenizer folder: train SentencePiece on a corpus sample, or copy a PaddleNLP one."""
+def resolve_init(training: dict[str, Any], registry: dict[str, Any], corpus_config: CorpusConfig,
+                 init_cache: WorkFolder) -> InitSource:
+    """Return where training starts (``training.init_from``): scratch, a model folder, or the champion's
+    ``pretrained/`` folder downloaded into ``init_cache`` (scratch, with the reason, when it cannot be used)."""
+    init_from = TrainingConfig.from_params(training).init_from
+    model_name = RegistryConfig.from_params(registry).model_name
+    return resolve_init_source(init_from, corpus_config, model_name, Path(init_cache.path))
+
+
+def prepare_tokenizer(corpus_config: CorpusConfig, corpus_plan: CorpusPlan,
+                      init_source: InitSource | None = None) -> FolderWork[TokenizerInfo]:
+    """Return how to fill the tokenizer folder: the warm start's (``training.init_from``), or SentencePiece trained
+    on a corpus sample, or a PaddleNLP one copied."""
+    if init_source is not None and init_source.tokenizer_path:  # as corpus.tokenizer.mode: load from that model
+        logger.info("corpus.tokenizer is ignored: the tokenizer is %s's (training.init_from)", init_source.path)
+        fingerprint = f"init_from:{init_source.hash}"
+        return FolderWork(build=partial(load_tokenizer, Path(init_source.tokenizer_path), fingerprint=fingerprint),
+                          keep=partial(tokenizer_is_current, fingerprint=fingerprint), what="tokenizer")
     t = corpus_config.tokenizer
     fingerprint = tokenizer_fingerprint(corpus_config, corpus_plan)
     if t.mode == "load":

@@ -1,15 +1,19 @@
-"""Corpus → tokens: plan the inputs, prepare the tokenizer, encode into `.bin/.idx` with a manifest."""
+"""Corpus → tokens: plan the inputs, resolve where training starts (``training.init_from``: its tokenizer), prepare
+the tokenizer, encode into `.bin/.idx` with a manifest."""
 
 from kedro.pipeline import Node, Pipeline
 
-from .nodes import encode_tokens, plan_inputs, prepare_tokenizer, report_corpus
+from .nodes import encode_tokens, plan_inputs, prepare_tokenizer, report_corpus, resolve_init
 
 
 def create_pipeline(**kwargs) -> Pipeline:
     return Pipeline(
         [
             Node(plan_inputs, "params:corpus", ["corpus_config", "corpus_plan"], name="plan_corpus_inputs"),
-            Node(prepare_tokenizer, ["corpus_config", "corpus_plan"], "tokenizer", name="prepare_tokenizer"),
+            Node(resolve_init, ["params:training", "params:registry", "corpus_config", "init_cache"], "init_source",
+                 name="resolve_init_source"),
+            Node(prepare_tokenizer, ["corpus_config", "corpus_plan", "init_source"], "tokenizer",
+                 name="prepare_tokenizer"),
             Node(encode_tokens, ["corpus_config", "corpus_plan", "tokenizer"], "token_files", name="encode_corpus"),
             Node(report_corpus, "token_files", ["corpus_metrics", "token_manifest"], name="report_corpus"),
         ]

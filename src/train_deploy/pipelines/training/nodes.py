@@ -9,23 +9,29 @@ from typing import Any
 
 from train_deploy.baselines import baselines_for
 from train_deploy.evaluation import validation_windows
-from train_deploy.handoffs import DataSpec, RunSpec, TokenManifest, TrainingResult, WorkFolder
-from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
+from train_deploy.handoffs import DataSpec, InitSource, RunSpec, TokenManifest, TrainingResult, WorkFolder
+from train_deploy.training.config import Layout, TrainingConfig
 from train_deploy.training.launch import run_training
+from train_deploy.training.pretrained import check_layout, check_source_current, warm_start_training
 
 logger = logging.getLogger(__name__)
 
 
 def train_model(training: dict[str, Any], token_files: TokenManifest, checkpoints: WorkFolder,
-                training_logs: WorkFolder) -> TrainingResult:
-    """Return the training result after running (or resuming) the job with Paddle's launcher."""
+                training_logs: WorkFolder, init_source: InitSource | None = None) -> TrainingResult:
+    """Return the training result after running (or resuming) the job with Paddle's launcher, from the weights
+    ``init_source`` names (the corpus stage's resolution of ``training.init_from``; None: scratch)."""
+    init_source = init_source or InitSource(requested="scratch", tokenizer_config_fingerprint="")
+    check_source_current(TrainingConfig.from_params(training).init_from, init_source)
+    training = warm_start_training(training, init_source)  # a model folder's shape over the preset
     config = TrainingConfig.from_params(training)
     data = DataSpec.of(token_files)
-    layout = resolve_layout(config, config.world_size, data.vocab_size)  # fail before launching
-    run_name = _run_name(config, token_files)
+    layout = check_layout(config, init_source, data.vocab_size)  # fail before launching
+    run_name = _run_name(config, token_files, init_source)
     spec = RunSpec(run_name=run_name, training=training, data=data, checkpoints=str(checkpoints.run(run_name)),
-                   logs=str(training_logs.run(run_name)))
+                   logs=str(training_logs.run(run_name)), init=init_source)
     _log_resolved(layout, config)
+    _log_init(init_source)
     result = run_training(config, spec, mlflow_run_id=_mlflow_run_id())
     logger.info("Training reached step %d; last checkpoint %s (validation loss %s)", result.step,
                 result.checkpoint, result.val_loss)
@@ -49,10 +55,12 @@ def _report_baselines(result: TrainingResult, token_files: TokenManifest) -> Non
         mlflow.log_metrics({f"train.{name}": value for name, value in baselines.metrics().items()}, step=result.step)
 
 
-def _run_name(config: TrainingConfig, token_files: TokenManifest) -> str:
+def _run_name(config: TrainingConfig, token_files: TokenManifest, init_source: InitSource | None = None) -> str:
     """The checkpoint folder's name: the token files' fingerprint and what determines the weights
-    (:meth:`TrainingConfig.identity`), so a rerun that changes only cadences, layout or launch resumes in it."""
-    digest = hashlib.blake2b(json.dumps(config.identity(), sort_keys=True).encode(), digest_size=4).hexdigest()
+    (:meth:`TrainingConfig.identity`, with the champion's weights by their hash), so a rerun that changes only
+    cadences, layout or launch resumes in it."""
+    identity = config.identity() | ({"init_from.hash": init_source.hash} if init_source and init_source.hash else {})
+    digest = hashlib.blake2b(json.dumps(identity, sort_keys=True).encode(), digest_size=4).hexdigest()
     return f"{token_files.fingerprint[:12]}-{digest}"
 
 
@@ -62,6 +70,22 @@ def _mlflow_run_id() -> str | None:
 
     run = mlflow.active_run()
     return run.info.run_id if run else None
+
+
+def _log_init(source: InitSource) -> None:
+    """What the weights start from, on the MLflow run: params ``init_from`` (as configured) and ``init_from.hash``,
+    tags ``init_from`` (scratch, champion or folder) and, when a champion start fell back to scratch, the reason."""
+    import mlflow
+
+    if source.reason:
+        logger.warning("training.init_from: %s: starting from scratch: %s", source.requested, source.reason)
+    if mlflow.active_run() is None:
+        return
+    mlflow.log_params({"init_from": source.requested, "init_from.hash": source.hash or "none"})
+    tags = {"init_from": source.started_from}
+    tags |= {"init_from.reason": source.reason} if source.reason else {}
+    tags |= {"init_from.champion_version": source.champion_version} if source.champion_version else {}
+    mlflow.set_tags(tags)
 
 
 def _log_resolved(layout: Layout, config: TrainingConfig) -> None:

@@ -7,6 +7,6 @@ from .nodes import train_model
 
 def create_pipeline(**kwargs) -> Pipeline:
     return Pipeline([
-        Node(train_model, ["params:training", "token_files", "checkpoints", "training_logs"],
+        Node(train_model, ["params:training", "token_files", "checkpoints", "training_logs", "init_source"],
              "training_result", name="train_model"),
     ])
