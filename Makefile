@@ -44,7 +44,7 @@ endif
 export KEDRO_DISABLE_TELEMETRY := 1
 export DO_NOT_TRACK := 1
 
-.PHONY: venv check-paddle run test viz bench lock clean-data FORCE
+.PHONY: venv check-paddle run test viz bench lock clean-data airflow-dag airflow-check FORCE
 
 # The stamp goes first and the flavour record is written before anything is installed, so an interrupted
 # build is redone, as the same flavour, by the next make. Both Paddle wheels own paddle/: when the other
@@ -96,6 +96,26 @@ viz: check-paddle
 
 bench: check-paddle
 	$(BIN)/python benchmarks/bench_tokenize.py
+
+# The Airflow DAG of train_deploy, committed in deploy/airflow/: kedro-airflow renders the project's template,
+# one task per group of nodes joined by in-memory datasets (--group-by memory; the training node is one task).
+AIRFLOW_DAG_ARGS := --pipelines train_deploy --group-by memory --jinja-file deploy/airflow/dag_template.j2
+airflow-dag: check-paddle
+	$(BIN)/kedro airflow create $(AIRFLOW_DAG_ARGS) --target-dir deploy/airflow
+
+# Optional: Airflow's own pins conflict with the project's lock (apache-airflow-core 3.1.8 needs fastapi<0.118,
+# the lock has 0.165), so Airflow lives in a venv of its own (git-ignored) and the DAG's tasks run in the
+# project's venv; the DAG tests import the generated DAG there too (Airflow parses it without the project).
+AIRFLOW_VENV    ?= .venv-airflow
+AIRFLOW_VERSION ?= 3.1.8
+$(AIRFLOW_VENV)/.installed:
+	rm -f $@
+	test -x $(AIRFLOW_VENV)/bin/python || $(PYTHON) -m venv $(AIRFLOW_VENV)
+	$(AIRFLOW_VENV)/bin/python -m pip install --quiet --disable-pip-version-check "apache-airflow==$(AIRFLOW_VERSION)"
+	touch $@
+
+airflow-check: check-paddle $(AIRFLOW_VENV)/.installed
+	AIRFLOW_VENV=$(AIRFLOW_VENV) $(BIN)/python -m pytest -q tests/test_airflow_dag.py
 
 # Re-resolve the lock file from requirements.in (maintainers only).
 lock:

@@ -1,0 +1,144 @@
+"""The Airflow DAG of train_deploy: `kedro airflow create` (the real plugin CLI) renders the project's template
+into a DAG that parses, runs one DAG run at a time without catch-up, retries with back-off, keeps the training
+node a task of its own and hands only persisted datasets between tasks; the committed DAG is that output.
+
+Where Airflow is installed in its own venv (`make airflow-check` builds .venv-airflow), Airflow imports it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+from train_deploy.pipeline_registry import register_pipelines
+from train_deploy.schedule import TRIGGER_VARIABLE
+
+DAG_NAME = "train_deploy_train_deploy_dag.py"
+COMMITTED_DAG = REPO / "deploy" / "airflow" / DAG_NAME
+KEDRO = Path(sys.executable).with_name("kedro")
+AIRFLOW_PYTHON = REPO / os.environ.get("AIRFLOW_VENV", ".venv-airflow") / "bin" / "python"
+
+
+@pytest.fixture(scope="module")
+def project_copy(tmp_path_factory) -> Path:
+    """The project's configuration without conf/local (what a fresh checkout generates from)."""
+    root = tmp_path_factory.mktemp("airflow") / "project"
+    shutil.copytree(REPO / "conf", root / "conf", ignore=shutil.ignore_patterns("local"))
+    (root / "conf" / "local").mkdir()
+    for name in ("pyproject.toml", ".telemetry"):
+        shutil.copy(REPO / name, root / name)
+    (root / "src").mkdir()
+    return root
+
+
+@pytest.fixture(scope="module")
+def generated_dag(project_copy) -> Path:
+    """The DAG as `make airflow-dag` generates it, written to a temporary folder."""
+    target = project_copy.parent / "dags"
+    env = {**os.environ, "KEDRO_DISABLE_TELEMETRY": "1",
+           "MLFLOW_TRACKING_URI": f"sqlite:///{project_copy.parent / 'mlruns.db'}"}
+    result = subprocess.run(
+        [str(KEDRO), "airflow", "create", "--pipelines", "train_deploy", "--group-by", "memory",
+         "--jinja-file", str(REPO / "deploy" / "airflow" / "dag_template.j2"), "--target-dir", str(target)],
+        cwd=project_copy, env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return target / DAG_NAME
+
+
+def _call_keywords(call: ast.Call) -> dict[str, ast.expr]:
+    return {keyword.arg: keyword.value for keyword in call.keywords}
+
+
+def _dag_call(tree: ast.Module) -> ast.Call:
+    return next(decorator for node in tree.body if isinstance(node, ast.FunctionDef)
+                for decorator in node.decorator_list
+                if isinstance(decorator, ast.Call) and getattr(decorator.func, "id", None) == "dag")
+
+
+def _task_nodes(tree: ast.Module) -> dict[str, list[str]]:
+    """Task id → the Kedro node names that task runs (``node_names`` of its ``session.run``)."""
+    tasks = {}
+    for function in ast.walk(tree):
+        decorators = [d for d in getattr(function, "decorator_list", [])
+                      if isinstance(d, ast.Call) and getattr(d.func, "attr", None) == "external_python"]
+        if decorators:
+            run = next(node for node in ast.walk(function)
+                       if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "run")
+            tasks[ast.literal_eval(_call_keywords(decorators[0])["task_id"])] = ast.literal_eval(
+                _call_keywords(run)["node_names"])
+    return tasks
+
+
+def test_kedro_airflow_create_writes_a_dag_of_one_run_at_a_time_with_retries(generated_dag):
+    tree = ast.parse(generated_dag.read_text(), filename=str(generated_dag))
+    dag = _call_keywords(_dag_call(tree))
+    assert ast.literal_eval(dag["dag_id"]) == "train-deploy"
+    assert ast.literal_eval(dag["max_active_runs"]) == 1
+    assert ast.literal_eval(dag["catchup"]) is False
+    default_args = _call_keywords(dag["default_args"])
+    assert ast.literal_eval(default_args["retries"]) == 2
+    assert ast.literal_eval(default_args["retry_exponential_backoff"]) is True
+    assert f'os.environ["{TRIGGER_VARIABLE}"]' in generated_dag.read_text()  # what hooks.TagTrigger reads
+
+
+def test_dag_runs_every_node_once_with_training_a_task_of_its_own(generated_dag):
+    tasks = _task_nodes(ast.parse(generated_dag.read_text()))
+    assert tasks["train-model"] == ["train_model"]
+    pipeline = register_pipelines()["train_deploy"]
+    assert sorted(sum(tasks.values(), [])) == sorted(node.name for node in pipeline.nodes)
+    # Each task is its own KedroSession: what one task hands another must be written somewhere.
+    task_of = {node: task for task, nodes in tasks.items() for node in nodes}
+    handed_on = {dataset for node in pipeline.nodes for dataset in node.inputs
+                 for producer in pipeline.nodes if dataset in producer.outputs
+                 if task_of[producer.name] != task_of[node.name]}
+    assert handed_on >= {"token_files", "training_result", "export_bundle", "export_metrics"}
+    catalog = yaml.safe_load((REPO / "conf" / "base" / "catalog.yml").read_text())
+    assert sorted(handed_on - catalog.keys()) == []  # no entry: a MemoryDataset, gone when its task ends
+    assert not any("MemoryDataset" in catalog[name]["type"] for name in handed_on)
+
+
+def test_committed_dag_is_what_make_airflow_dag_generates(generated_dag):
+    assert COMMITTED_DAG.read_text() == generated_dag.read_text(), \
+        "deploy/airflow/ is out of date with its template or the pipeline: run `make airflow-dag`"
+
+
+@pytest.mark.skipif(not AIRFLOW_PYTHON.exists(), reason="no Airflow venv: `make airflow-check` builds .venv-airflow")
+def test_airflow_imports_the_dag_with_its_tasks_and_order(generated_dag, tmp_path):
+    script = """
+import json, sys
+try:
+    from airflow.dag_processing.dagbag import DagBag
+except ImportError:
+    from airflow.models.dagbag import DagBag
+bag = DagBag(dag_folder=sys.argv[1], include_examples=False)
+dag = bag.dags.get("train-deploy")
+json.dump({"errors": {k: str(v)[-2000:] for k, v in bag.import_errors.items()},
+           "max_active_runs": dag and dag.max_active_runs, "catchup": dag and dag.catchup,
+           "upstream": dag and {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks},
+           "retries": dag and sorted({t.retries for t in dag.tasks}),
+           "runs_in": dag and sorted({f"{type(t).__name__} {t.python}" for t in dag.tasks})}, sys.stdout)
+"""
+    env = {"PATH": os.environ["PATH"], "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+           "TRAIN_DEPLOY_PROJECT": "/srv/projects/train_deploy"}
+    result = subprocess.run([str(AIRFLOW_PYTHON), "-c", script, str(generated_dag)], env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["errors"] == {}
+    assert (found["max_active_runs"], found["catchup"]) == (1, False)
+    assert found["retries"] == [2]
+    # Airflow's pins conflict with the project's: every task runs in the project's own venv
+    assert found["runs_in"] == ["_PythonExternalDecoratedOperator /srv/projects/train_deploy/.venv/bin/python"]
+    corpus = next(task for task, nodes in _task_nodes(ast.parse(generated_dag.read_text())).items()
+                  if "encode_corpus" in nodes)
+    assert found["upstream"]["train-model"] == [corpus]
+    assert {corpus, "train-model", "export-bundle", "report-export"} <= set(found["upstream"]["register-bundle"])
