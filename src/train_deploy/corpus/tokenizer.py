@@ -4,6 +4,13 @@ The saved folder is PaddleNLP's ``LlamaTokenizer`` layout (``sentencepiece.bpe.m
 ``tokenizer_config.json``), so ``AutoTokenizer.from_pretrained(folder)`` loads it for training and
 export. Encoding calls the raw SentencePiece processor, which gives the same ids about ten times
 faster than the PaddleNLP wrapper, one text at a time in the calling thread (see ``encode_batch``).
+
+A trained tokenizer carries the corpus's normalisation policy (``corpus.cleaning.normalization``) in its
+SentencePiece model: the policy as SentencePiece normalisation rules (:func:`normalization_rules`, compiled
+into the model's ``precompiled_charsmap``), so every user of the model, ``AutoTokenizer.from_pretrained``
+included, folds new text as the corpus was folded; and the policy's name as the normaliser's name
+(``train_deploy:zh``), which :func:`recorded_normalization` reads back. Tokenizers trained before the record,
+and tokenizers loaded from elsewhere, have none: they tokenize text as given, as they always did.
 """
 
 from __future__ import annotations
@@ -13,11 +20,15 @@ import io
 import logging
 import os
 import shutil
+import sys
+import tempfile
+import unicodedata
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
+from train_deploy.corpus.cleaning import Normalization, normalize
 from train_deploy.corpus.config import TokenizerConfig
 from train_deploy.corpus.native import flatten_ids
 from train_deploy.corpus.readers import CorpusError
@@ -28,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 SP_MODEL_FILE = "sentencepiece.bpe.model"  # LlamaTokenizer.resource_files_names["vocab_file"]
 _PROBE = "迈向充满希望的新世纪 ——1998年新年讲话 Hello, world!\n第二段。"
+_RECORD = "train_deploy:"  # the SentencePiece normaliser's name in a tokenizer that records its policy
 
 
 def tokenizer_is_current(info: TokenizerInfo, fingerprint: str) -> bool:
@@ -35,13 +47,32 @@ def tokenizer_is_current(info: TokenizerInfo, fingerprint: str) -> bool:
     return info.fingerprint == fingerprint and info.hash == _hash_folder(Path(info.path))
 
 
-def train_tokenizer(sentences: Iterable[str], config: TokenizerConfig, folder: Path,
-                    fingerprint: str) -> TokenizerInfo:
-    """Train SentencePiece on ``sentences`` and save it, PaddleNLP-loadable, into the empty ``folder``."""
-    import sentencepiece as spm
-
+def train_tokenizer(sentences: Iterable[str], config: TokenizerConfig, folder: Path, fingerprint: str, *,
+                    normalization: Normalization) -> TokenizerInfo:
+    """Train SentencePiece on ``sentences`` (cleaned under ``normalization``) and save it, PaddleNLP-loadable and
+    applying ``normalization`` to new text, into the empty ``folder``."""
     model = io.BytesIO()
     counted = _Counting(sentences)
+    with tempfile.TemporaryDirectory(prefix="train_deploy-rules-") as work:
+        rules = Path(work) / "rules.tsv"
+        if normalization != "none":
+            rules.write_text("".join(f"{_hex(source)}\t{_hex(target)}\n"
+                                     for source, target in normalization_rules(normalization)), encoding="utf-8")
+        _train_sentencepiece(counted, config, model, rules if normalization != "none" else None)
+    sp_file = folder / SP_MODEL_FILE
+    sp_file.write_bytes(_recorded(model.getvalue(), normalization))
+    _save_llama_tokenizer(sp_file, folder)
+    info = TokenizerInfo(path=str(folder), vocab_size=config.vocab_size, eos_id=2, hash=_hash_folder(folder),
+                         encoder="sentencepiece", fingerprint=fingerprint, source="trained")
+    write_json(folder / INFO_FILE, info)
+    logger.info("Trained a %s SentencePiece tokenizer (%d pieces, normalisation %s) on %d sentences",
+                config.model_type, config.vocab_size, normalization, counted.count)
+    return info
+
+
+def _train_sentencepiece(counted: _Counting, config: TokenizerConfig, model: io.BytesIO, rules: Path | None) -> None:
+    import sentencepiece as spm
+
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(counted),
@@ -51,9 +82,9 @@ def train_tokenizer(sentences: Iterable[str], config: TokenizerConfig, folder: P
             character_coverage=config.character_coverage,
             byte_fallback=config.byte_fallback,
             add_dummy_prefix=config.add_dummy_prefix,
-            # Text is already NFKC-normalised and whitespace-cleaned by the cleaning step; keeping the
-            # identity rule makes decode(encode(doc)) == doc exact.
-            normalization_rule_name="identity",
+            # The sample is already normalised and whitespace-cleaned by the cleaning step; the policy's rules
+            # leave it as it is (decode(encode(doc)) == doc) and fold new text the same way.
+            **({"normalization_rule_tsv": str(rules)} if rules else {"normalization_rule_name": "identity"}),
             remove_extra_whitespaces=False,
             user_defined_symbols=["\n"],  # paragraph breaks inside documents: one token, not a byte
             # The space symbol must be a piece even when the sample has almost no spaces; a byte-encoded
@@ -73,15 +104,53 @@ def train_tokenizer(sentences: Iterable[str], config: TokenizerConfig, folder: P
         reason = str(exc).split("] ", 1)[-1].strip()  # drop SentencePiece's source location and assertion
         raise CorpusError(f"SentencePiece training failed on {counted.count} sentences (corpus.tokenizer): "
                           f"{reason}") from None
-    sp_file = folder / SP_MODEL_FILE
-    sp_file.write_bytes(model.getvalue())
-    _save_llama_tokenizer(sp_file, folder)
-    info = TokenizerInfo(path=str(folder), vocab_size=config.vocab_size, eos_id=2, hash=_hash_folder(folder),
-                         encoder="sentencepiece", fingerprint=fingerprint, source="trained")
-    write_json(folder / INFO_FILE, info)
-    logger.info("Trained a %s SentencePiece tokenizer (%d pieces) on %d sentences",
-                config.model_type, config.vocab_size, counted.count)
-    return info
+
+
+def normalization_rules(policy: Normalization) -> list[tuple[str, str]]:
+    """SentencePiece rules (source → target, longest source first wins) for ``policy`` (``zh`` or ``nfkc``):
+    every character that :func:`~train_deploy.corpus.cleaning.normalize` changes on its own, and every
+    canonical pair it composes (``e`` + U+0301 → ``é``). Context beyond pairs (a mark after two others,
+    Hangul jamo) is left to the cleaning; text the cleaning wrote is never changed by these rules."""
+    rules: dict[str, str] = {}
+    for cp in range(sys.maxunicode + 1):
+        char = chr(cp)
+        if 0xD800 <= cp < 0xE000 or unicodedata.is_normalized("NFKC", char):
+            continue
+        if (target := normalize(char, policy)) != char:
+            rules[char] = target
+    for cp in range(sys.maxunicode + 1):
+        parts = unicodedata.decomposition(chr(cp)).split()
+        if len(parts) == 2 and not parts[0].startswith("<"):  # a canonical pair
+            pair = "".join(chr(int(part, 16)) for part in parts)
+            target = normalize(pair, policy)
+            if target != "".join(rules.get(char, char) for char in pair):
+                rules[pair] = target
+    return sorted(rules.items())
+
+
+def recorded_normalization(sp_file: Path) -> Normalization | None:
+    """The normalisation policy a SentencePiece model records, or None (trained before the record, or elsewhere)."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(Path(sp_file).read_bytes())
+    name = proto.normalizer_spec.name
+    return name.removeprefix(_RECORD) if name.startswith(_RECORD) else None  # type: ignore[return-value]
+
+
+def _recorded(model: bytes, policy: Normalization) -> bytes:
+    """The trained model with the policy as its normaliser's name, and without the temporary rule file's path."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    proto.normalizer_spec.name = _RECORD + policy
+    proto.normalizer_spec.ClearField("normalization_rule_tsv")
+    return proto.SerializeToString()
+
+
+def _hex(text: str) -> str:
+    return " ".join(f"{ord(char):X}" for char in text)
 
 
 def load_tokenizer(source: Path, folder: Path, fingerprint: str) -> TokenizerInfo:
@@ -110,11 +179,16 @@ def load_tokenizer(source: Path, folder: Path, fingerprint: str) -> TokenizerInf
 
 
 class TokenEncoder:
-    """Encodes batches of documents into id lists with the saved tokenizer (no special tokens)."""
+    """Encodes batches of documents into id lists with the saved tokenizer (no special tokens).
+
+    ``normalization`` is the policy the tokenizer records (None: none recorded); a SentencePiece tokenizer that
+    records one applies it itself, so raw and cleaned text give the same ids.
+    """
 
     def __init__(self, info: TokenizerInfo) -> None:
         self.info = info
         folder = Path(info.path)
+        self.normalization: Normalization | None = None
         if info.encoder == "sentencepiece":
             import sentencepiece as spm
 
@@ -123,6 +197,7 @@ class TokenEncoder:
                 sp_file = _sentencepiece_file(_auto_tokenizer(folder))
             self._sp = spm.SentencePieceProcessor(model_file=str(sp_file))
             self._tokenizer = None
+            self.normalization = recorded_normalization(sp_file)
         else:
             self._sp = None
             self._tokenizer = _auto_tokenizer(folder)

@@ -7,6 +7,9 @@
 >>> model.generate("中国", max_new_tokens=20, temperature=0)                               # greedy
 
 Texts are scored after the end-of-document id, the context every training document was seen in.
+Every text and prompt is first normalised with the policy the bundle's tokenizer records (``zh``: full-width
+Latin, digits and spaces folded, Chinese punctuation kept), as the training corpus was; a bundle whose tokenizer
+records none (exported before the record) takes texts as given, and says so in the log when loaded.
 The exported graph has no KV cache: each new token re-reads the whole window (fine for small models
 and short outputs; the graph stays one portable function of ``input_ids`` and ``attention_mask``).
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import tempfile
 from collections.abc import Callable, Sequence
@@ -28,6 +32,8 @@ from train_deploy.export.config import ServerConfig
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE
 from train_deploy.export.graph import SERVER_MODEL
 from train_deploy.handoffs import BUNDLE_FILE, TokenizerInfo, from_json
+
+logger = logging.getLogger(__name__)
 
 # The weights file of each exported form, relative to the bundle.
 FORM_FILES = {"paddle_inference": f"server/{SERVER_MODEL}.pdiparams", "onnx_fp32": f"edge/{ONNX_FILE}",
@@ -184,6 +190,14 @@ class LanguageModel:
                  too_long: Literal["raise", "truncate"] = "raise") -> None:
         self._logits, self.tokenizer = logits, tokenizer
         self.context, self.eos_id, self.too_long = context, eos_id, too_long
+        self.normalization = getattr(tokenizer, "normalization", None)
+        """The tokenizer's recorded normalisation policy, applied to every input (None: texts as given)."""
+
+    def normalize(self, text: str) -> str:
+        """``text`` as the corpus was normalised (unchanged when the tokenizer records no policy)."""
+        from train_deploy.corpus.cleaning import normalize
+
+        return text if self.normalization is None else normalize(text, self.normalization)
 
     @classmethod
     def load(cls, bundle: str | Path, backend: Literal["paddle", "onnx"] = "paddle", *, int8: bool = False,
@@ -205,8 +219,12 @@ class LanguageModel:
                                         threads or meta["edge"]["threads"])
         else:
             raise BundleError(f"backend: {backend!r} is not one of 'paddle', 'onnx'")
-        return cls(logits, bundle_tokenizer(folder, meta), context=meta["model"]["context"],
-                   eos_id=meta["model"]["eos_id"], too_long=too_long or meta["too_long"])
+        model = cls(logits, bundle_tokenizer(folder, meta), context=meta["model"]["context"],
+                    eos_id=meta["model"]["eos_id"], too_long=too_long or meta["too_long"])
+        if model.normalization is None:
+            logger.info("%s: the tokenizer records no normalisation policy (exported before train_deploy recorded "
+                        "one): texts are tokenized as given", folder)
+        return model
 
     def logits(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:
         """Raw logits ``[batch, sequence, vocabulary]`` (float32)."""
@@ -216,7 +234,7 @@ class LanguageModel:
     def score(self, texts: Sequence[str], batch_size: int = 8) -> list[TextScore]:
         """Per-token log-probabilities and perplexity of each text."""
         encoded = [self._fit([self.eos_id, *ids], what=f"text {i}") for i, ids in
-                   enumerate(self.tokenizer.encode(list(texts)))]
+                   enumerate(self.tokenizer.encode([self.normalize(text) for text in texts]))]
         scores = []
         for first in range(0, len(encoded), batch_size):
             batch = encoded[first : first + batch_size]
@@ -241,7 +259,7 @@ class LanguageModel:
         """
         if max_new_tokens < 0:
             raise BundleError(f"max_new_tokens: {max_new_tokens} is negative")
-        ids = self._fit([self.eos_id, *self.tokenizer.encode([prompt])[0]], what="prompt")
+        ids = self._fit([self.eos_id, *self.tokenizer.encode([self.normalize(prompt)])[0]], what="prompt")
         rng = np.random.default_rng(seed)
         new: list[int] = []
         for _ in range(max_new_tokens):

@@ -60,7 +60,8 @@ def prepare_tokenizer(corpus_config: CorpusConfig, corpus_plan: CorpusPlan,
     else:
         def build(folder: Path) -> TokenizerInfo:
             sentences = training_sentences(sample_documents(corpus_config, corpus_plan), t.max_sentence_chars)
-            return train_tokenizer(sentences, t, folder, fingerprint)
+            return train_tokenizer(sentences, t, folder, fingerprint,
+                                   normalization=corpus_config.cleaning.normalization)
     return FolderWork(build=build, keep=partial(tokenizer_is_current, fingerprint=fingerprint), what="tokenizer")
 
 
