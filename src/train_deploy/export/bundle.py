@@ -6,6 +6,8 @@ A bundle is one folder (the catalog's versioned ``export_bundle``: ``<path>/<ver
     server/          Paddle Inference model (model.json + model.pdiparams)
     edge/            ONNX fp32 (model.onnx) and int8 (model.int8.onnx)
     tokenizer/       the PaddleNLP tokenizer folder the model was trained with
+    pretrained/      PaddleNLP's save_pretrained layout (config.json, float32 model.safetensors, the tokenizer):
+                     LlamaForCausalLM.from_pretrained(folder) loads it; training.init_from: champion starts here
     parity.json      logits of every form against the trained model on fixed validation windows
     latency.json     p50/p95 of one forward pass per form
     plots/           training.png (curves of the run up to the exported step, when its metrics are known)
@@ -55,8 +57,10 @@ from train_deploy.training.checkpoint import (
 
 logger = logging.getLogger(__name__)
 
-FORMAT = 4  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json
-# (bundles of 1 to 3 still load)
+PRETRAINED_DIR = "pretrained"
+
+FORMAT = 5  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json,
+# 5: pretrained/ (bundles of 1 to 4 still load)
 
 
 def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManifest, config: ExportConfig,
@@ -84,6 +88,7 @@ def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManif
     if config.edge.int8:
         quantize_int8(onnx_file, folder / "edge" / INT8_FILE, config.edge.per_channel)
     _copy_tokenizer(tokenizer, folder / "tokenizer")
+    save_pretrained_folder(checkpoint, tokenizer, folder / PRETRAINED_DIR)
     meta = _bundle_meta(state, checkpoint, tokenizer, config, bundle_fingerprint(checkpoint, tokenizer, config,
                                                                                  curves), version, provenance)
     write_json(folder / BUNDLE_FILE, meta)
@@ -175,6 +180,17 @@ def _bundle_meta(state: dict[str, Any], checkpoint: Path, tokenizer: TokenizerIn
 def _copy_tokenizer(tokenizer: TokenizerInfo, target: Path) -> None:
     shutil.copytree(tokenizer.path, target)
     write_json(target / TOKENIZER_FILE, tokenizer)
+
+
+def save_pretrained_folder(checkpoint: Path, tokenizer: TokenizerInfo, target: Path) -> None:
+    """The checkpoint as PaddleNLP's ``save_pretrained`` writes it (``config.json`` with portable kernels,
+    ``model.safetensors`` in float32) with the tokenizer's files: what users load with
+    ``LlamaForCausalLM.from_pretrained`` and ``training.init_from`` starts from."""
+    from train_deploy.evaluation import load_model
+
+    model = load_model(checkpoint)
+    model.save_pretrained(str(target), safe_serialization=True)
+    shutil.copytree(tokenizer.path, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(TOKENIZER_FILE))
 
 
 def bundle_fingerprint(checkpoint: Path, tokenizer: TokenizerInfo, config: ExportConfig,
