@@ -220,6 +220,11 @@ class InitSource:
     """Digest of this run's cleaning and tokenizer configuration (not its inputs): compared with the champion's
     version tag of the same name."""
 
+    def result_fields(self) -> dict[str, str]:
+        """The :class:`TrainingResult` fields that record this start."""
+        return {"init_from": self.started_from, "init_from_hash": self.hash, "init_from_reason": self.reason,
+                "tokenizer_config_fingerprint": self.tokenizer_config_fingerprint}
+
     @property
     def started_from(self) -> str:
         """``scratch``, ``champion`` or ``folder``: what the weights really start from."""

@@ -39,6 +39,7 @@ from train_deploy.registry import evalset
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.history import CHAMPION, PREVIOUS, alias_version, record_event
 from train_deploy.registry.retry import Retrying
+from train_deploy.training.pretrained import TOKENIZER_TAG
 
 logger = logging.getLogger(__name__)
 
@@ -201,6 +202,18 @@ def version_tags(bundle: Bundle, token_files: TokenManifest, training_result: Tr
     tags |= {f"parity.max_abs_logit_diff.{form}": f"{value:.3g}"
              for form, value in parity.get("max_abs_logit_diff", {}).items()}
     tags |= {f"parity.perplexity.{form}": f"{value:.6g}" for form, value in parity.get("perplexity", {}).items()}
+    tags |= warm_start_tags(training_result)
+    return tags
+
+
+def warm_start_tags(training_result: TrainingResult) -> dict[str, str]:
+    """What the weights started from (``init_from``, ``init_from.hash``, why a champion start fell back to
+    scratch) and the tokenizer configuration a later ``init_from: champion`` run compares with its own."""
+    r = training_result
+    tags = {"init_from": r.init_from}
+    tags |= {"init_from.hash": r.init_from_hash} if r.init_from_hash else {}
+    tags |= {"init_from.reason": r.init_from_reason[:5000]} if r.init_from_reason else {}
+    tags |= {TOKENIZER_TAG: r.tokenizer_config_fingerprint} if r.tokenizer_config_fingerprint else {}
     return tags
 
 

@@ -436,16 +436,8 @@ def _result(job: Job, progress: Progress, size: ModelSize, valid: np.ndarray | N
         checkpoint=str(step_dir(Path(job.spec.checkpoints), progress.step)), val_loss=progress.val_loss,
         seq_length=job.config.batch.seq_length, eval_windows=0 if valid is None else len(valid),
         parameters=size.parameters,
-        layout={"dp": job.layout.dp, "mp": job.layout.mp, "pp": job.layout.pp}, **_init_fields(job.spec))
-
-
-def _init_fields(spec: RunSpec) -> dict[str, str]:
-    """The ``TrainingResult`` fields that say what the weights started from."""
-    init = spec.init
-    if init is None:
-        return {}
-    return {"init_from": init.started_from, "init_from_hash": init.hash, "init_from_reason": init.reason,
-            "tokenizer_config_fingerprint": init.tokenizer_config_fingerprint}
+        layout={"dp": job.layout.dp, "mp": job.layout.mp, "pp": job.layout.pp},
+        **(job.spec.init.result_fields() if job.spec.init else {}))
 
 
 def _throughput(job: Job, size: ModelSize) -> Throughput:

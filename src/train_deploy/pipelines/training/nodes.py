@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -32,7 +33,8 @@ def train_model(training: dict[str, Any], token_files: TokenManifest, checkpoint
                    logs=str(training_logs.run(run_name)), init=init_source)
     _log_resolved(layout, config)
     _log_init(init_source)
-    result = run_training(config, spec, mlflow_run_id=_mlflow_run_id())
+    result = dataclasses.replace(run_training(config, spec, mlflow_run_id=_mlflow_run_id()),
+                                 **init_source.result_fields())  # also when the run had finished before
     logger.info("Training reached step %d; last checkpoint %s (validation loss %s)", result.step,
                 result.checkpoint, result.val_loss)
     _report_baselines(result, token_files)
