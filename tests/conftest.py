@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -181,3 +182,26 @@ def tiny_bundle(tmp_path_factory, tiny_checkpoint, tiny_tokenizer, tiny_token_fi
     bundle = publish(work, tmp_path_factory.mktemp("bundles") / "bundle", Bundle, versions=True)
     assert not bundle.reused
     return Path(bundle.path)
+
+
+@pytest.fixture
+def seed_champion(tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer):
+    """``seed(uri, **tags)``: the session's tiny bundle as version 1 and champion of the default registered model
+    in the store at ``uri``, with ``tags`` beside its own and a small evaluation set that later runs reuse."""
+    import mlflow
+
+    from train_deploy.handoffs import Bundle
+    from train_deploy.registry.config import RegistryConfig
+    from train_deploy.registry.evalset import validation_texts
+    from train_deploy.registry.gate import register_and_gate, version_tags
+
+    def seed(uri: str, **tags: str) -> None:
+        bundle = Bundle.read_folder(tiny_bundle)
+        config = RegistryConfig.from_params({"eval_set": {"documents": 8, "max_chars": 60}})
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_registry_uri(uri)
+        with mlflow.start_run(experiment_id=mlflow.create_experiment("seed")):
+            register_and_gate(bundle, config, version_tags(bundle, tiny_token_files, tiny_run, "seed") | tags,
+                              partial(validation_texts, tiny_token_files, tiny_tokenizer, 8, 60))
+
+    return seed

@@ -17,6 +17,7 @@ from train_deploy.config import from_mapping
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.export.config import ExportConfig
 from train_deploy.registry.config import RegistryConfig
+from train_deploy.retrain import RetrainConfig
 from train_deploy.run_lock import RunConfig
 from train_deploy.training.config import OptimizerConfig, ScheduleConfig, TrainingConfig
 
@@ -30,6 +31,7 @@ BLOCKS: dict[str, type] = {
     "export": ExportConfig,
     "registry": RegistryConfig,
     "run": RunConfig,
+    "retrain": RetrainConfig,
 }
 
 

@@ -14,6 +14,7 @@ from kedro.framework.hooks import hook_impl
 from train_deploy.atomic import clean_leftovers, remove_leftovers
 from train_deploy.datasets import ArtifactFolderDataset, WorkFolderDataset
 from train_deploy.preflight import check_run, check_tracking
+from train_deploy.retrain import CHECKED_NODES, OUTCOME_TAG, REASON_TAG, NothingToRetrain, check_for_changes
 from train_deploy.run_lock import RunConfig, RunLock
 from train_deploy.schedule import TRIGGER_VARIABLE
 
@@ -134,8 +135,13 @@ class CloseMlflowRun:
         self._close()
 
     def _close(self) -> None:
-        while (run := mlflow.active_run()) is not None and run.info.run_id != self._outer_run_id:
-            mlflow.end_run()
+        end_mlflow_runs(self._outer_run_id)
+
+
+def end_mlflow_runs(outer_run_id: str | None, status: str = "FINISHED") -> None:
+    """End the active MLflow runs down to the run ``outer_run_id`` (open before the session; None: all)."""
+    while (run := mlflow.active_run()) is not None and run.info.run_id != outer_run_id:
+        mlflow.end_run(status)
 
 
 class TagTrigger:
@@ -146,6 +152,44 @@ class TagTrigger:
     def before_pipeline_run(self) -> None:
         if mlflow.active_run() is not None:
             mlflow.set_tag("trigger", os.environ.get(TRIGGER_VARIABLE) or "manual")
+
+
+class SkipUnchanged:
+    """A run that trains and registers first compares its corpus and training configuration with the champion's
+    (``train_deploy.retrain``) and ends before its first node when nothing changed.
+
+    ``trylast``: after kedro-mlflow has opened the run, which records the fingerprints and the reason, and, for
+    a skipped run, ``outcome=skipped``; it is then closed as finished and :class:`NothingToRetrain` stops the
+    session (``kedro run`` exits 0 saying why, see ``train_deploy.cli``).
+    """
+
+    def __init__(self) -> None:
+        self._outer_run_id: str | None = None
+
+    @hook_impl
+    def after_context_created(self) -> None:
+        run = mlflow.active_run()
+        self._outer_run_id = run.info.run_id if run else None
+
+    @hook_impl(trylast=True)
+    def before_pipeline_run(self, pipeline, catalog) -> None:
+        if not CHECKED_NODES <= {node.name for node in pipeline.nodes}:
+            return
+        active = mlflow.active_run() is not None
+        try:
+            check = check_for_changes(catalog.load("parameters"))
+        except BaseException:  # Kedro calls no on_pipeline_error before the first node: close the run here
+            end_mlflow_runs(self._outer_run_id, "FAILED")
+            raise
+        if active:
+            mlflow.set_tags({**check.fingerprints, REASON_TAG: check.reason})
+        if check.retrain:
+            logger.info("Retraining: %s", check.reason)
+            return
+        if active:
+            mlflow.set_tag(OUTCOME_TAG, "skipped")
+        end_mlflow_runs(self._outer_run_id)
+        raise NothingToRetrain(check.reason)
 
 
 class ShowBundle:

@@ -18,6 +18,7 @@ from train_deploy.corpus.config import CorpusConfig
 from train_deploy.environment import scoped_environment
 from train_deploy.export.config import ExportConfig
 from train_deploy.registry.config import RegistryConfig
+from train_deploy.retrain import RetrainConfig
 from train_deploy.training.config import TrainingConfig
 from train_deploy.training.metrics import redact_uri
 
@@ -28,6 +29,7 @@ STAGE_CONFIGS: dict[str, type] = {
     "averaging": AveragingConfig,
     "export": ExportConfig,
     "registry": RegistryConfig,
+    "retrain": RetrainConfig,  # not a stage: whether a run of the whole chain trains (train_deploy.retrain)
 }
 
 

@@ -10,6 +10,7 @@ from train_deploy.hooks import (
     ProjectRunLock,
     ShowBundle,
     ShowRegistryDecision,
+    SkipUnchanged,
     TagTrigger,
 )
 
@@ -21,7 +22,8 @@ def _artifact_location(tracking_uri: str) -> str | None:
 
 
 # pluggy calls the last registered first: the registry's decision is printed after the bundle, last of a run.
-HOOKS = (ProjectRunLock(), LocalMlflowStore(), CheckConfiguration(), CloseMlflowRun(), TagTrigger(),
+# Of the two trylast hooks, the one listed first is called first: TagTrigger tags a run SkipUnchanged may end.
+HOOKS = (ProjectRunLock(), LocalMlflowStore(), CheckConfiguration(), CloseMlflowRun(), TagTrigger(), SkipUnchanged(),
          ShowRegistryDecision(), ShowBundle())
 
 # kedro-telemetry is a dependency of kedro itself; its hooks never run in this project.

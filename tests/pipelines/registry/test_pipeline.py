@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 
-import mlflow
 import pytest
 from kedro.framework.session import KedroSession
 from mlflow import MlflowClient
 
 from tests.conftest import tiny_train_deploy_params
-from train_deploy.handoffs import Bundle
 from train_deploy.registry.config import RegistryConfig
-from train_deploy.registry.evalset import validation_texts
-from train_deploy.registry.gate import EVAL_SET_ARTIFACT, register_and_gate, version_tags
+from train_deploy.registry.gate import EVAL_SET_ARTIFACT
+from train_deploy.retrain import CORPUS_TAG, REASON_TAG, TRAINING_TAG, current_fingerprints
 
 pytestmark = pytest.mark.slow
 
@@ -38,21 +35,12 @@ def _state(client: MlflowClient) -> tuple[dict[str, str], list[str]]:
     return aliases, sorted(str(v.version) for v in client.search_model_versions(f"name='{MODEL}'"))
 
 
-def _seed_champion(uri: str, tiny_bundle: Path, tiny_run, tiny_token_files, tiny_tokenizer) -> None:
-    """Version 1 from the session's tiny bundle, with a small evaluation set that later runs reuse."""
-    bundle = Bundle.read_folder(tiny_bundle)
-    config = RegistryConfig.from_params({"eval_set": {"documents": 8, "max_chars": 60}})
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
-    with mlflow.start_run(experiment_id=mlflow.create_experiment("seed")):
-        register_and_gate(bundle, config, version_tags(bundle, tiny_token_files, tiny_run, "seed"),
-                          partial(validation_texts, tiny_token_files, tiny_tokenizer, 8, 60))
-
-
-def test_failed_runs_leave_the_aliases_and_a_good_run_registers_gates_and_says_so(
-        project, tmp_path, capsys, tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer):
+def test_failed_runs_leave_the_aliases_and_a_good_run_registers_gates_and_says_so(project, tmp_path, capsys,
+                                                                                  seed_champion):
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"  # the project fixture's store
-    _seed_champion(uri, tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer)
+    # The champion was trained with this run's configuration on another corpus.
+    fingerprints = current_fingerprints(_params())
+    seed_champion(uri, **{CORPUS_TAG: "an older corpus", TRAINING_TAG: fingerprints[TRAINING_TAG]})
     client = MlflowClient(uri, uri)
     assert _state(client) == ({"champion": "1"}, ["1"])
 
@@ -63,6 +51,8 @@ def test_failed_runs_leave_the_aliases_and_a_good_run_registers_gates_and_says_s
 
     _run(project, _params())
     decision = json.loads((project / "data/08_reporting/registry_decision.json").read_text(encoding="utf-8"))
+    assert client.get_run(decision["run_id"]).data.tags[REASON_TAG] == (
+        "the corpus (inputs, reading, cleaning, tokenizer or split) changed since champion version 1")
     assert decision["version"] == "2" and decision["previous_champion"] == "1"
     assert decision["decision"] in ("promoted", "rejected") and decision["eval_texts"] == 8
     champion = "2" if decision["champion"] else "1"
@@ -76,6 +66,7 @@ def test_failed_runs_leave_the_aliases_and_a_good_run_registers_gates_and_says_s
     # The version and the run hold what a person needs to trust it.
     version = client.get_model_version(MODEL, "2")
     assert version.run_id == decision["run_id"] and version.tags["gate.reason"] == decision["reason"]
+    assert {tag: version.tags[tag] for tag in fingerprints} == fingerprints  # what the next run compares with
     assert version.tags["git.commit"] == "unknown"  # the project copy is no git checkout
     assert json.loads(version.tags["training.layout"])["dp"] == 1
     run_metrics = client.get_run(decision["run_id"]).data.metrics  # read back after the run's every other node

@@ -1,0 +1,122 @@
+"""Change detection for scheduled retraining: train only when the corpus or the training changed since the champion.
+
+Before any heavy work, a run of the whole chain (one that trains and registers) fingerprints what it would train
+on and how:
+
+- ``retrain.corpus_fingerprint``: the corpus inputs' contents with the reading, cleaning, tokenizer and split
+  settings (a loaded tokenizer by its files) — what the token files are made from, known before tokenizing;
+- ``retrain.training_identity``: what determines the weights besides the data
+  (:meth:`~train_deploy.training.config.TrainingConfig.identity`).
+
+Both are tags of the run and of the version it registers. When they equal the champion's there is nothing to
+retrain: the hook that checks (``hooks.SkipUnchanged``) records the run as skipped (``outcome=skipped`` and the
+reason) and stops it with :class:`NothingToRetrain` before the first node, having read the inputs once; ``kedro
+run`` reports it as a success (``train_deploy.cli``). ``retrain.force: true`` trains anyway.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from mlflow import MlflowClient
+
+from train_deploy import __version__
+from train_deploy.config import from_mapping
+from train_deploy.corpus.build import FORMAT, tokenizer_fingerprint
+from train_deploy.corpus.config import CorpusConfig
+from train_deploy.corpus.readers import CorpusPlan, plan_corpus
+from train_deploy.corpus.tokenizer import _hash_folder
+from train_deploy.registry.config import RegistryConfig
+from train_deploy.registry.history import CHAMPION, alias_version
+from train_deploy.registry.retry import Retrying
+from train_deploy.training.config import TrainingConfig
+
+CORPUS_TAG, TRAINING_TAG = "retrain.corpus_fingerprint", "retrain.training_identity"
+REASON_TAG, OUTCOME_TAG = "retrain.reason", "outcome"
+# The nodes of a run that trains and registers: only such a run compares itself with the champion.
+CHECKED_NODES = frozenset({"train_model", "register_bundle"})
+
+
+@dataclass(kw_only=True, slots=True)
+class RetrainConfig:
+    """The ``retrain`` parameter block: when a run of the whole chain trains."""
+
+    force: bool = False
+    """Train even when the corpus and the training configuration are those of the champion."""
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any] | None) -> RetrainConfig:
+        return from_mapping(cls, params, "retrain")
+
+
+class NothingToRetrain(Exception):  # noqa: N818 (an outcome, not an error: ``kedro run`` exits 0 with it)
+    """The run was stopped before its first node because nothing changed since the champion; the message says so."""
+
+
+@dataclass(frozen=True, slots=True)
+class RetrainCheck:
+    """Whether to train, why, and the fingerprints the run is recorded with."""
+
+    retrain: bool
+    reason: str
+    fingerprints: dict[str, str]
+
+
+def check_for_changes(params: dict[str, Any]) -> RetrainCheck:
+    """Compare the run's fingerprints (from its ``params``) with the champion's in the registry MLflow points at."""
+    fingerprints = current_fingerprints(params)
+    if RetrainConfig.from_params(params.get("retrain")).force:
+        return RetrainCheck(True, "retrain.force is true", fingerprints)
+    registry = RegistryConfig.from_params(params.get("registry"))
+    client = MlflowClient()
+    retry = Retrying(registry.retries, client.tracking_uri)
+    champion = retry("find the champion", lambda: alias_version(client, registry.model_name, CHAMPION))
+    if champion is None:
+        return RetrainCheck(True, f"{registry.model_name} has no champion yet", fingerprints)
+    recorded = retry("read the champion's tags",
+                     lambda: client.get_model_version(registry.model_name, champion).tags)
+    return RetrainCheck(*compare(fingerprints, recorded, f"champion version {champion}"), fingerprints)
+
+
+def compare(current: dict[str, str], recorded: dict[str, str], champion: str) -> tuple[bool, str]:
+    """(retrain, reason) for the ``current`` fingerprints against those ``recorded`` on the ``champion``."""
+    if not {CORPUS_TAG, TRAINING_TAG} <= recorded.keys():
+        return True, f"{champion} records no fingerprints (registered before change detection)"
+    changed = [what for tag, what in ((CORPUS_TAG, "the corpus (inputs, reading, cleaning, tokenizer or split)"),
+                                      (TRAINING_TAG, "the training configuration"))
+               if recorded[tag] != current[tag]]
+    if changed:
+        return True, f"{' and '.join(changed)} changed since {champion}"
+    return False, (f"nothing to retrain: the corpus and the training configuration are those of {champion} "
+                   "(retrain.force: true trains anyway)")
+
+
+def run_fingerprints(run_id: str) -> dict[str, str]:
+    """The fingerprints the check recorded on MLflow run ``run_id`` (none when the run was not checked)."""
+    tags = MlflowClient().get_run(run_id).data.tags
+    return {tag: tags[tag] for tag in (CORPUS_TAG, TRAINING_TAG) if tag in tags}
+
+
+def current_fingerprints(params: dict[str, Any]) -> dict[str, str]:
+    """The run's fingerprints; reads every corpus input once (as the corpus stage's plan does) and nothing more."""
+    corpus = CorpusConfig.from_params(params.get("corpus"))
+    training = TrainingConfig.from_params(params.get("training"))
+    return {CORPUS_TAG: corpus_source_fingerprint(corpus, plan_corpus(corpus.reader)),
+            TRAINING_TAG: _digest(training.identity())}
+
+
+def corpus_source_fingerprint(config: CorpusConfig, plan: CorpusPlan) -> str:
+    """What the token files are made of, before any tokenizing: inputs, reading, cleaning, tokenizer, split."""
+    t, e = config.tokenizer, config.encoding
+    tokenizer = _hash_folder(Path(t.load_path)) if t.mode == "load" else tokenizer_fingerprint(config, plan)
+    return _digest({"format": FORMAT, "version": __version__, "input": plan.input_hash,
+                    "reader": asdict(config.reader), "cleaning": asdict(config.cleaning), "tokenizer": tokenizer,
+                    "split": {"validation_fraction": e.validation_fraction, "split_seed": e.split_seed}})
+
+
+def _digest(payload: dict[str, Any]) -> str:
+    return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()

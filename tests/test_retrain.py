@@ -1,0 +1,142 @@
+"""Change detection for scheduled retraining: a run with nothing new is recorded as skipped and trains nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from kedro.framework.session import KedroSession
+from mlflow import MlflowClient
+
+from tests.conftest import cli_params, tiny_train_deploy_params
+from train_deploy.corpus.people_daily import strip_pos_tags
+from train_deploy.corpus.readers import people_daily_path
+from train_deploy.registry.config import RegistryConfig
+from train_deploy.retrain import (
+    CORPUS_TAG,
+    TRAINING_TAG,
+    NothingToRetrain,
+    check_for_changes,
+    compare,
+    current_fingerprints,
+)
+
+MODEL = RegistryConfig().model_name
+TRAIN_DEPLOY = Path(sys.executable).parent / "train-deploy"
+
+
+def _write_corpus(path: Path, start: int, stop: int, mode: str = "w") -> None:
+    """People's Daily paragraphs ``start``..``stop`` as blank-line separated documents."""
+    lines = strip_pos_tags(people_daily_path().read_text(encoding="utf-8").splitlines()[start:stop])
+    with path.open(mode, encoding="utf-8") as file:
+        file.write("".join(f"{line}\n\n" for line in lines if line.strip()))
+
+
+def _params(corpus: Path, **blocks: dict) -> dict:
+    params = tiny_train_deploy_params(1, **blocks)
+    params["corpus"]["reader"] = {"source": "text", "paths": [str(corpus)], "chunk_bytes": 65536}
+    return params
+
+
+def _files(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``folder`` but the run lock's, with its size and modification time."""
+    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+            for p in folder.rglob("*") if p.is_file() and ".train_deploy.lock" not in p.name}
+
+
+def test_compare_names_what_changed():
+    current = {CORPUS_TAG: "c1", TRAINING_TAG: "t1"}
+    assert compare(current, dict(current), "champion version 3") == (
+        False, "nothing to retrain: the corpus and the training configuration are those of champion version 3 "
+               "(retrain.force: true trains anyway)")
+    assert compare(current, {CORPUS_TAG: "c0", TRAINING_TAG: "t1"}, "champion version 3") == (
+        True, "the corpus (inputs, reading, cleaning, tokenizer or split) changed since champion version 3")
+    assert compare(current, {CORPUS_TAG: "c0", TRAINING_TAG: "t0"}, "v")[1].startswith(
+        "the corpus (inputs, reading, cleaning, tokenizer or split) and the training configuration changed")
+    assert compare(current, {"corpus.fingerprint": "x"}, "champion version 1") == (
+        True, "champion version 1 records no fingerprints (registered before change detection)")
+
+
+def test_fingerprints_follow_what_changes_the_model_and_ignore_how_it_runs(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    _write_corpus(corpus, 0, 200)
+    base = current_fingerprints(_params(corpus))
+    same = _params(corpus, training={"launch": {"nproc_per_node": 2}, "schedule": {"max_steps": 4, "log_every": 2}})
+    same["corpus"]["encoding"]["workers"] = 1
+    assert current_fingerprints(same) == base  # processes, cadences and workers change no weights
+
+    retokenized = _params(corpus)
+    retokenized["corpus"]["tokenizer"] = {**retokenized["corpus"]["tokenizer"], "vocab_size": 1500}
+    longer = _params(corpus, training={"schedule": {"max_steps": 5}})
+    assert current_fingerprints(retokenized)[CORPUS_TAG] != base[CORPUS_TAG]
+    assert current_fingerprints(retokenized)[TRAINING_TAG] == base[TRAINING_TAG]
+    assert current_fingerprints(longer)[CORPUS_TAG] == base[CORPUS_TAG]
+    assert current_fingerprints(longer)[TRAINING_TAG] != base[TRAINING_TAG]
+    _write_corpus(corpus, 200, 201, mode="a")
+    assert current_fingerprints(_params(corpus))[CORPUS_TAG] != base[CORPUS_TAG]
+
+
+def _run(project: Path, params: dict) -> None:
+    with KedroSession.create(project_path=project, runtime_params=params) as session:
+        session.run(pipeline_names=["train_deploy"])
+
+
+@pytest.mark.slow
+def test_unchanged_corpus_is_a_skipped_run_new_text_retrains_and_a_failing_schedule_keeps_the_champion(
+        project, tmp_path, seed_champion):
+    corpus = tmp_path / "corpus.txt"
+    _write_corpus(corpus, 0, 700)
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"  # the project fixture's store
+    client = MlflowClient(uri, uri)
+    fingerprints = current_fingerprints(_params(corpus))
+    seed_champion(uri, **fingerprints)  # trained on this corpus with this configuration (real runs record them:
+    #                                     tests/pipelines/registry/test_pipeline.py)
+
+    before = _files(project / "data")
+    with pytest.raises(NothingToRetrain, match="those of champion version 1"):
+        _run(project, _params(corpus))
+    assert _files(project / "data") == before  # nothing tokenized, trained, averaged or exported
+    (skipped,) = client.search_runs([client.get_experiment_by_name("train_deploy").experiment_id])
+    assert skipped.info.status == "FINISHED" and skipped.data.tags["outcome"] == "skipped"
+    assert skipped.data.tags["retrain.reason"].startswith("nothing to retrain")
+    assert skipped.data.metrics == {} and skipped.data.tags["trigger"] == "manual"
+    assert {tag: skipped.data.tags[tag] for tag in fingerprints} == fingerprints
+
+    _write_corpus(corpus, 700, 800, mode="a")  # new text arrived
+    assert check_for_changes(_params(corpus)).reason == (
+        "the corpus (inputs, reading, cleaning, tokenizer or split) changed since champion version 1")
+    forced = _params(corpus)
+    forced["retrain"] = {"force": True}
+    assert check_for_changes(forced).reason == "retrain.force is true"
+
+    # The scheduler on a project whose corpus has gone: the slot's run fails and is retried with back-off, the
+    # champion stays, and the scheduler lives on to run the next slot.
+    corpus.unlink()
+    log = tmp_path / "schedule.log"
+    with log.open("w") as err:
+        scheduler = subprocess.Popen(
+            [str(TRAIN_DEPLOY), "schedule", "--cron", "* * * * * */2", "--retries", "1", "--backoff", "0.2",
+             "--params", ",".join(cli_params(_params(corpus)))],
+            cwd=project, env={**os.environ, "MLFLOW_TRACKING_URI": uri}, stderr=err, text=True)
+    try:
+        _wait_for(lambda: "started:" in log.read_text().partition("after 1 retries")[2], 180)
+        scheduler.send_signal(signal.SIGTERM)
+        assert scheduler.wait(60) == 0
+    finally:
+        scheduler.kill()
+    text = log.read_text()
+    assert "run failed (rc 1): retry 1 of 1 in 0.2 s" in text and str(corpus) in text
+    assert {k: str(v) for k, v in client.get_registered_model(MODEL).aliases.items()} == {"champion": "1"}
+    assert len(client.search_model_versions(f"name='{MODEL}'")) == 1
+
+
+def _wait_for(condition, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.5)
