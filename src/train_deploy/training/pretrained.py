@@ -165,8 +165,7 @@ def resolve_init_source(init_from: str, corpus_config, model_name: str, cache: P
         return InitSource(requested=init_from, tokenizer_config_fingerprint=fingerprint)
     if init_from == CHAMPION:
         folder, version, reason = champion_folder(model_name, fingerprint, Path(cache))
-        if folder is None:
-            logger.warning("training.init_from: champion: starting from scratch: %s", reason)
+        if folder is None:  # record_init_source says so in the log and on the run
             return InitSource(requested=init_from, reason=reason, tokenizer_config_fingerprint=fingerprint)
         source = folder_source(folder, init_from, fingerprint, Path(cache))
         source.champion_version = version
@@ -262,3 +261,20 @@ def check_layout(config, source: InitSource, vocab_size: int):
         if source.path:
             raise ConfigError(f"{Path(source.path) / CONFIG_FILE}: {exc}") from None
         raise
+
+
+def record_init_source(source: InitSource) -> None:
+    """What the weights start from, on the active MLflow run if any (the corpus and the training stage both record
+    it, so either run alone has it): params ``init_from`` (as configured) and ``init_from.hash``,
+    tags ``init_from`` (scratch, champion or folder) and, when a champion start fell back to scratch, the reason."""
+    import mlflow
+
+    if source.reason:
+        logger.warning("training.init_from: %s: starting from scratch: %s", source.requested, source.reason)
+    if mlflow.active_run() is None:
+        return
+    mlflow.log_params({"init_from": source.requested, "init_from.hash": source.hash or "none"})
+    tags = {"init_from": source.started_from}
+    tags |= {"init_from.reason": source.reason} if source.reason else {}
+    tags |= {"init_from.champion_version": source.champion_version} if source.champion_version else {}
+    mlflow.set_tags(tags)

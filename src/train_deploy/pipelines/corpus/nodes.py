@@ -21,7 +21,7 @@ from train_deploy.datasets import FolderWork
 from train_deploy.handoffs import InitSource, TokenizerInfo, TokenManifest, WorkFolder, to_json
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.training.config import TrainingConfig
-from train_deploy.training.pretrained import resolve_init_source
+from train_deploy.training.pretrained import record_init_source, resolve_init_source
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +41,9 @@ def resolve_init(training: dict[str, Any], registry: dict[str, Any], corpus_conf
     ``pretrained/`` folder downloaded into ``init_cache`` (scratch, with the reason, when it cannot be used)."""
     init_from = TrainingConfig.from_params(training).init_from
     model_name = RegistryConfig.from_params(registry).model_name
-    return resolve_init_source(init_from, corpus_config, model_name, Path(init_cache.path))
+    source = resolve_init_source(init_from, corpus_config, model_name, Path(init_cache.path))
+    record_init_source(source)
+    return source
 
 
 def prepare_tokenizer(corpus_config: CorpusConfig, corpus_plan: CorpusPlan,

@@ -13,7 +13,12 @@ from train_deploy.evaluation import validation_windows
 from train_deploy.handoffs import DataSpec, InitSource, RunSpec, TokenManifest, TrainingResult, WorkFolder
 from train_deploy.training.config import Layout, TrainingConfig
 from train_deploy.training.launch import run_training
-from train_deploy.training.pretrained import check_layout, check_source_current, warm_start_training
+from train_deploy.training.pretrained import (
+    check_layout,
+    check_source_current,
+    record_init_source,
+    warm_start_training,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +37,7 @@ def train_model(training: dict[str, Any], token_files: TokenManifest, checkpoint
     spec = RunSpec(run_name=run_name, training=training, data=data, checkpoints=str(checkpoints.run(run_name)),
                    logs=str(training_logs.run(run_name)), init=init_source)
     _log_resolved(layout, config)
-    _log_init(init_source)
+    record_init_source(init_source)
     result = dataclasses.replace(run_training(config, spec, mlflow_run_id=_mlflow_run_id()),
                                  **init_source.result_fields())  # also when the run had finished before
     logger.info("Training reached step %d; last checkpoint %s (validation loss %s)", result.step,
@@ -72,22 +77,6 @@ def _mlflow_run_id() -> str | None:
 
     run = mlflow.active_run()
     return run.info.run_id if run else None
-
-
-def _log_init(source: InitSource) -> None:
-    """What the weights start from, on the MLflow run: params ``init_from`` (as configured) and ``init_from.hash``,
-    tags ``init_from`` (scratch, champion or folder) and, when a champion start fell back to scratch, the reason."""
-    import mlflow
-
-    if source.reason:
-        logger.warning("training.init_from: %s: starting from scratch: %s", source.requested, source.reason)
-    if mlflow.active_run() is None:
-        return
-    mlflow.log_params({"init_from": source.requested, "init_from.hash": source.hash or "none"})
-    tags = {"init_from": source.started_from}
-    tags |= {"init_from.reason": source.reason} if source.reason else {}
-    tags |= {"init_from.champion_version": source.champion_version} if source.champion_version else {}
-    mlflow.set_tags(tags)
 
 
 def _log_resolved(layout: Layout, config: TrainingConfig) -> None:
