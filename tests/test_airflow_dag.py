@@ -119,13 +119,19 @@ try:
     from airflow.dag_processing.dagbag import DagBag
 except ImportError:
     from airflow.models.dagbag import DagBag
+from types import SimpleNamespace
+import jinja2
+from airflow.utils.types import DagRunType
 bag = DagBag(dag_folder=sys.argv[1], include_examples=False)
 dag = bag.dags.get("train-deploy")
+trigger = dag and {dag.tasks[0].op_args[1]}  # the trigger argument, rendered by Airflow for each DAG run
 json.dump({"errors": {k: str(v)[-2000:] for k, v in bag.import_errors.items()},
            "max_active_runs": dag and dag.max_active_runs, "catchup": dag and dag.catchup,
            "upstream": dag and {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks},
            "retries": dag and sorted({t.retries for t in dag.tasks}),
-           "runs_in": dag and sorted({f"{type(t).__name__} {t.python}" for t in dag.tasks})}, sys.stdout)
+           "runs_in": dag and sorted({f"{type(t).__name__} {t.python}" for t in dag.tasks}),
+           "trigger": dag and {kind.value: jinja2.Template(template).render(dag_run=SimpleNamespace(run_type=kind))
+                               for kind in DagRunType for template in trigger}}, sys.stdout)
 """
     env = {"PATH": os.environ["PATH"], "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
            "TRAIN_DEPLOY_PROJECT": "/srv/projects/train_deploy"}
@@ -138,6 +144,8 @@ json.dump({"errors": {k: str(v)[-2000:] for k, v in bag.import_errors.items()},
     assert found["retries"] == [2]
     # Airflow's pins conflict with the project's: every task runs in the project's own venv
     assert found["runs_in"] == ["_PythonExternalDecoratedOperator /srv/projects/train_deploy/.venv/bin/python"]
+    assert found["trigger"].pop("scheduled") == "schedule"  # what hooks.TagTrigger tags the MLflow run with
+    assert set(found["trigger"].values()) == {"manual"}  # airflow dags trigger, backfills, …
     corpus = next(task for task, nodes in _task_nodes(ast.parse(generated_dag.read_text())).items()
                   if "encode_corpus" in nodes)
     assert found["upstream"]["train-model"] == [corpus]
