@@ -13,6 +13,7 @@ from tests.conftest import corpus_params, publish
 from train_deploy.corpus.build import sample_documents
 from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CorpusConfig
+from train_deploy.corpus.filters import QualityFilter
 from train_deploy.corpus.readers import ReadStats, iter_documents, plan_corpus
 from train_deploy.corpus.tokenizer import TokenEncoder, _hash_folder
 from train_deploy.handoffs import TokenizerInfo, TokenManifest, to_json
@@ -51,7 +52,8 @@ def test_a_multistream_wiki_dump_is_shared_by_the_workers_and_encodes_like_a_sin
     for name, workers in (("multi", 1), ("multi", 2), ("single", 1)):
         folder = tmp_path / f"{name}_{workers}"
         _, manifest = encode(folder, tiny_tokenizer, encoding={"workers": workers},
-                             cleaning={"max_repeated_ngram_share": 1.0}, reader={  # the pages repeat 内容
+                             cleaning={"max_repeated_ngram_share": 1.0, "near_dedup": False},  # pages alike
+                             reader={
             "source": "wiki_xml", "paths": [str(tmp_path / f"{name}.xml.bz2")], "max_bytes": None,
             "chunk_bytes": 4096})
         outputs.append(output_bytes(folder / "tokens"))
@@ -65,14 +67,15 @@ def test_a_multistream_wiki_dump_is_shared_by_the_workers_and_encodes_like_a_sin
 def test_paddlenlp_reads_the_token_files_and_they_decode_to_the_cleaned_documents(tmp_path, tiny_tokenizer):
     from paddlenlp.data.indexed_dataset import MMapIndexedDataset, make_dataset
 
-    config, manifest = encode(tmp_path, tiny_tokenizer, cleaning={"deduplicate": False},
+    config, manifest = encode(tmp_path, tiny_tokenizer, cleaning={"deduplicate": False, "near_dedup": False},
                               encoding={"validation_fraction": 0.0})
     dataset = MMapIndexedDataset(str(tmp_path / "tokens" / "train"))
     assert make_dataset(str(tmp_path / "tokens" / "train"), "mmap").sizes.sum() == manifest.tokens["total"]
     cleaner = Cleaner(config.cleaning)
     plan = plan_corpus(config.reader)
+    quality = QualityFilter(config.cleaning)
     expected = [t for c in plan.chunks for raw in iter_documents(c, config.reader, ReadStats())
-                if len(t := cleaner(raw)) >= config.cleaning.min_chars]
+                if quality.reasons([t := cleaner(raw)]) == [None]]
     assert len(dataset) == len(expected) == manifest.splits["train"].documents
     assert list(dataset.doc_idx[:3]) == [0, 1, 2]
     encoder = TokenEncoder(tiny_tokenizer)
@@ -128,7 +131,7 @@ def test_duplicates_are_dropped_and_counted(tmp_path, tiny_tokenizer):
     _, manifest = encode(tmp_path, tiny_tokenizer, reader={"source": "text", "paths": [str(path)], "chunk_bytes": 4096},
                          encoding={"validation_fraction": 0.2})
     assert manifest.documents.read == 51
-    assert manifest.documents.dropped == {"too_short": 1, "duplicate": 10}
+    assert manifest.documents.dropped == {"too_short": 1, "duplicate": 10, "near_duplicate": 0}
     assert manifest.documents.kept == 40
     assert sum(s.documents for s in manifest.splits.values()) == 40
     assert 0 < manifest.splits["valid"].documents < 40

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,12 @@ from train_deploy.corpus.filters import QualityFilter, repeated_line_share
 
 CHINESE = "中国人民银行今天宣布，从下月起调整部分存款利率，以支持实体经济的稳定发展。"
 # Every filter on, with thresholds that the documents below cross one rule at a time.
-ALL_ON = {"min_chars": 8, "max_chars": 70, "min_cjk_share": 0.3, "max_repeated_line_share": 0.3,
+ALL_ON = {"min_chars": 8, "max_chars": 1000, "min_cjk_share": 0.3, "max_repeated_line_share": 0.3,
           "max_repeated_ngram_share": 0.4, "repetition_ngram": 6, "max_symbol_share": 0.4}
 
 CASES = {
     "too_short": "太短了",
-    "too_long": CHINESE + "另外，国家统计局公布的数据显示，上个月居民消费价格同比上涨百分之二点一，涨幅有所回落。",
+    "too_long": "".join(chr(0x4E00 + i * 7 % 3000) for i in range(1200)),
     "low_cjk_share": "The quick brown fox jumps over the lazy dog, 中文。",
     "repeated_lines": "点击这里订阅本报\n今日要闻，经济形势稳中向好。\n点击这里订阅本报\n点击这里订阅本报",
     "repeated_ngrams": "欢迎光临本店铺欢迎光临本店铺欢迎光临本店铺欢迎光临本店铺，谢谢。",
@@ -52,18 +53,26 @@ def test_repeated_line_share_counts_characters_of_lines_seen_twice():
     assert repeated_line_share("一行\n\n另一行") == 0.0
 
 
+def random_chinese(count: int, length: int, seed: int = 0) -> list[str]:
+    """Distinct documents of common CJK characters in no order: nothing repeats, nothing is a near-duplicate."""
+    rng = random.Random(seed)
+    return ["".join(chr(0x4E00 + rng.randrange(3000)) for _ in range(length)) + "。" for _ in range(count)]
+
+
 def test_every_filter_on_is_counted_in_the_manifest_and_identical_for_one_and_two_workers(tmp_path, tiny_tokenizer):
-    keep = [f"第{i}号：{CHINESE}" for i in range(300)]
-    drops = [text for text in CASES.values() for _ in range(3)]
+    keep = random_chinese(300, 400)
+    near = [text[:200] + "的" + text[201:] for text in keep[:20]]  # one character changed
+    drops = [text for text in CASES.values() for _ in range(3)] + near
     path = tmp_path / "mixed.txt"
     mixed = [t for pair in zip(keep, drops + [""] * (300 - len(drops)), strict=True) for t in pair if t]
     path.write_text("\n\n".join(mixed) + "\n", encoding="utf-8")
     outputs = []
     for workers in (1, 2):
-        _, manifest = encode(tmp_path / f"w{workers}", tiny_tokenizer, cleaning=ALL_ON, encoding={"workers": workers},
-                             reader={"source": "text", "paths": [str(path)], "chunk_bytes": 4096})
+        _, manifest = encode(tmp_path / f"w{workers}", tiny_tokenizer, cleaning=ALL_ON,
+                             encoding={"workers": workers},
+                             reader={"source": "text", "paths": [str(path)], "chunk_bytes": 16384, "max_bytes": None})
         assert manifest.input["chunks"] > 2 and manifest.workers == workers
-        assert manifest.documents.dropped == {**{reason: 3 for reason in CASES}, "duplicate": 0}
-        assert manifest.documents.kept == 300 and manifest.documents.read == 300 + 3 * len(CASES)
+        assert manifest.documents.dropped == {**{reason: 3 for reason in CASES}, "duplicate": 0, "near_duplicate": 20}
+        assert manifest.documents.kept == 300 and manifest.documents.read == 300 + len(drops)
         outputs.append(output_bytes(Path(manifest.path)))
     assert outputs[0] == outputs[1]

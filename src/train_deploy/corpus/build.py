@@ -34,6 +34,7 @@ from train_deploy import __version__
 from train_deploy.atomic import scratch_folder
 from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CorpusConfig
+from train_deploy.corpus.dedup import SignatureWriter, near_duplicates
 from train_deploy.corpus.filters import QualityFilter
 from train_deploy.corpus.indexed import ShardWriter, merge_shards, token_dtype
 from train_deploy.corpus.native import compiled
@@ -111,10 +112,12 @@ def encode_corpus(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerIn
     work = scratch_folder(Path(folder), "shards")
     try:
         stats = _combine(_run_workers(config, plan, tokenizer, work))
+        near = near_duplicates([work / f"{c.index:06d}" for c in plan.chunks], config.cleaning) \
+            if config.cleaning.near_dedup else None
         if stats["documents_kept"] == 0:
             raise CorpusError(f"corpus is empty: no document left after cleaning in {', '.join(plan.files)} "
                               f"(read {stats['documents_read']}, dropped {dict(stats['dropped'])})")
-        splits = _merge(config, plan, tokenizer, work, Path(folder), stats)
+        splits = _merge(config, plan, tokenizer, work, Path(folder), stats, near)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     wall = time.perf_counter() - started
@@ -181,16 +184,19 @@ def _encode_chunk(chunk: Chunk) -> ChunkResult:
     assert w is not None, "worker not initialised"
     result = ChunkResult(chunk.index)
     writers = {s: ShardWriter(w.work / f"{chunk.index:06d}.{s}", w.dtype) for s in SPLITS}
+    near_dedup = w.config.cleaning.near_dedup
+    signatures = SignatureWriter(w.work / f"{chunk.index:06d}", w.config.cleaning) if near_dedup else None
     for batch in iter_document_batches(chunk, w.config.reader, result.read, w.config.encoding.batch_documents):
         if w.watch is not None:
             w.watch()
-        _encode_batch(w, batch, writers, result)
-    for writer in writers.values():
+        _encode_batch(w, batch, writers, signatures, result)
+    for writer in [*writers.values(), *([signatures] if signatures else [])]:
         writer.close()
     return result
 
 
-def _encode_batch(w: _Worker, raw: list[str], writers: dict[str, ShardWriter], result: ChunkResult) -> None:
+def _encode_batch(w: _Worker, raw: list[str], writers: dict[str, ShardWriter], signatures: SignatureWriter | None,
+                  result: ChunkResult) -> None:
     """Clean a batch of documents, drop short ones, split them by hash, encode and append them."""
     if not raw:
         return
@@ -207,6 +213,8 @@ def _encode_batch(w: _Worker, raw: list[str], writers: dict[str, ShardWriter], r
     digests = b"".join([xxh3_128_digest(text.encode("utf-8"), seed) for text in texts])
     halves = np.frombuffer(digests, dtype="<u8").reshape(-1, 2)
     valid = halves[:, 1] < np.uint64(int(w.config.encoding.validation_fraction * 2**64))
+    if signatures is not None:
+        signatures.add(texts, halves[:, 0], valid)
     for split, members in (("train", ~valid), ("valid", valid)):
         if not members.any():
             continue
@@ -428,19 +436,23 @@ def _combine(results: list[ChunkResult]) -> dict[str, Any]:
 
 
 def _merge(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, work: Path, folder: Path,
-           stats: dict[str, Any]) -> dict[str, SplitInfo]:
-    """Merge the chunks' shards in chunk order into ``folder/<split>.{bin,idx}``."""
+           stats: dict[str, Any], near: dict[str, list[np.ndarray]] | None) -> dict[str, SplitInfo]:
+    """Merge the chunks' shards in chunk order into ``folder/<split>.{bin,idx}``, leaving out duplicates and the
+    ``near`` duplicates (per split, a mask per chunk)."""
     dtype = token_dtype(tokenizer.vocab_size)
     splits = {}
     for split in SPLITS:
         seen: set[int] | None = set() if config.cleaning.deduplicate else None
         prefixes = [work / f"{c.index:06d}.{split}" for c in plan.chunks]
-        documents, tokens, duplicates = merge_shards(prefixes, folder / split, dtype, seen)
+        drops = near[split] if near is not None else None
+        documents, tokens, duplicates = merge_shards(prefixes, folder / split, dtype, seen, drops)
         stats["dropped"]["duplicate"] += duplicates
+        if drops is not None:
+            stats["dropped"]["near_duplicate"] += sum(int(d.sum()) for d in drops)
         splits[split] = SplitInfo(prefix=split, documents=documents, tokens=tokens,
                                   bin_bytes=(folder / f"{split}.bin").stat().st_size,
                                   idx_bytes=(folder / f"{split}.idx").stat().st_size)
-    stats["documents_kept"] -= stats["dropped"]["duplicate"]
+    stats["documents_kept"] -= stats["dropped"]["duplicate"] + stats["dropped"]["near_duplicate"]
     return splits
 
 

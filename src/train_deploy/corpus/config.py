@@ -98,6 +98,17 @@ class CleaningConfig:
     are dropped (`symbol_share`: tables, lists of numbers, ASCII art); 1 = off."""
     deduplicate: bool = True
     """Drop exact duplicates (by a 64-bit content hash of the cleaned text); the first one is kept."""
+    near_dedup: bool = True
+    """Drop near-duplicates (`near_duplicate`): MinHash of character shingles with LSH banding; of each cluster
+    the first document in input order is kept, whatever the worker count. Memory in the encoding process: about
+    2 kB per kept document with 128 permutations (the signature's `4 × near_dedup_permutations` bytes, the LSH
+    band entries and the content hash)."""
+    near_dedup_threshold: float = 0.8
+    """Estimated Jaccard similarity of the shingle sets from which a document is a near-duplicate (0.5 to 1)."""
+    near_dedup_ngram: int = 5
+    """Characters per shingle (1 to 100)."""
+    near_dedup_permutations: int = 128
+    """MinHash signature length, a power of two (16 to 1024): longer estimates better and costs more memory."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -174,6 +185,12 @@ class CorpusConfig:
         for key in ("max_repeated_line_share", "max_repeated_ngram_share", "max_symbol_share"):
             check_range(f"corpus.cleaning.{key}", getattr(c, key), 0, 1, open_low=True, note="1 = off")
         check_range("corpus.cleaning.repetition_ngram", c.repetition_ngram, 2, 100)
+        check_range("corpus.cleaning.near_dedup_threshold", c.near_dedup_threshold, 0.5, 1, open_high=True)
+        check_range("corpus.cleaning.near_dedup_ngram", c.near_dedup_ngram, 1, 100)
+        check_range("corpus.cleaning.near_dedup_permutations", c.near_dedup_permutations, 16, 1024)
+        permutations = c.near_dedup_permutations
+        check(permutations & (permutations - 1) == 0, "corpus.cleaning.near_dedup_permutations",
+              f"must be a power of two (got {permutations})")
         check(t.mode == "train" or bool(t.load_path), "corpus.tokenizer.load_path",
               "mode 'load' needs the directory of an existing tokenizer")
         # SentencePiece's own limits, so that a bad value stops here and not after the corpus is sampled.

@@ -49,7 +49,7 @@ class QualityFilter:
             fail("too_long", lengths > c.max_chars)
         classes = c.min_cjk_share > 0 or c.max_symbol_share < 1
         if classes or c.max_repeated_ngram_share < 1:
-            codes, owner = _codes(texts)
+            codes, owner = code_points(texts)
         if classes:
             cjk, symbols = _class_shares(codes, owner, len(texts))
             fail("low_cjk_share", cjk < c.min_cjk_share)
@@ -79,7 +79,7 @@ def repeated_ngram_shares(codes: np.ndarray, owner: np.ndarray, lengths: np.ndar
     if len(codes) < n:
         return np.zeros(count)
     starts = len(codes) - n + 1
-    hashes = _window_hashes(codes.astype(np.uint64), n)[:starts]
+    hashes = window_hashes(codes.astype(np.uint64), n)[:starts]
     hashes ^= owner[:starts].astype(np.uint64) * _MIX  # the same n-gram in two documents is not a repeat
     inside = (owner[:starts] == owner[n - 1 :]) & (owner[:starts] >= 0)  # within one document
     repeated = np.zeros(starts, dtype=bool)
@@ -92,7 +92,7 @@ def repeated_ngram_shares(codes: np.ndarray, owner: np.ndarray, lengths: np.ndar
     return np.bincount(owner[covered], minlength=count) / np.maximum(lengths, 1)
 
 
-def _window_hashes(codes: np.ndarray, n: int) -> np.ndarray:
+def window_hashes(codes: np.ndarray, n: int) -> np.ndarray:
     """A polynomial hash (wrapping in 64 bits) of the ``n`` characters from each position, built from windows
     of 1, 2, 4 … characters by doubling: ``log2(n)`` passes instead of ``n``. The last ``n - 1`` are partial."""
     hashes: dict[int, np.ndarray] = {1: codes}
@@ -130,7 +130,7 @@ def _occurs_twice(hashes: np.ndarray) -> np.ndarray:
     return twice
 
 
-def _codes(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def code_points(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """The batch's code points and, for each, the index of its document (-1 for the joining character)."""
     joined = _JOIN.join(texts)
     codes = np.frombuffer(joined.encode("utf-32-le"), dtype=np.uint32)

@@ -52,9 +52,10 @@ class ShardWriter:
 
 
 def merge_shards(prefixes: list[Path], out_prefix: Path, dtype: np.dtype,
-                 seen: set[int] | None) -> tuple[int, int, int]:
+                 seen: set[int] | None, drops: list[np.ndarray | None] | None = None) -> tuple[int, int, int]:
     """Concatenate shards in order into ``out_prefix.bin/.idx``, skipping documents whose hash is in
-    ``seen`` (which is updated); ``seen=None`` keeps every document.
+    ``seen`` (which is updated); ``seen=None`` keeps every document. ``drops[i]``, where given, marks further
+    documents of shard ``i`` to leave out (near-duplicates); they are not counted as duplicates.
 
     Returns ``(documents, tokens, duplicates)``. Memory is bounded by one shard plus ``seen``.
     """
@@ -62,11 +63,12 @@ def merge_shards(prefixes: list[Path], out_prefix: Path, dtype: np.dtype,
     sizes_path = _file(out_prefix, "sizes")
     documents = tokens = duplicates = 0
     with open(_file(out_prefix, "bin"), "wb") as out, open(sizes_path, "wb") as sizes_out:
-        for prefix in prefixes:
+        for i, prefix in enumerate(prefixes):
             sizes = np.fromfile(_file(prefix, "sizes"), dtype=np.int32)
             if not len(sizes):
                 continue
-            keep = _first_occurrences(np.fromfile(_file(prefix, "hash"), dtype=np.uint64), seen)
+            drop = drops[i] if drops is not None else None
+            keep = _first_occurrences(np.fromfile(_file(prefix, "hash"), dtype=np.uint64), seen, drop)
             bin_path = _file(prefix, "bin")
             if keep.all():
                 with open(bin_path, "rb") as src:
@@ -77,7 +79,7 @@ def merge_shards(prefixes: list[Path], out_prefix: Path, dtype: np.dtype,
             kept.tofile(sizes_out)
             documents += len(kept)
             tokens += int(kept.sum(dtype=np.int64))
-            duplicates += int(len(sizes) - len(kept))
+            duplicates += int(len(sizes) - len(kept)) - (int(drop.sum()) if drop is not None else 0)
     _write_index(_file(out_prefix, "idx"), sizes_path, documents, dtype)
     sizes_path.unlink()
     return documents, tokens, duplicates
@@ -88,12 +90,12 @@ def _file(prefix: Path, extension: str) -> Path:
     return prefix.parent / f"{prefix.name}.{extension}"
 
 
-def _first_occurrences(hashes: np.ndarray, seen: set[int] | None) -> np.ndarray:
+def _first_occurrences(hashes: np.ndarray, seen: set[int] | None, drop: np.ndarray | None = None) -> np.ndarray:
     if seen is None:
-        return np.ones(len(hashes), dtype=bool)
+        return np.ones(len(hashes), dtype=bool) if drop is None else ~drop
     keep = np.empty(len(hashes), dtype=bool)
     for i, h in enumerate(hashes.tolist()):
-        keep[i] = h not in seen
+        keep[i] = h not in seen and (drop is None or not drop[i])
         if keep[i]:
             seen.add(h)
     return keep
