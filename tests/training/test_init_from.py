@@ -52,7 +52,8 @@ def model_folder(tmp_path_factory, tiny_tokenizer) -> Path:
 
 
 @pytest.mark.slow
-def test_first_step_loss_is_the_pretrained_models_loss_on_the_same_batch(tmp_path, model_folder, tiny_token_files):
+def test_first_step_loss_is_the_pretrained_models_loss_and_a_rerun_resumes_its_own_checkpoint(tmp_path, model_folder,
+                                                                                              tiny_token_files):
     import paddle
     from paddlenlp.transformers import LlamaForCausalLM
 
@@ -61,12 +62,18 @@ def test_first_step_loss_is_the_pretrained_models_loss_on_the_same_batch(tmp_pat
     from train_deploy.training.data import TokenWindows
 
     init = resolve(model_folder, tmp_path)
-    params = warm_params(model_folder, batch={"micro_batch_size": 8}, schedule={"max_steps": 1})
+    params = warm_params(model_folder, batch={"micro_batch_size": 8}, schedule={"max_steps": 2, "stop_after": 1})
     folders = WorkFolder(path=str(tmp_path / "checkpoints")), WorkFolder(path=str(tmp_path / "logs"))
     result = train_model(params, tiny_token_files, *folders, init_source=init)
+    assert (result.step, result.init_from, result.init_from_hash) == (1, "folder", init.hash)
 
-    metrics = (tmp_path / "logs" / result.run_name / "metrics.jsonl").read_text().splitlines()
-    first = json.loads(metrics[0])
+    # Resume beats init: the rerun continues from its own step 1, with the schedule's warm-up where it was.
+    del params["schedule"]["stop_after"]
+    assert train_model(params, tiny_token_files, *folders, init_source=init).step == 2
+    metrics = [json.loads(line) for line in
+               (tmp_path / "logs" / result.run_name / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2] and metrics[1]["lr"] > metrics[0]["lr"]
+    first = metrics[0]
     batch = TokenWindows(tiny_token_files.prefix("train"), 32, params.get("schedule", {}).get("seed", 1234),
                          tiny_token_files.dtype).batch(0, 8)
     model = LlamaForCausalLM.from_pretrained(str(model_folder))
@@ -75,7 +82,6 @@ def test_first_step_loss_is_the_pretrained_models_loss_on_the_same_batch(tmp_pat
     expected = float(next_token_loss(logits, paddle.to_tensor(batch[:, 1:])))
     assert first["step"] == 1 and expected > 9  # far from a fresh model's ln(2000) = 7.6
     assert first["loss"] == pytest.approx(expected, rel=1e-5)
-    assert (result.init_from, result.init_from_hash) == ("folder", init.hash)
 
 
 def test_the_corpus_stage_encodes_with_the_model_folders_tokenizer(tmp_path, model_folder):
