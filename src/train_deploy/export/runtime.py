@@ -9,7 +9,8 @@
 Texts are scored after the end-of-document id, the context every training document was seen in.
 Every text and prompt is first normalised with the policy the bundle's tokenizer records (``zh``: full-width
 Latin, digits and spaces folded, Chinese punctuation kept), as the training corpus was; a bundle whose tokenizer
-records none (exported before the record) takes texts as given, and says so in the log when loaded.
+records none (saved before the record, or a tokenizer loaded from elsewhere) takes texts as given, and says
+so in the log when loaded.
 The exported graph has no KV cache: each new token re-reads the whole window (fine for small models
 and short outputs; the graph stays one portable function of ``input_ids`` and ``attention_mask``).
 """
@@ -222,8 +223,8 @@ class LanguageModel:
         model = cls(logits, bundle_tokenizer(folder, meta), context=meta["model"]["context"],
                     eos_id=meta["model"]["eos_id"], too_long=too_long or meta["too_long"])
         if model.normalization is None:
-            logger.info("%s: the tokenizer records no normalisation policy (exported before train_deploy recorded "
-                        "one): texts are tokenized as given", folder)
+            logger.info("%s: the tokenizer records no normalisation policy (saved before train_deploy recorded one, "
+                        "or not trained by train_deploy): texts are tokenized as given", folder)
         return model
 
     def logits(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:

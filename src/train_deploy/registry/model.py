@@ -156,8 +156,9 @@ def input_texts(model_input: Any, max_batch: int, *, allow_empty: bool = False) 
 def score_frame(model: LanguageModel, texts: list[str]) -> pd.DataFrame:
     """One row per text: its token and character counts, summed and mean natural-log probability, perplexity.
 
-    Tokens are scored after the end-of-document id (:meth:`LanguageModel.score`); ``chars`` counts the
-    characters of the text as given, so :func:`nats_per_char` compares models with different tokenizers.
+    Tokens are scored after the end-of-document id, of the text normalised as the corpus was (the policy the
+    bundle's tokenizer records: :meth:`LanguageModel.normalize`, so ``１２３，`` scores as ``123，``); ``chars``
+    counts the characters of the text as given, so :func:`nats_per_char` compares models with different tokenizers.
     """
     rows = []
     for i, scored in enumerate(model.score(texts)):
