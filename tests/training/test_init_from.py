@@ -133,3 +133,27 @@ def test_a_changed_folder_since_the_corpus_stage_is_refused(tmp_path, model_fold
     folders = WorkFolder(path=str(tmp_path / "checkpoints")), WorkFolder(path=str(tmp_path / "logs"))
     with pytest.raises(ConfigError, match="changed since the corpus stage took its tokenizer; run the corpus stage"):
         train_model(warm_params(copy), tiny_token_files, *folders, init_source=init)
+
+
+def test_sharded_safetensors_load_as_the_whole_file_does(tmp_path, model_folder):
+    import paddle
+    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
+    from paddlenlp.transformers.llama.modeling_network import LlamaForCausalLMNet
+
+    from train_deploy.training.pretrained import load_pretrained_weights
+
+    sharded = tmp_path / "sharded"
+    LlamaForCausalLM.from_pretrained(str(model_folder)).save_pretrained(str(sharded), safe_serialization=True,
+                                                                         max_shard_size="200KB")
+    assert (sharded / "model.safetensors.index.json").is_file() and len(list(sharded.glob("*.safetensors"))) > 1
+    config = LlamaConfig.from_pretrained(str(model_folder))
+    whole, shards = LlamaForCausalLMNet(config), LlamaForCausalLMNet(config)
+    load_pretrained_weights(whole, model_folder)
+    load_pretrained_weights(shards, sharded)
+    for (name, a), b in zip(whole.state_dict().items(), shards.state_dict().values(), strict=True):
+        assert paddle.equal_all(a, b), name
+
+
+def test_a_missing_folder_is_refused_naming_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="training.init_from is not scratch, champion nor a folder"):
+        resolve(tmp_path / "nowhere", tmp_path)
