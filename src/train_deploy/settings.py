@@ -36,4 +36,7 @@ CONFIG_LOADER_ARGS = {
     # `${oc.env:VAR,default}` lets MLFLOW_TRACKING_URI override conf/base/mlflow.yml.
     "custom_resolvers": {"oc.env": oc.env, "artifact_location": _artifact_location},
     "config_patterns": {"mlflow": ["mlflow*", "mlflow*/**"]},
+    # conf/<env> changes only the keys it names (conf/local/parameters_corpus.yml holding corpus.reader.source
+    # keeps the rest of conf/base's corpus block); Kedro's default replaces whole top-level blocks.
+    "merge_strategy": {"parameters": "soft", "mlflow": "soft"},
 }
