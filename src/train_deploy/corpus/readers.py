@@ -29,10 +29,13 @@ from typing import IO
 from xml.etree import ElementTree
 
 from train_deploy.corpus.config import ReaderConfig
+from train_deploy.corpus.html import PageError, decode_page, main_text
 from train_deploy.corpus.people_daily import strip_pos_tag_bytes, strip_pos_tags
 from train_deploy.corpus.wiki import iter_pages, strip_wiki_markup
 
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst")
+HTML_SUFFIXES = tuple(f"{page}{packed}" for page in (".html", ".htm") for packed in ("", *COMPRESSED_SUFFIXES))
+"""What `source: html` takes from a folder (files and globs named in `paths` are taken whatever their name)."""
 _BLOCK = 1 << 20
 _BINARY_SNIFF = 8192
 # End of a run of blank lines: the next byte starts a document (blank_line mode).
@@ -119,7 +122,8 @@ def resolve_inputs(reader: ReaderConfig) -> list[Path]:
                 raise CorpusError(f"{spec}: no file matches this pattern (corpus.reader.paths)")
             files.extend(matches)
         elif path.is_dir():
-            matches = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+            matches = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")
+                             and (reader.source != "html" or p.name.lower().endswith(HTML_SUFFIXES)))
             if not matches:
                 raise CorpusError(f"{spec}: folder has no files (corpus.reader.paths)")
             files.extend(matches)
@@ -164,7 +168,7 @@ def plan_corpus(reader: ReaderConfig) -> CorpusPlan:
             for start, end in itertools.pairwise([0, *cuts, size]):
                 chunks.append(Chunk(len(chunks), str(path), start, end, streams=compressed))
             continue
-        if compressed or reader.source == "wiki_xml":
+        if compressed or reader.source in ("wiki_xml", "html"):
             chunks.append(Chunk(len(chunks), str(path), 0, -1 if compressed else size,
                                 limit=budget if compressed else None))
             budget = None if budget is None else budget - size
@@ -184,6 +188,9 @@ def iter_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iter
         return
     if reader.source == "people_daily":
         yield from _group(_people_daily_paragraphs(chunk, reader, stats), reader.lines_per_document)
+        return
+    if reader.source == "html":
+        yield from _html_documents(chunk, reader, stats)
         return
     lines = _iter_lines(chunk, reader, stats)
     if reader.source == "jsonl":
@@ -628,3 +635,28 @@ def _wiki_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Ite
                 raise
             message = f"{chunk.path}: compressed stream is truncated or corrupt ({exc})"
             _bad_input(reader, stats, "truncated_archive", message)
+
+
+def _html_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterator[str]:
+    """One web page: its main text in its own charset (a page over ``max_line_bytes`` is bad input)."""
+    try:
+        with _open_stream(chunk.path) as f:
+            data = f.read(reader.max_line_bytes + 1)
+    except Exception as exc:
+        if not _is_stream_error(exc):
+            raise
+        message = f"{chunk.path}: compressed stream is truncated or corrupt ({exc})"
+        _bad_input(reader, stats, "truncated_archive", message)
+        return
+    if len(data) > reader.max_line_bytes:
+        _bad_input(reader, stats, "page_too_large",
+                   f"{chunk.path}: page larger than {reader.max_line_bytes} bytes (corpus.reader.max_line_bytes)")
+        return
+    try:
+        page, _ = decode_page(data)
+    except PageError as exc:
+        _bad_input(reader, stats, "undecodable_page", f"{chunk.path}: {exc}")
+        return
+    text = main_text(page)
+    if text:
+        yield text
