@@ -16,6 +16,7 @@ from train_deploy.corpus.config import CorpusConfig
 from train_deploy.handoffs import TOKENIZER_FILE, TokenizerInfo, WorkFolder
 from train_deploy.pipelines.corpus.nodes import plan_inputs, prepare_tokenizer
 from train_deploy.pipelines.training.nodes import train_model
+from train_deploy.registry.config import RegistryConfig
 from train_deploy.training.pretrained import resolve_init_source
 
 TINY_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -43,7 +44,7 @@ def warm_params(folder: Path, **blocks) -> dict:
 
 def resolve(folder: Path, tmp_path: Path, **tokenizer):
     config = CorpusConfig.from_params(corpus_params(tokenizer=tokenizer))
-    return resolve_init_source(str(folder), config, "unused", tmp_path / "init_cache")
+    return resolve_init_source(str(folder), config, RegistryConfig(), tmp_path / "init_cache")
 
 
 @pytest.fixture(scope="module")

@@ -156,15 +156,16 @@ def load_pretrained_weights(model, folder: Path) -> None:
 # --- resolving training.init_from ------------------------------------------------------------------
 
 
-def resolve_init_source(init_from: str, corpus_config, model_name: str, cache: Path) -> InitSource:
+def resolve_init_source(init_from: str, corpus_config, registry, cache: Path) -> InitSource:
     """Where this run's weights and tokenizer come from: nothing (scratch), a model folder, or the champion's
-    ``pretrained/`` downloaded into ``cache``; the champion falls back to scratch, with the reason, when there is
-    none or its tokenizer configuration differs."""
+    ``pretrained/`` downloaded into ``cache`` (``registry``: the ``RegistryConfig`` naming the model and how often
+    to try the tracking server); the champion falls back to scratch, with the reason, when there is none or its
+    tokenizer configuration differs."""
     fingerprint = tokenizer_config_fingerprint(corpus_config)
     if init_from == SCRATCH:
         return InitSource(requested=init_from, tokenizer_config_fingerprint=fingerprint)
     if init_from == CHAMPION:
-        folder, version, reason = champion_folder(model_name, fingerprint, Path(cache))
+        folder, version, reason = champion_folder(registry, fingerprint, Path(cache))
         if folder is None:  # record_init_source says so in the log and on the run
             return InitSource(requested=init_from, reason=reason, tokenizer_config_fingerprint=fingerprint)
         source = folder_source(folder, init_from, fingerprint, Path(cache))
@@ -189,7 +190,7 @@ def folder_source(folder: Path, requested: str, fingerprint: str, cache: Path) -
                       tokenizer_config_fingerprint=fingerprint)
 
 
-def champion_folder(model_name: str, fingerprint: str, cache: Path) -> tuple[Path | None, str, str]:
+def champion_folder(registry, fingerprint: str, cache: Path) -> tuple[Path | None, str, str]:
     """The champion version's ``pretrained/`` folder, downloaded once into ``cache``, and its version; or None
     and why the run starts from scratch."""
     import mlflow
@@ -197,12 +198,14 @@ def champion_folder(model_name: str, fingerprint: str, cache: Path) -> tuple[Pat
 
     from train_deploy.registry.history import CHAMPION as ALIAS
     from train_deploy.registry.history import alias_version
+    from train_deploy.registry.retry import Retrying
 
-    client = MlflowClient()
-    version = alias_version(client, model_name, ALIAS)
+    client, model_name = MlflowClient(), registry.model_name
+    retry = Retrying(registry.retries, client.tracking_uri)
+    version = retry("find the champion", lambda: alias_version(client, model_name, ALIAS))
     if version is None:
         return None, "", f"registered model {model_name} has no {ALIAS} yet"
-    tags = client.get_model_version(model_name, version).tags
+    tags = retry("read the champion's tags", lambda: client.get_model_version(model_name, version).tags)
     if tags.get(TOKENIZER_TAG) != fingerprint:
         return None, version, (f"the tokenizer configuration (corpus.cleaning and corpus.tokenizer) is not the one "
                                f"{ALIAS} version {version} was trained with ({TOKENIZER_TAG} "

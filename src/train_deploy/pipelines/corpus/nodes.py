@@ -40,8 +40,7 @@ def resolve_init(training: dict[str, Any], registry: dict[str, Any], corpus_conf
     """Return where training starts (``training.init_from``): scratch, a model folder, or the champion's
     ``pretrained/`` folder downloaded into ``init_cache`` (scratch, with the reason, when it cannot be used)."""
     init_from = TrainingConfig.from_params(training).init_from
-    model_name = RegistryConfig.from_params(registry).model_name
-    source = resolve_init_source(init_from, corpus_config, model_name, Path(init_cache.path))
+    source = resolve_init_source(init_from, corpus_config, RegistryConfig.from_params(registry), Path(init_cache.path))
     record_init_source(source)
     return source
 
