@@ -36,7 +36,7 @@ from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.dedup import SignatureWriter, near_duplicates
 from train_deploy.corpus.filters import QualityFilter
-from train_deploy.corpus.indexed import ShardWriter, merge_shards, token_dtype
+from train_deploy.corpus.indexed import ShardWriter, document_sizes, merge_shards, token_dtype
 from train_deploy.corpus.native import compiled
 from train_deploy.corpus.readers import (
     Chunk,
@@ -45,6 +45,7 @@ from train_deploy.corpus.readers import (
     ReadStats,
     iter_document_batches,
 )
+from train_deploy.corpus.report import BINS, EXAMPLES, CorpusQuality, QualitySample, length_bins
 from train_deploy.corpus.tokenizer import TokenEncoder
 from train_deploy.handoffs import MANIFEST_FILE as MANIFEST
 from train_deploy.handoffs import DocumentCounts, SplitInfo, TokenizerInfo, TokenManifest, write_json
@@ -117,12 +118,17 @@ def encode_corpus(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerIn
         if stats["documents_kept"] == 0:
             raise CorpusError(f"corpus is empty: no document left after cleaning in {', '.join(plan.files)} "
                               f"(read {stats['documents_read']}, dropped {dict(stats['dropped'])})")
+        if near is not None:
+            _near_duplicate_examples(work, plan, tokenizer, near, stats["quality"])
         splits = _merge(config, plan, tokenizer, work, Path(folder), stats, near)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     wall = time.perf_counter() - started
     manifest = _manifest(config, plan, tokenizer, stats, splits, wall)
     manifest.path = str(folder)
+    token_bins = sum((length_bins(document_sizes(Path(folder) / f"{s}.idx")) for s in SPLITS), np.zeros(BINS, int))
+    CorpusQuality(stats["quality"], token_bins.tolist(), manifest.documents.dropped, manifest.documents.read,
+                  manifest.documents.kept).write(Path(folder))
     write_json(Path(folder) / MANIFEST, manifest)
     logger.info("Encoded %d documents, %d tokens (train %d / valid %d) in %.1f s, %.2f M tokens/s",
                 manifest.documents.kept, manifest.tokens["total"], splits["train"].tokens, splits["valid"].tokens,
@@ -144,6 +150,8 @@ class ChunkResult:
     dropped: Counter[str] = field(default_factory=Counter)
     read: ReadStats = field(default_factory=ReadStats)
     tokens_encoded: int = 0
+    sample: QualitySample = field(default_factory=QualitySample)
+    """Length histograms and the first documents of each outcome, for the corpus report."""
     process: int = 0
     """Process id of the worker that encoded the chunk."""
     peak_rss_mb: float = 0.0
@@ -204,6 +212,7 @@ def _encode_batch(w: _Worker, raw: list[str], writers: dict[str, ShardWriter], s
     cleaned = w.cleaner.clean_batch(raw)
     reasons = w.quality.reasons(cleaned)
     result.dropped.update(filter(None, reasons))
+    result.sample.add(cleaned, reasons)
     texts = [text for text, reason in zip(cleaned, reasons, strict=True) if reason is None]
     if not texts:
         return
@@ -420,16 +429,19 @@ def _combine(results: list[ChunkResult]) -> dict[str, Any]:
     read = ReadStats()
     dropped: Counter[str] = Counter()
     documents = tokens = 0
+    sample = QualitySample()
     for r in sorted(results, key=lambda r: r.index):
         documents += r.documents_read
         tokens += r.tokens_encoded
         dropped.update(r.dropped)
         read.merge(r.read)
+        sample.merge(r.sample)
     kept = documents - sum(dropped.values())
     peaks: dict[int, float] = {}
     for r in results:
         peaks[r.process] = max(peaks.get(r.process, 0.0), r.peak_rss_mb)
     return {"documents_read": documents, "documents_kept": kept, "tokens_encoded": tokens, "dropped": dropped,
+            "quality": sample,
             "skipped": read.skipped, "warnings": read.warnings,
             "peak_rss_mb": {"this_process": peaks.pop(os.getpid(), peak_rss_mb()),
                             "helpers": [round(v, 1) for v in peaks.values()]}}
@@ -454,6 +466,26 @@ def _merge(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, wor
                                   idx_bytes=(folder / f"{split}.idx").stat().st_size)
     stats["documents_kept"] -= stats["dropped"]["duplicate"] + stats["dropped"]["near_duplicate"]
     return splits
+
+
+def _near_duplicate_examples(work: Path, plan: CorpusPlan, tokenizer: TokenizerInfo, near: dict[str, list[np.ndarray]],
+                             sample: QualitySample) -> None:
+    """Add the first near-duplicates (training split first, then validation) to the report, decoded from their
+    shards: their text is not kept anywhere else."""
+    encoder, dtype = TokenEncoder(tokenizer), token_dtype(tokenizer.vocab_size)
+    for split in SPLITS:
+        for chunk, drop in zip(plan.chunks, near[split], strict=True):
+            if not drop.any():
+                continue
+            prefix = work / f"{chunk.index:06d}.{split}"
+            ends = np.cumsum(np.fromfile(f"{prefix}.sizes", dtype=np.int32), dtype=np.int64)
+            tokens = np.memmap(f"{prefix}.bin", dtype=dtype, mode="r")
+            for i in np.flatnonzero(drop)[:EXAMPLES].tolist():
+                start = ends[i - 1] if i else 0
+                sample.example("near_duplicate", encoder.decode(tokens[start : ends[i] - 1].tolist()))
+            del tokens
+            if len(sample.examples["near_duplicate"]) >= EXAMPLES:
+                return
 
 
 def _manifest(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, stats: dict[str, Any],

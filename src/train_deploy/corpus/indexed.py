@@ -85,6 +85,14 @@ def merge_shards(prefixes: list[Path], out_prefix: Path, dtype: np.dtype,
     return documents, tokens, duplicates
 
 
+def document_sizes(idx_path: Path) -> np.ndarray:
+    """The int32 token count of every document of a ``.idx`` file (the array after its 34-byte header)."""
+    with open(idx_path, "rb") as idx:
+        header = idx.read(34)
+    count = struct.unpack("<Q", header[18:26])[0]
+    return np.fromfile(idx_path, dtype=np.int32, count=count, offset=34)
+
+
 def _file(prefix: Path, extension: str) -> Path:
     # Not Path.with_suffix: shard prefixes such as 000003.train already have a "suffix".
     return prefix.parent / f"{prefix.name}.{extension}"

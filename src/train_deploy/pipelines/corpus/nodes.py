@@ -16,6 +16,7 @@ from train_deploy.corpus.build import (
 )
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.readers import CorpusPlan, plan_corpus
+from train_deploy.corpus.report import CorpusQuality, examples_text, report_figure
 from train_deploy.corpus.tokenizer import load_tokenizer, tokenizer_is_current, train_tokenizer, training_sentences
 from train_deploy.datasets import FolderWork
 from train_deploy.handoffs import InitSource, TokenizerInfo, TokenManifest, WorkFolder, to_json
@@ -90,3 +91,9 @@ def report_corpus(token_files: TokenManifest) -> tuple[dict[str, dict[str, float
     values.update({f"dropped.{k}": v for k, v in m.documents.dropped.items()})
     values.update({f"skipped.{k}": v for k, v in m.documents.skipped_bad_input.items()})
     return {key: {"value": float(value), "step": 0} for key, value in values.items()}, to_json(m)
+
+
+def report_corpus_quality(token_files: TokenManifest) -> tuple[Any, str]:
+    """Return the corpus report: a figure of document lengths and drop reasons, and kept and dropped examples."""
+    quality = CorpusQuality.of(token_files)
+    return report_figure(quality), examples_text(quality)

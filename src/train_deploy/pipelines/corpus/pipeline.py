@@ -1,9 +1,9 @@
 """Corpus → tokens: plan the inputs, resolve where training starts (``training.init_from``: its tokenizer), prepare
-the tokenizer, encode into `.bin/.idx` with a manifest."""
+the tokenizer, encode into `.bin/.idx` with a manifest, and report what the cleaning kept and dropped."""
 
 from kedro.pipeline import Node, Pipeline
 
-from .nodes import encode_tokens, plan_inputs, prepare_tokenizer, report_corpus, resolve_init
+from .nodes import encode_tokens, plan_inputs, prepare_tokenizer, report_corpus, report_corpus_quality, resolve_init
 
 
 def create_pipeline(**kwargs) -> Pipeline:
@@ -16,5 +16,7 @@ def create_pipeline(**kwargs) -> Pipeline:
                  name="prepare_tokenizer"),
             Node(encode_tokens, ["corpus_config", "corpus_plan", "tokenizer"], "token_files", name="encode_corpus"),
             Node(report_corpus, "token_files", ["corpus_metrics", "token_manifest"], name="report_corpus"),
+            Node(report_corpus_quality, "token_files", ["corpus_report", "corpus_examples"],
+                 name="report_corpus_quality"),
         ]
     )
