@@ -31,7 +31,6 @@ import numpy as np
 from train_deploy.corpus.cleaning import Normalization, normalize
 from train_deploy.corpus.config import TokenizerConfig
 from train_deploy.corpus.native import flatten_ids
-from train_deploy.corpus.readers import CorpusError
 from train_deploy.handoffs import TOKENIZER_FILE as INFO_FILE
 from train_deploy.handoffs import TokenizerInfo, write_json
 
@@ -100,9 +99,9 @@ def _train_sentencepiece(counted: _Counting, config: TokenizerConfig, model: io.
         )
     except RuntimeError as exc:
         if counted.count == 0:
-            raise CorpusError("corpus is empty: no document left after cleaning to train the tokenizer on") from None
+            raise _corpus_error("corpus is empty: no document left after cleaning to train the tokenizer on") from None
         reason = str(exc).split("] ", 1)[-1].strip()  # drop SentencePiece's source location and assertion
-        raise CorpusError(f"SentencePiece training failed on {counted.count} sentences (corpus.tokenizer): "
+        raise _corpus_error(f"SentencePiece training failed on {counted.count} sentences (corpus.tokenizer): "
                           f"{reason}") from None
 
 
@@ -156,11 +155,11 @@ def _hex(text: str) -> str:
 def load_tokenizer(source: Path, folder: Path, fingerprint: str) -> TokenizerInfo:
     """Load a PaddleNLP tokenizer from a local folder and copy it into the empty ``folder``."""
     if not source.is_dir():
-        raise CorpusError(f"{source}: tokenizer folder not found (corpus.tokenizer.load_path)")
+        raise _corpus_error(f"{source}: tokenizer folder not found (corpus.tokenizer.load_path)")
     tokenizer = _auto_tokenizer(source)
     eos = tokenizer.eos_token_id
     if eos is None:
-        raise CorpusError(f"{source}: tokenizer has no eos_token; documents need an end-of-document id")
+        raise _corpus_error(f"{source}: tokenizer has no eos_token; documents need an end-of-document id")
     encoder = "paddlenlp"
     sp_file = _sentencepiece_file(tokenizer)
     if sp_file is not None:
@@ -268,13 +267,21 @@ class _Counting:
             yield item
 
 
+def _corpus_error(message: str) -> Exception:
+    """The corpus stage's error; imported here so that serving, which encodes with this module, never loads the
+    readers (and the HTML, charset and archive libraries they use)."""
+    from train_deploy.corpus.readers import CorpusError
+
+    return CorpusError(message)
+
+
 def _auto_tokenizer(folder: Path):
     from paddlenlp.transformers import AutoTokenizer
 
     try:
         return AutoTokenizer.from_pretrained(str(folder))
     except Exception as exc:  # PaddleNLP raises many kinds; the user needs the folder and the reason
-        raise CorpusError(f"{folder}: PaddleNLP cannot load this tokenizer ({type(exc).__name__}: {exc})") from None
+        raise _corpus_error(f"{folder}: PaddleNLP cannot load this tokenizer ({type(exc).__name__}: {exc})") from None
 
 
 def _sentencepiece_file(tokenizer) -> Path | None:
