@@ -64,17 +64,23 @@ def _dag_call(tree: ast.Module) -> ast.Call:
                 if isinstance(decorator, ast.Call) and getattr(decorator.func, "id", None) == "dag")
 
 
-def _task_nodes(tree: ast.Module) -> dict[str, list[str]]:
-    """Task id → the Kedro node names that task runs (``node_names`` of its ``session.run``)."""
+def _tasks(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    """Task id → the function of that task."""
     tasks = {}
     for function in ast.walk(tree):
-        decorators = [d for d in getattr(function, "decorator_list", [])
-                      if isinstance(d, ast.Call) and getattr(d.func, "attr", None) == "external_python"]
-        if decorators:
-            run = next(node for node in ast.walk(function)
-                       if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "run")
-            tasks[ast.literal_eval(_call_keywords(decorators[0])["task_id"])] = ast.literal_eval(
-                _call_keywords(run)["node_names"])
+        for decorator in getattr(function, "decorator_list", []):
+            if isinstance(decorator, ast.Call) and getattr(decorator.func, "attr", None) == "external_python":
+                tasks[ast.literal_eval(_call_keywords(decorator)["task_id"])] = function
+    return tasks
+
+
+def _task_nodes(tree: ast.Module) -> dict[str, list[str]]:
+    """Task id → the Kedro node names it runs (``node_names`` of its ``session.run``), for the tasks running nodes."""
+    tasks = {}
+    for task_id, function in _tasks(tree).items():
+        for call in ast.walk(function):
+            if isinstance(call, ast.Call) and "node_names" in _call_keywords(call):
+                tasks[task_id] = ast.literal_eval(_call_keywords(call)["node_names"])
     return tasks
 
 
@@ -88,6 +94,10 @@ def test_kedro_airflow_create_writes_a_dag_of_one_run_at_a_time_with_retries(gen
     assert ast.literal_eval(default_args["retries"]) == 2
     assert ast.literal_eval(default_args["retry_exponential_backoff"]) is True
     assert f'os.environ["{TRIGGER_VARIABLE}"]' in generated_dag.read_text()  # what hooks.TagTrigger reads
+    # Change detection first: its task exits with NOTHING_TO_RETRAIN when nothing changed, which Airflow skips.
+    check = _tasks(tree)["check-for-changes"]
+    assert "retrain.check_for_changes" in ast.unparse(check)
+    assert ast.unparse(_call_keywords(check.decorator_list[0])["skip_on_exit_code"]) == "NOTHING_TO_RETRAIN"
 
 
 def test_dag_runs_every_node_once_with_training_a_task_of_its_own(generated_dag):
@@ -129,6 +139,7 @@ json.dump({"errors": {k: str(v)[-2000:] for k, v in bag.import_errors.items()},
            "max_active_runs": dag and dag.max_active_runs, "catchup": dag and dag.catchup,
            "upstream": dag and {t.task_id: sorted(t.upstream_task_ids) for t in dag.tasks},
            "retries": dag and sorted({t.retries for t in dag.tasks}),
+           "skip_on_exit_code": dag and list(dag.get_task("check-for-changes").skip_on_exit_code),
            "runs_in": dag and sorted({f"{type(t).__name__} {t.python}" for t in dag.tasks}),
            "trigger": dag and {kind.value: jinja2.Template(template).render(dag_run=SimpleNamespace(run_type=kind))
                                for kind in DagRunType for template in trigger}}, sys.stdout)
@@ -148,5 +159,7 @@ json.dump({"errors": {k: str(v)[-2000:] for k, v in bag.import_errors.items()},
     assert set(found["trigger"].values()) == {"manual"}  # airflow dags trigger, backfills, …
     corpus = next(task for task, nodes in _task_nodes(ast.parse(generated_dag.read_text())).items()
                   if "encode_corpus" in nodes)
-    assert found["upstream"]["train-model"] == [corpus]
+    assert found["upstream"]["check-for-changes"] == []
+    assert found["skip_on_exit_code"] == [99]  # nothing to retrain: the DAG run's tasks are skipped
+    assert found["upstream"]["train-model"] == sorted(["check-for-changes", corpus])
     assert {corpus, "train-model", "export-bundle", "report-export"} <= set(found["upstream"]["register-bundle"])

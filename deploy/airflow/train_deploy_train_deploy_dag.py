@@ -6,7 +6,9 @@ this file. Airflow's own pins conflict with the project's (fastapi, …), so eve
 venv (`@task.external_python`): TRAIN_DEPLOY_PROJECT (the project folder, default /srv/train_deploy) and
 optionally TRAIN_DEPLOY_PYTHON (default its .venv/bin/python) must be set where Airflow parses DAGs and on
 its workers, with data/ on a disk every worker shares. Each task is its own KedroSession in the project
-folder; all tasks of one DAG run log into one MLflow run, which the first task opens and hands on (XCom).
+folder. The first task compares the corpus and the training configuration with the champion's
+(train_deploy.retrain): unchanged, it records the MLflow run as skipped and the DAG run's tasks are skipped;
+otherwise all tasks log into the MLflow run it opened (its id handed on by XCom).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ PROJECT = os.environ.get("TRAIN_DEPLOY_PROJECT", "/srv/train_deploy")
 PROJECT_PYTHON = os.environ.get("TRAIN_DEPLOY_PYTHON") or f"{PROJECT}/.venv/bin/python"
 # What hooks.TagTrigger tags the MLflow run with: only the DAG's own schedule is trigger=schedule.
 TRIGGER = "{{ 'schedule' if dag_run.run_type == 'scheduled' else 'manual' }}"
+NOTHING_TO_RETRAIN = 99
+"""The first task's exit code when nothing changed since the champion: Airflow skips the DAG run's tasks."""
 
 
 @dag(
@@ -46,185 +50,206 @@ TRIGGER = "{{ 'schedule' if dag_run.run_type == 'scheduled' else 'manual' }}"
 )
 def train_deploy():
 
-    @task.external_python(task_id="plan-corpus-inputs-prepare-tokenizer-encode-corpus",
-                          python=PROJECT_PYTHON, expect_airflow=False)  # the project's venv has no Airflow
-    def plan_corpus_inputs_prepare_tokenizer_encode_corpus(
-            project: str, trigger: str) -> str:
-        """Run the node(s) in the project's venv; return the DAG run's MLflow run id."""
+    # The project's venv has no Airflow (expect_airflow=False); its pins conflict with Airflow's.
+    @task.external_python(task_id="check-for-changes", python=PROJECT_PYTHON, expect_airflow=False,
+                          skip_on_exit_code=NOTHING_TO_RETRAIN)
+    def check_changes(project: str, trigger: str, nothing_to_retrain: int) -> str:
+        """Open the DAG run's MLflow run with the corpus and training fingerprints and return its id; exit with
+        ``nothing_to_retrain`` (the run recorded as skipped) when they are the champion's."""
+        import logging
         import os
+        import sys
         from pathlib import Path
 
         import mlflow
         from kedro.framework.session import KedroSession
         from kedro.framework.startup import bootstrap_project
 
-        os.chdir(project)  # the catalog's and MLflow's relative paths are the project's
-        os.environ["TRAIN_DEPLOY_TRIGGER"] = trigger
+        from train_deploy import retrain
+
+        os.chdir(project)
         bootstrap_project(Path(project))
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
-            session.run(pipeline_names=["train_deploy"],
-                        node_names=["plan_corpus_inputs", "prepare_tokenizer", "encode_corpus"])
-        return mlflow.last_active_run().info.run_id
+            context = session.load_context()  # kedro-mlflow sets the tracking URI and the experiment
+            check = retrain.check_for_changes(context.params)
+            with mlflow.start_run(run_name="train_deploy") as run:
+                mlflow.set_tags({**check.fingerprints, retrain.REASON_TAG: check.reason, "trigger": trigger})
+                if not check.retrain:
+                    mlflow.set_tag(retrain.OUTCOME_TAG, "skipped")
+        if not check.retrain:
+            logging.getLogger("train_deploy").warning("Nothing to retrain: %s", check.reason)
+            sys.exit(nothing_to_retrain)
+        logging.getLogger("train_deploy").info("Retraining: %s", check.reason)
+        return run.info.run_id
 
-    @task.external_python(task_id="report-corpus",
-                          python=PROJECT_PYTHON, expect_airflow=False)  # the project's venv has no Airflow
-    def report_corpus(
-            project: str, trigger: str, mlflow_run_id: str) -> str:
-        """Run the node(s) in the project's venv; return the DAG run's MLflow run id."""
+    @task.external_python(task_id="encode-corpus", python=PROJECT_PYTHON, expect_airflow=False)
+    def encode_corpus(project: str, trigger: str, mlflow_run_id: str) -> None:
+        """Run the group's nodes (below) in the project's venv, into the DAG run's MLflow run."""
         import os
         from pathlib import Path
 
-        import mlflow
         from kedro.framework.session import KedroSession
         from kedro.framework.startup import bootstrap_project
 
         os.chdir(project)  # the catalog's and MLflow's relative paths are the project's
         os.environ["TRAIN_DEPLOY_TRIGGER"] = trigger
-        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes the DAG run's MLflow run
+        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes it
         bootstrap_project(Path(project))
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
-            session.run(pipeline_names=["train_deploy"],
-                        node_names=["report_corpus"])
-        return mlflow.last_active_run().info.run_id
+            session.run(pipeline_names=["train_deploy"], node_names=[
+                "plan_corpus_inputs", "resolve_init_source", "prepare_tokenizer", "encode_corpus"])
 
-    @task.external_python(task_id="train-model",
-                          python=PROJECT_PYTHON, expect_airflow=False)  # the project's venv has no Airflow
-    def train_model(
-            project: str, trigger: str, mlflow_run_id: str) -> str:
-        """Run the node(s) in the project's venv; return the DAG run's MLflow run id."""
+    @task.external_python(task_id="report-corpus", python=PROJECT_PYTHON, expect_airflow=False)
+    def report_corpus(project: str, trigger: str, mlflow_run_id: str) -> None:
+        """Run the group's nodes (below) in the project's venv, into the DAG run's MLflow run."""
         import os
         from pathlib import Path
 
-        import mlflow
         from kedro.framework.session import KedroSession
         from kedro.framework.startup import bootstrap_project
 
         os.chdir(project)  # the catalog's and MLflow's relative paths are the project's
         os.environ["TRAIN_DEPLOY_TRIGGER"] = trigger
-        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes the DAG run's MLflow run
+        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes it
         bootstrap_project(Path(project))
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
-            session.run(pipeline_names=["train_deploy"],
-                        node_names=["train_model"])
-        return mlflow.last_active_run().info.run_id
+            session.run(pipeline_names=["train_deploy"], node_names=[
+                "report_corpus"])
 
-    @task.external_python(task_id="average-checkpoints",
-                          python=PROJECT_PYTHON, expect_airflow=False)  # the project's venv has no Airflow
-    def average_checkpoints(
-            project: str, trigger: str, mlflow_run_id: str) -> str:
-        """Run the node(s) in the project's venv; return the DAG run's MLflow run id."""
+    @task.external_python(task_id="report-corpus-quality", python=PROJECT_PYTHON, expect_airflow=False)
+    def report_corpus_quality(project: str, trigger: str, mlflow_run_id: str) -> None:
+        """Run the group's nodes (below) in the project's venv, into the DAG run's MLflow run."""
         import os
         from pathlib import Path
 
-        import mlflow
         from kedro.framework.session import KedroSession
         from kedro.framework.startup import bootstrap_project
 
         os.chdir(project)  # the catalog's and MLflow's relative paths are the project's
         os.environ["TRAIN_DEPLOY_TRIGGER"] = trigger
-        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes the DAG run's MLflow run
+        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes it
         bootstrap_project(Path(project))
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
-            session.run(pipeline_names=["train_deploy"],
-                        node_names=["average_checkpoints"])
-        return mlflow.last_active_run().info.run_id
+            session.run(pipeline_names=["train_deploy"], node_names=[
+                "report_corpus_quality"])
 
-    @task.external_python(task_id="evaluate-checkpoints",
-                          python=PROJECT_PYTHON, expect_airflow=False)  # the project's venv has no Airflow
-    def evaluate_checkpoints(
-            project: str, trigger: str, mlflow_run_id: str) -> str:
-        """Run the node(s) in the project's venv; return the DAG run's MLflow run id."""
+    @task.external_python(task_id="train-model", python=PROJECT_PYTHON, expect_airflow=False)
+    def train_model(project: str, trigger: str, mlflow_run_id: str) -> None:
+        """Run the group's nodes (below) in the project's venv, into the DAG run's MLflow run."""
         import os
         from pathlib import Path
 
-        import mlflow
         from kedro.framework.session import KedroSession
         from kedro.framework.startup import bootstrap_project
 
         os.chdir(project)  # the catalog's and MLflow's relative paths are the project's
         os.environ["TRAIN_DEPLOY_TRIGGER"] = trigger
-        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes the DAG run's MLflow run
+        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes it
         bootstrap_project(Path(project))
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
-            session.run(pipeline_names=["train_deploy"],
-                        node_names=["evaluate_checkpoints"])
-        return mlflow.last_active_run().info.run_id
+            session.run(pipeline_names=["train_deploy"], node_names=[
+                "train_model"])
 
-    @task.external_python(task_id="export-bundle",
-                          python=PROJECT_PYTHON, expect_airflow=False)  # the project's venv has no Airflow
-    def export_bundle(
-            project: str, trigger: str, mlflow_run_id: str) -> str:
-        """Run the node(s) in the project's venv; return the DAG run's MLflow run id."""
+    @task.external_python(task_id="average-checkpoints", python=PROJECT_PYTHON, expect_airflow=False)
+    def average_checkpoints(project: str, trigger: str, mlflow_run_id: str) -> None:
+        """Run the group's nodes (below) in the project's venv, into the DAG run's MLflow run."""
         import os
         from pathlib import Path
 
-        import mlflow
         from kedro.framework.session import KedroSession
         from kedro.framework.startup import bootstrap_project
 
         os.chdir(project)  # the catalog's and MLflow's relative paths are the project's
         os.environ["TRAIN_DEPLOY_TRIGGER"] = trigger
-        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes the DAG run's MLflow run
+        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes it
         bootstrap_project(Path(project))
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
-            session.run(pipeline_names=["train_deploy"],
-                        node_names=["export_bundle"])
-        return mlflow.last_active_run().info.run_id
+            session.run(pipeline_names=["train_deploy"], node_names=[
+                "average_checkpoints"])
 
-    @task.external_python(task_id="report-export",
-                          python=PROJECT_PYTHON, expect_airflow=False)  # the project's venv has no Airflow
-    def report_export(
-            project: str, trigger: str, mlflow_run_id: str) -> str:
-        """Run the node(s) in the project's venv; return the DAG run's MLflow run id."""
+    @task.external_python(task_id="evaluate-checkpoints", python=PROJECT_PYTHON, expect_airflow=False)
+    def evaluate_checkpoints(project: str, trigger: str, mlflow_run_id: str) -> None:
+        """Run the group's nodes (below) in the project's venv, into the DAG run's MLflow run."""
         import os
         from pathlib import Path
 
-        import mlflow
         from kedro.framework.session import KedroSession
         from kedro.framework.startup import bootstrap_project
 
         os.chdir(project)  # the catalog's and MLflow's relative paths are the project's
         os.environ["TRAIN_DEPLOY_TRIGGER"] = trigger
-        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes the DAG run's MLflow run
+        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes it
         bootstrap_project(Path(project))
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
-            session.run(pipeline_names=["train_deploy"],
-                        node_names=["report_export"])
-        return mlflow.last_active_run().info.run_id
+            session.run(pipeline_names=["train_deploy"], node_names=[
+                "evaluate_checkpoints"])
 
-    @task.external_python(task_id="register-bundle",
-                          python=PROJECT_PYTHON, expect_airflow=False)  # the project's venv has no Airflow
-    def register_bundle(
-            project: str, trigger: str, mlflow_run_id: str) -> str:
-        """Run the node(s) in the project's venv; return the DAG run's MLflow run id."""
+    @task.external_python(task_id="export-bundle", python=PROJECT_PYTHON, expect_airflow=False)
+    def export_bundle(project: str, trigger: str, mlflow_run_id: str) -> None:
+        """Run the group's nodes (below) in the project's venv, into the DAG run's MLflow run."""
         import os
         from pathlib import Path
 
-        import mlflow
         from kedro.framework.session import KedroSession
         from kedro.framework.startup import bootstrap_project
 
         os.chdir(project)  # the catalog's and MLflow's relative paths are the project's
         os.environ["TRAIN_DEPLOY_TRIGGER"] = trigger
-        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes the DAG run's MLflow run
+        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes it
         bootstrap_project(Path(project))
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
-            session.run(pipeline_names=["train_deploy"],
-                        node_names=["register_bundle"])
-        return mlflow.last_active_run().info.run_id
+            session.run(pipeline_names=["train_deploy"], node_names=[
+                "export_bundle"])
 
-    mlflow_run_id = plan_corpus_inputs_prepare_tokenizer_encode_corpus(PROJECT, TRIGGER)
+    @task.external_python(task_id="report-export", python=PROJECT_PYTHON, expect_airflow=False)
+    def report_export(project: str, trigger: str, mlflow_run_id: str) -> None:
+        """Run the group's nodes (below) in the project's venv, into the DAG run's MLflow run."""
+        import os
+        from pathlib import Path
+
+        from kedro.framework.session import KedroSession
+        from kedro.framework.startup import bootstrap_project
+
+        os.chdir(project)  # the catalog's and MLflow's relative paths are the project's
+        os.environ["TRAIN_DEPLOY_TRIGGER"] = trigger
+        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes it
+        bootstrap_project(Path(project))
+        conf_source = None
+        with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
+            session.run(pipeline_names=["train_deploy"], node_names=[
+                "report_export"])
+
+    @task.external_python(task_id="register-bundle", python=PROJECT_PYTHON, expect_airflow=False)
+    def register_bundle(project: str, trigger: str, mlflow_run_id: str) -> None:
+        """Run the group's nodes (below) in the project's venv, into the DAG run's MLflow run."""
+        import os
+        from pathlib import Path
+
+        from kedro.framework.session import KedroSession
+        from kedro.framework.startup import bootstrap_project
+
+        os.chdir(project)  # the catalog's and MLflow's relative paths are the project's
+        os.environ["TRAIN_DEPLOY_TRIGGER"] = trigger
+        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes it
+        bootstrap_project(Path(project))
+        conf_source = None
+        with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
+            session.run(pipeline_names=["train_deploy"], node_names=[
+                "register_bundle"])
+
+    mlflow_run_id = check_changes(PROJECT, TRIGGER, NOTHING_TO_RETRAIN)
     tasks = {
-        "plan-corpus-inputs-prepare-tokenizer-encode-corpus": mlflow_run_id,
+        "encode-corpus": encode_corpus(PROJECT, TRIGGER, mlflow_run_id),
         "report-corpus": report_corpus(PROJECT, TRIGGER, mlflow_run_id),
+        "report-corpus-quality": report_corpus_quality(PROJECT, TRIGGER, mlflow_run_id),
         "train-model": train_model(PROJECT, TRIGGER, mlflow_run_id),
         "average-checkpoints": average_checkpoints(PROJECT, TRIGGER, mlflow_run_id),
         "evaluate-checkpoints": evaluate_checkpoints(PROJECT, TRIGGER, mlflow_run_id),
@@ -232,17 +257,18 @@ def train_deploy():
         "report-export": report_export(PROJECT, TRIGGER, mlflow_run_id),
         "register-bundle": register_bundle(PROJECT, TRIGGER, mlflow_run_id),
     }
-    tasks["plan-corpus-inputs-prepare-tokenizer-encode-corpus"] >> tasks["report-corpus"]
-    tasks["plan-corpus-inputs-prepare-tokenizer-encode-corpus"] >> tasks["train-model"]
+    tasks["encode-corpus"] >> tasks["report-corpus"]
+    tasks["encode-corpus"] >> tasks["report-corpus-quality"]
+    tasks["encode-corpus"] >> tasks["train-model"]
     tasks["train-model"] >> tasks["average-checkpoints"]
-    tasks["plan-corpus-inputs-prepare-tokenizer-encode-corpus"] >> tasks["evaluate-checkpoints"]
+    tasks["encode-corpus"] >> tasks["evaluate-checkpoints"]
     tasks["train-model"] >> tasks["evaluate-checkpoints"]
     tasks["average-checkpoints"] >> tasks["evaluate-checkpoints"]
-    tasks["plan-corpus-inputs-prepare-tokenizer-encode-corpus"] >> tasks["export-bundle"]
+    tasks["encode-corpus"] >> tasks["export-bundle"]
     tasks["train-model"] >> tasks["export-bundle"]
     tasks["evaluate-checkpoints"] >> tasks["export-bundle"]
     tasks["export-bundle"] >> tasks["report-export"]
-    tasks["plan-corpus-inputs-prepare-tokenizer-encode-corpus"] >> tasks["register-bundle"]
+    tasks["encode-corpus"] >> tasks["register-bundle"]
     tasks["train-model"] >> tasks["register-bundle"]
     tasks["export-bundle"] >> tasks["register-bundle"]
     tasks["report-export"] >> tasks["register-bundle"]
