@@ -129,12 +129,13 @@ class NearDuplicateIndex:
         """Which of these documents (in order) are near-duplicates of a kept one; the others are kept and indexed.
         With ``hashes`` (content hashes), an exact copy of a kept document is left to the exact pass: neither
         judged nor kept."""
-        keys = self._band_keys(signatures).tolist()
+        keys = self._band_keys(signatures)
         duplicate = np.zeros(len(signatures), dtype=bool)
         needed = self.threshold * self.permutations
-        for i, row in enumerate(keys):
+        for i in range(len(signatures)):
             if hashes is not None and hashes[i] in self._hashes:
                 continue
+            row = keys[i].tolist()
             candidates = {table[key] for table, key in zip(self._tables, row, strict=True) if key in table}
             if any(np.count_nonzero(self._kept[c] == signatures[i]) >= needed for c in candidates):
                 duplicate[i] = True

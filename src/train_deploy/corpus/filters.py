@@ -117,7 +117,7 @@ def _combine(left: np.ndarray, left_width: int, right: np.ndarray, right_width: 
 def _occurs_twice(hashes: np.ndarray) -> np.ndarray:
     """Which values occur more than once: buckets first (one ``bincount``), exact comparison only for the few
     values that share a bucket, so most of a batch is never sorted."""
-    buckets = max(1024, 1 << (8 * len(hashes)).bit_length())
+    buckets = max(1024, 1 << (2 * len(hashes)).bit_length())
     slot = (hashes & np.uint64(buckets - 1)).astype(np.int64)
     candidates = np.flatnonzero(np.bincount(slot, minlength=buckets)[slot] > 1)
     twice = np.zeros(len(hashes), dtype=bool)
