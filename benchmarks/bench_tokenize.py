@@ -15,7 +15,11 @@ trains one tokenizer with the default settings, then measures on the same files:
 - for the first size, the stage with 1 worker on the same text already stripped of its tags, as plain
   lines: the stage's own overhead without the word/POS format to parse.
 
-De-duplication is off, since the repeated corpus is all duplicates; every token read is written.
+De-duplication and the quality filters are off in these rows, since the repeated corpus is all duplicates;
+every token read is written. One more row runs the stage with every filter on (the defaults and
+min_cjk_share 0.3), exact and near de-duplication: its rate counts the tokens encoded (the copies are
+dropped after encoding, at the merge). Near-dedup alone is measured on the cleaned documents in memory:
+the signatures (what a worker adds) and the in-order LSH pass (what the parent adds).
 Peak RSS is each process's own high-water mark (VmHWM), as the manifest records it: the sum over
 the stage process and its helpers ("all", an upper bound) and the largest one ("per process").
 Every process runs with one thread (OMP/MKL/OPENBLAS_NUM_THREADS=1, SentencePiece num_threads=1).
@@ -71,7 +75,14 @@ def build_plain_text(corpus: Path) -> Path:
     return path
 
 
-def params(corpus: Path, workers: int) -> dict:
+# The rows without filters measure what they measured before issue 17: cleaning, no document filter but min_chars.
+NO_FILTERS = {"deduplicate": False, "near_dedup": False, "max_chars": None, "max_repeated_line_share": 1.0,
+              "max_repeated_ngram_share": 1.0, "max_symbol_share": 1.0}
+# Every filter on (the defaults, and the CJK share a Chinese web corpus would use), exact and near de-duplication.
+ALL_FILTERS = {"min_cjk_share": 0.3}
+
+
+def params(corpus: Path, workers: int, filters: bool = False) -> dict:
     reader = {"source": "people_daily", "paths": [str(corpus)]}
     if corpus.name.endswith(".xml.bz2"):  # benchmarks/bench_wiki.py
         reader = {"source": "wiki_xml", "paths": [str(corpus)]}
@@ -79,7 +90,7 @@ def params(corpus: Path, workers: int) -> dict:
         reader = {"source": "text", "document_split": "line", "paths": [str(corpus)]}
     return {
         "reader": reader,
-        "cleaning": {"deduplicate": False},
+        "cleaning": ALL_FILTERS if filters else NO_FILTERS,
         "encoding": {"workers": workers, "reuse": False, "progress": False},
     }
 
@@ -141,7 +152,26 @@ def machine_scaling(corpus: Path, tokenizer: TokenizerInfo, repeat: int) -> floa
     return statistics.median(run(2) / run(1) for _ in range(repeat))  # pairs taken back to back
 
 
-def stage(corpus: Path, workers: int, tokenizer: TokenizerInfo, keep: Path | None = None) -> dict:
+def near_dedup_alone(docs: list[str]) -> dict:
+    """MB/s of cleaned text for near-dedup alone: the signatures (a worker's share) and the LSH pass (the parent's)."""
+    from train_deploy.corpus.config import CleaningConfig
+    from train_deploy.corpus.dedup import NearDuplicateIndex, minhash_signatures
+
+    c = CleaningConfig()
+    megabytes = sum(len(d.encode("utf-8")) for d in docs) / 1e6
+    started = time.perf_counter()
+    signatures = [minhash_signatures(docs[i : i + 512], c.near_dedup_ngram, c.near_dedup_permutations)
+                  for i in range(0, len(docs), 512)]
+    signing = time.perf_counter() - started
+    index = NearDuplicateIndex(c.near_dedup_threshold, c.near_dedup_permutations)
+    started = time.perf_counter()
+    for batch in signatures:
+        index.add(batch)
+    return {"megabytes": megabytes, "sign": signing, "index": time.perf_counter() - started}
+
+
+def stage(corpus: Path, workers: int, tokenizer: TokenizerInfo, keep: Path | None = None,
+          filters: bool = False) -> dict:
     """One run of the stage's encoding (the tokenizer already exists) in this process, staged and published
     as the catalog does; the token files are removed afterwards unless ``keep`` names where to leave them."""
     from train_deploy.atomic import atomic_folder
@@ -151,7 +181,7 @@ def stage(corpus: Path, workers: int, tokenizer: TokenizerInfo, keep: Path | Non
 
     out = keep or WORK / f"out_{corpus.stem}_{workers}"
     shutil.rmtree(out, ignore_errors=True)
-    config = CorpusConfig.from_params(params(corpus, workers))
+    config = CorpusConfig.from_params(params(corpus, workers, filters))
     started = time.perf_counter()
     with atomic_folder(out) as staging:
         manifest = encode_corpus(config, plan_corpus(config.reader), tokenizer, staging)
@@ -159,26 +189,28 @@ def stage(corpus: Path, workers: int, tokenizer: TokenizerInfo, keep: Path | Non
     if keep is None:
         shutil.rmtree(out, ignore_errors=True)
     peaks = [manifest.peak_rss_mb["this_process"], *manifest.peak_rss_mb["helpers"]]
-    return {"tokens": manifest.tokens["total"], "wall": wall, "workers": manifest.workers,
+    # With filters, the tokens encoded: de-duplication drops the repeated copies after they were encoded.
+    tokens = manifest.tokens["encoded_before_dedup"] if filters else manifest.tokens["total"]
+    return {"tokens": tokens, "wall": wall, "workers": manifest.workers,
             "chunks": manifest.input["chunks"], "rss_mb": sum(peaks), "rss_single_mb": max(peaks)}
 
 
-def run_stage_process(corpus: Path, workers: int, tokenizer: TokenizerInfo) -> dict:
+def run_stage_process(corpus: Path, workers: int, tokenizer: TokenizerInfo, filters: bool = False) -> dict:
     """One run of :func:`stage` in a fresh process."""
     command = [sys.executable, __file__, "--stage", str(corpus), "--workers", str(workers),
-               "--tokenizer", tokenizer.path]
+               "--tokenizer", tokenizer.path, *(["--filters"] if filters else [])]
     return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip()
                       .splitlines()[-1])
 
 
 def run_stages(corpus: Path, worker_counts: tuple[int, ...], tokenizer: TokenizerInfo,
-               repeat: int) -> dict[int, list[dict]]:
+               repeat: int, filters: bool = False) -> dict[int, list[dict]]:
     """``repeat`` runs of the stage for each worker count, taken in turns (1, 2, 1, 2, ...) so that each
     count meets the same states of a shared machine."""
     runs: dict[int, list[dict]] = {workers: [] for workers in worker_counts}
     for _ in range(repeat):
         for workers in worker_counts:
-            runs[workers].append(run_stage_process(corpus, workers, tokenizer))
+            runs[workers].append(run_stage_process(corpus, workers, tokenizer, filters))
     return runs
 
 
@@ -190,9 +222,11 @@ def main() -> None:
     parser.add_argument("--raw-child", help=argparse.SUPPRESS)
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
+    parser.add_argument("--filters", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stage:  # child process: one measurement, JSON on the last line
-        print(json.dumps(stage(Path(args.stage), args.workers, TokenizerInfo.read_folder(Path(args.tokenizer)))))  # noqa: T201
+        tokenizer = TokenizerInfo.read_folder(Path(args.tokenizer))
+        print(json.dumps(stage(Path(args.stage), args.workers, tokenizer, filters=args.filters)))  # noqa: T201
         return
     if args.raw_child:  # child process: clean, say ready, encode when told to go
         docs = cleaned_documents(Path(args.raw_child))
@@ -213,6 +247,7 @@ def main() -> None:
         if limit is None:
             docs = cleaned_documents(corpus)
             raw = min((raw_encode(docs, tokenizer) for _ in range(args.repeat)), key=lambda r: r["wall"])
+            near = min((near_dedup_alone(docs) for _ in range(args.repeat)), key=lambda r: r["sign"])
             del docs
             limit = raw["tokens"] / raw["wall"]
             rows.append((f"{corpus.stat().st_size / 1e6:.0f} MB", "raw SentencePiece encode (limit)", 1,
@@ -228,6 +263,9 @@ def main() -> None:
         if size == args.sizes[0]:  # the stage's own overhead, without the word/POS format to parse
             r = min(run_stages(build_plain_text(corpus), (1,), tokenizer, args.repeat)[1], key=lambda r: r["wall"])
             rows.append((f"{corpus.stat().st_size / 1e6:.0f} MB", "same text as plain lines (text reader)", 1,
+                         r["tokens"], r["wall"], r["tokens"] / r["wall"], (r["rss_mb"], r["rss_single_mb"])))
+            r = min(run_stages(corpus, (1,), tokenizer, args.repeat, filters=True)[1], key=lambda r: r["wall"])
+            rows.append((f"{corpus.stat().st_size / 1e6:.0f} MB", "every filter and near-dedup on", 1,
                          r["tokens"], r["wall"], r["tokens"] / r["wall"], (r["rss_mb"], r["rss_single_mb"])))
 
     header = ("| corpus | what | processes | tokens | wall s | M tokens/s | × raw limit | "
@@ -245,6 +283,11 @@ def main() -> None:
                      f"{medians[corpus]:.2f}×; two independent raw encoders on this machine now: "
                      f"{scaling[corpus]:.2f}×); "
                      f"1 worker / raw limit = {one[5] / limit:.2f} (target ≥ 0.5)")
+    filtered = next(r for r in rows if r[1] == "every filter and near-dedup on")
+    lines.append(f"every filter and near-dedup on, 1 worker / raw limit = {filtered[5] / limit:.2f} (target ≥ 0.35)")
+    lines.append(f"near-dedup alone on {near['megabytes']:.1f} MB of cleaned text: signatures "
+                 f"{near['megabytes'] / near['sign']:.1f} MB/s in one worker (target ≥ 20), LSH pass in the parent "
+                 f"{near['megabytes'] / near['index']:.1f} MB/s")
     for workers in (1, 2):
         rss = [r[6][0] for r in stage_rows if r[2] == workers]
         lines.append(f"peak RSS with {workers} worker(s) across sizes: {min(rss):.0f}–{max(rss):.0f} MB "
