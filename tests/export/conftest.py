@@ -34,9 +34,13 @@ def export_params(**blocks) -> dict:
 
 
 def selected(checkpoint: Path) -> SelectedCheckpoint:
-    """``checkpoint`` as the averaging stage hands it to export."""
-    return SelectedCheckpoint(checkpoint=CheckpointRef.read_folder(checkpoint), which="last", reason="last: test",
-                              validation_loss=3.0, evaluated_on_windows=4)
+    """``checkpoint`` (of :func:`tests.conftest.tiny_run`) as the averaging stage hands it to export: with the
+    validation loss its run measured on its evaluation windows."""
+    from tests.training.conftest import TINY_EVAL_WINDOWS
+
+    ref = CheckpointRef.read_folder(checkpoint)
+    return SelectedCheckpoint(checkpoint=ref, which="last", reason="last: test", validation_loss=ref.val_loss,
+                              evaluated_on_windows=TINY_EVAL_WINDOWS)
 
 
 def training_logs(folder: Path, run: TrainingResult) -> WorkFolder:

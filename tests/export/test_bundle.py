@@ -45,7 +45,7 @@ def test_bundle_holds_server_edge_tokenizer_proofs_and_card(tiny_bundle):
 
 
 def test_parity_and_card_carry_the_ngram_baselines_and_warn_when_the_model_loses_to_the_bigram(
-        tiny_bundle, tiny_token_files, tiny_checkpoint):
+        tiny_bundle, tiny_token_files, tiny_checkpoint, tiny_run):
     parity = json.loads((tiny_bundle / "parity.json").read_text(encoding="utf-8"))
     windows = validation_windows(tiny_token_files.prefix("valid"), tiny_token_files.dtype, 32, 4)  # parity's
     train = np.memmap(f"{tiny_token_files.prefix('train')}.bin", dtype=tiny_token_files.dtype, mode="r")
@@ -54,26 +54,37 @@ def test_parity_and_card_carry_the_ngram_baselines_and_warn_when_the_model_loses
     assert baselines["unigram_loss"] == pytest.approx(expected.unigram_loss, rel=1e-12)
     assert baselines["bigram_loss"] == pytest.approx(expected.bigram_loss, rel=1e-12)
     assert baselines["model_loss"] == pytest.approx(math.log(parity["perplexity"]["trained"]), rel=1e-9)
-    # 6 tiny steps learn less than a bigram table: the card says so at its top, with both numbers
+    # 6 tiny steps learn less than a bigram table: the card says so at its top, with both numbers, on the
+    # evaluation windows the validation loss was measured on, and gives the parity windows' comparison too
     assert baselines["model_loss"] > baselines["bigram_loss"] and not baselines["model_beats_bigram"]
+    meta = json.loads((tiny_bundle / "bundle.json").read_text(encoding="utf-8"))
+    source = meta["source"]
+    evaluation = validation_windows(tiny_token_files.prefix("valid"), tiny_token_files.dtype, tiny_run.seq_length,
+                                    tiny_run.eval_windows)
+    assert source["val_baselines"] == dataclasses.asdict(ngram_baselines(
+        train, evaluation, tiny_token_files.tokenizer.vocab_size))
+    assert source["val_loss"] == pytest.approx(tiny_run.val_loss) and source["val_loss"] > source[
+        "val_baselines"]["bigram_loss"]
     card = (tiny_bundle / "MODEL_CARD.md").read_text(encoding="utf-8")
     head = card.split("## Model", 1)[0]
     assert "Warning: this model does not beat the bigram baseline" in head
-    assert f"{baselines['model_loss']:.4f} nats/token" in head and f"{baselines['bigram_loss']:.4f}" in head
-    assert f"unigram {baselines['unigram_loss']:.4f}" in card and "is **not below** the bigram's" in card
+    assert f"{source['val_loss']:.4f} nats/token" in head
+    assert f"{source['val_baselines']['bigram_loss']:.4f}" in head
+    assert f"unigram {baselines['unigram_loss']:.4f}" in card and f"the model's {baselines['model_loss']:.4f}" in card
+    assert card.count("is **not below** the bigram's") == 2  # evaluation and parity windows
     metrics = report_export(Bundle.read_folder(tiny_bundle))  # what MLflow gets, as export.<name>
     assert metrics["baseline_bigram_loss"]["value"] == baselines["bigram_loss"]
     assert metrics["baseline_unigram_loss"]["value"] == baselines["unigram_loss"]
     assert metrics["model_loss"]["value"] == baselines["model_loss"]
 
     # the same card for a model below the bigram baseline carries no warning
-    meta = json.loads((tiny_bundle / "bundle.json").read_text(encoding="utf-8"))
     latency = json.loads((tiny_bundle / "latency.json").read_text(encoding="utf-8"))
     state = json.loads((tiny_checkpoint / "state.json").read_text(encoding="utf-8"))
     better = {**parity, "baselines": {**baselines, "model_loss": baselines["bigram_loss"] - 0.5,
                                       "model_beats_bigram": True}}
+    meta["source"]["val_loss"] = source["val_baselines"]["bigram_loss"] - 0.5
     winning = model_card(meta, state, better, latency)
-    assert "Warning" not in winning and "is below the bigram's" in winning
+    assert "Warning" not in winning and winning.count("is below the bigram's") == 2
 
 
 def test_same_checkpoint_and_configuration_keep_the_bundle_as_a_new_linked_version(tiny_bundle, tiny_checkpoint,

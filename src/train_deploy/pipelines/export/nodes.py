@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+from train_deploy.baselines import baselines_for
 from train_deploy.datasets import FolderWork
+from train_deploy.evaluation import validation_windows
 from train_deploy.export.bundle import bundle_fingerprint, export_bundle
 from train_deploy.export.config import ExportConfig
 from train_deploy.export.plots import TrainingCurves, read_training_curves, training_figure
@@ -37,6 +40,7 @@ def export_model(export: dict[str, Any], selected_checkpoint: SelectedCheckpoint
     provenance = {
         "selection": selected_checkpoint.reason,
         "val_loss": selected_checkpoint.validation_loss,  # what evaluation measured on these weights
+        "val_baselines": _val_baselines(selected_checkpoint, training_result, token_files),
         "corpus": {"fingerprint": token_files.fingerprint, "reader": token_files.input["source"],
                    **{f"{name}_{kind}": getattr(splits[name], kind) for name in ("train", "valid")
                       for kind in ("documents", "tokens")}},
@@ -46,6 +50,16 @@ def export_model(export: dict[str, Any], selected_checkpoint: SelectedCheckpoint
     work = FolderWork(build=partial(export_bundle, checkpoint, tokenizer, token_files, config, provenance, curves),
                       keep=keep, what="bundle")
     return work, training_figure(curves, title=f"training run {training_result.run_name}")
+
+
+def _val_baselines(selected: SelectedCheckpoint, training_result: TrainingResult,
+                   token_files: TokenManifest) -> dict[str, Any] | None:
+    """The n-gram baselines of the windows ``val_loss`` was measured on (the training run's evaluation windows)."""
+    if not selected.evaluated_on_windows:
+        return None
+    windows = validation_windows(token_files.prefix("valid"), token_files.dtype, training_result.seq_length,
+                                 selected.evaluated_on_windows)
+    return dataclasses.asdict(baselines_for(token_files, windows))
 
 
 def _training_curves(selected: SelectedCheckpoint, training_result: TrainingResult,
