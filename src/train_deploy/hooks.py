@@ -201,14 +201,14 @@ class ShowBundle:
         if "export_bundle" not in pipeline.all_outputs():
             return
         bundle = catalog.load("export_bundle")
-        folder, baselines = bundle.path, bundle.parity.get("baselines")
+        folder, baselines = bundle.path, _baseline_line(bundle.meta["source"], bundle.parity)
         prompt, sample = _validation_sample(folder, catalog.load("token_files"))
         call = (f"model.generate({prompt!r}, max_new_tokens={SAMPLE_TOKENS}, temperature={SAMPLE_TEMPERATURE}, "
                 f"top_k={SAMPLE_TOP_K}, seed=0)")
         sys.stdout.write(
             f"\nExported bundle: {folder}\n"
             f"  model card: {folder}/MODEL_CARD.md\n"
-            + (f"  {_baseline_line(baselines)}\n" if baselines else "")
+            + (f"  {baselines}\n" if baselines else "")
             + "  load it (Paddle Inference; backend='onnx', int8=True for the edge model):\n"
             "    from train_deploy.export import LanguageModel\n"
             f"    model = LanguageModel.load({folder!r})\n"
@@ -222,11 +222,18 @@ PROMPT_TOKENS = 8
 """The prompt: at most this many tokens of the first validation document (at most half of it)."""
 
 
-def _baseline_line(baselines: dict) -> str:
+def _baseline_line(source: dict, parity: dict) -> str | None:
+    """The model's validation loss beside the n-gram baselines of the same windows: the evaluation windows the
+    loss was measured on, else the parity windows (None for bundles made before the baselines)."""
     from train_deploy.baselines import Baselines
 
-    fields = {name: baselines[name] for name in Baselines.__slots__}
-    return "validation (parity windows): " + Baselines(**fields).describe(baselines["model_loss"])
+    if source.get("val_baselines") and source.get("val_loss") is not None:
+        base, loss = source["val_baselines"], source["val_loss"]
+    elif parity.get("baselines"):
+        base, loss = parity["baselines"], parity["baselines"]["model_loss"]
+    else:
+        return None
+    return "validation: " + Baselines(**{name: base[name] for name in Baselines.__slots__}).describe(loss)
 
 
 def _validation_sample(folder: str, tokens) -> tuple[str, str | None]:
