@@ -125,10 +125,11 @@ def test_unchanged_corpus_is_a_skipped_run_new_text_retrains_and_a_failing_sched
     # The scheduler on a project whose corpus has gone: the slot's run fails and is retried with back-off, the
     # champion stays, and the scheduler lives on to run the next slot.
     corpus.unlink()
-    log = tmp_path / "schedule.log"
-    with log.open("w") as err:
+    log, project_log = tmp_path / "schedule.log", project / "logs" / "train_deploy.log"
+    with log.open("w") as out:
         scheduler = subprocess.Popen([str(TRAIN_DEPLOY), "schedule", "--cron", "* * * * * */2", "--retries", "1",
-                                      "--backoff", "0.2", "--params", params], cwd=project, env=env, stderr=err)
+                                      "--backoff", "0.2", "--params", params], cwd=project, env=env, stdout=out,
+                                     stderr=subprocess.STDOUT)
     try:
         _wait_for(lambda: "started:" in log.read_text().partition("after 1 retries")[2], 180)
         scheduler.send_signal(signal.SIGTERM)
@@ -136,7 +137,11 @@ def test_unchanged_corpus_is_a_skipped_run_new_text_retrains_and_a_failing_sched
     finally:
         scheduler.kill()
     text = log.read_text()
-    assert "run failed (rc 1): retry 1 of 1 in 0.2 s" in text and str(corpus) in text
+    assert "run failed (rc 1): retry 1 of 1 in 0.2 s" in text
+    # Each failed run says what failed in one line and where its traceback went, not 250 lines of it.
+    one_line = f"CorpusError: {corpus}: no such file or folder (corpus.reader.paths)\n  traceback: {project_log}\n"
+    assert text.count(one_line) >= 2 and "Traceback" not in text and "\x1b[" not in text
+    assert "Traceback (most recent call last)" in project_log.read_text(encoding="utf-8")
     assert {k: str(v) for k, v in client.get_registered_model(MODEL).aliases.items()} == {"champion": "1"}
     assert len(client.search_model_versions(f"name='{MODEL}'")) == 1
 

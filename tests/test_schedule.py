@@ -202,6 +202,9 @@ def test_scheduled_corpus_run_and_a_manual_run_are_tagged_with_their_trigger(pro
     scheduled = subprocess.run([str(TRAIN_DEPLOY), "schedule", "--once", "--pipeline", "corpus", "--params", params],
                                cwd=project, env=env, capture_output=True, text=True, timeout=120)
     assert scheduled.returncode == 0, scheduled.stderr[-3000:]
+    console = scheduled.stdout + scheduled.stderr  # a file, not a terminal: plain lines, none of the known noise
+    assert "\x1b[" not in console and "\r" not in console and "Warning" not in console, console[-3000:]
+    assert "INFO train_deploy.pipelines.corpus.nodes: Corpus: " in console
     with KedroSession.create(project_path=project, runtime_params=tiny_runtime_params()) as session:
         session.run(pipeline_names=["corpus"])  # manual (reuses the tokens the scheduled run wrote)
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])

@@ -1,5 +1,10 @@
 """Project commands (Kedro loads this module's ``cli`` group over its own): ``kedro run`` is Kedro's, except that
-a run stopped because there is nothing to retrain (``train_deploy.retrain``) says so in one line and exits 0."""
+
+- a run stopped because there is nothing to retrain (``train_deploy.retrain``) says so in one line and exits 0;
+- a run failing with one of the project's own errors (configuration, corpus, checkpoint, bundle, training, …)
+  prints its one-line message and where the traceback is (the project's log file, ``train_deploy.console``),
+  and exits 1; any other error keeps its whole traceback on the console.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +14,11 @@ from typing import Any
 import click
 from kedro.framework.cli.project import run as kedro_run
 
-from train_deploy.retrain import NothingToRetrain
+from train_deploy.console import quiet_third_party, record_in_log_file
+
+quiet_third_party()  # Kedro's CLI imports this module before the project's settings
+
+from train_deploy.retrain import NothingToRetrain  # noqa: E402
 
 
 @click.group(name="train_deploy")
@@ -23,6 +32,26 @@ def _run(**options: Any) -> Any:
     except NothingToRetrain as skipped:
         sys.stdout.write(f"\nSkipped: {skipped}\n")
         return None
+    except Exception as error:
+        own = project_error(error)
+        if own is None:  # not one of the project's errors (a bug, or a library's): the whole traceback
+            raise
+        log = record_in_log_file(error, "The run failed")
+        where = f"\n  traceback: {log}" if log else ""
+        sys.stderr.write(f"{type(own).__name__}: {str(own).strip().splitlines()[0] if str(own).strip() else ''}"
+                         f"{where}\n")
+        raise SystemExit(1) from None
+
+
+def project_error(error: BaseException) -> BaseException | None:
+    """The project's own error (a class of a ``train_deploy`` module, whose message is one line naming the file,
+    key or value) that ``error`` is or wraps (Kedro wraps what a dataset raises), or None."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if type(seen).__module__.split(".")[0] == "train_deploy":
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
 
 
 cli.add_command(click.Command("run", params=kedro_run.params, callback=_run, help=kedro_run.help,

@@ -12,6 +12,7 @@ import mlflow
 from kedro.framework.hooks import hook_impl
 
 from train_deploy.atomic import clean_leftovers, remove_leftovers
+from train_deploy.console import log_to_file, plain_console_unless_terminal
 from train_deploy.datasets import ArtifactFolderDataset, WorkFolderDataset
 from train_deploy.preflight import check_run, check_tracking
 from train_deploy.retrain import CHECKED_NODES, OUTCOME_TAG, REASON_TAG, NothingToRetrain, check_for_changes
@@ -19,6 +20,16 @@ from train_deploy.run_lock import RunConfig, RunLock
 from train_deploy.schedule import TRIGGER_VARIABLE
 
 logger = logging.getLogger(__name__)
+
+
+class ConsoleLogging:
+    """Every record of the run in the project's ``logs/train_deploy.log``, and plain console lines when the
+    console is not a terminal (``train_deploy.console``)."""
+
+    @hook_impl(tryfirst=True)
+    def after_context_created(self, context) -> None:
+        log_to_file(context.project_path)
+        plain_console_unless_terminal()
 
 
 class ProjectRunLock:

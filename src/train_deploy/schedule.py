@@ -148,7 +148,7 @@ def serve(schedule: Schedule, stop: _Stop) -> None:
 
 def kedro_command(pipeline: str, env: str | None, params: str | None) -> list[str]:
     """``kedro run`` with this interpreter's Kedro (cron and systemd start with a bare PATH)."""
-    command = [sys.executable, "-m", "kedro", "run", "--pipeline", pipeline]
+    command = [sys.executable, "-m", "kedro", "run", "--pipelines", pipeline]
     if env:
         command += ["--env", env]
     if params:

@@ -3,9 +3,14 @@
 from kedro.config import OmegaConfigLoader
 from omegaconf.resolvers import oc
 
-from train_deploy.hooks import (
+from train_deploy.console import quiet_third_party
+
+quiet_third_party()  # before the hooks import MLflow, Paddle and PaddleNLP
+
+from train_deploy.hooks import (  # noqa: E402
     CheckConfiguration,
     CloseMlflowRun,
+    ConsoleLogging,
     LocalMlflowStore,
     ProjectRunLock,
     ShowBundle,
@@ -23,8 +28,8 @@ def _artifact_location(tracking_uri: str) -> str | None:
 
 # pluggy calls the last registered first: the registry's decision is printed after the bundle, last of a run.
 # Of the two trylast hooks, the one listed first is called first: TagTrigger tags a run SkipUnchanged may end.
-HOOKS = (ProjectRunLock(), LocalMlflowStore(), CheckConfiguration(), CloseMlflowRun(), TagTrigger(), SkipUnchanged(),
-         ShowRegistryDecision(), ShowBundle())
+HOOKS = (ConsoleLogging(), ProjectRunLock(), LocalMlflowStore(), CheckConfiguration(), CloseMlflowRun(), TagTrigger(),
+         SkipUnchanged(), ShowRegistryDecision(), ShowBundle())
 
 # kedro-telemetry is a dependency of kedro itself; its hooks never run in this project.
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro-telemetry", "kedro-viz")

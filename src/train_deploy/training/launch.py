@@ -320,7 +320,8 @@ class _LogFollower:
         from tqdm.auto import tqdm
 
         self.path, self.offset = path, 0
-        self.bar = tqdm(total=total, desc="training", unit="step", dynamic_ncols=True, mininterval=1.0)
+        self.bar = tqdm(total=total, desc="training", unit="step", dynamic_ncols=True, mininterval=1.0,
+                        disable=None)  # no bar (carriage returns) when the console is a file or a pipe
         self.stall_timeout, self.stepped, self.last_progress = stall_timeout, False, time.monotonic()
 
     def stalled(self) -> bool:

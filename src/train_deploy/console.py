@@ -1,0 +1,157 @@
+"""What a run shows on the console, and the log file that keeps the rest.
+
+Kedro configures logging (its rich handler on the root logger) before any project code runs; then:
+
+- :func:`quiet_third_party` (from ``settings.py``, before the project's modules are imported) ignores the
+  warnings every run printed and nobody can act on — MLflow asking for type hints on ``predict``, OmegaConf's
+  ``register_new_resolver`` deprecation (raised inside Kedro and kedro-mlflow), Paddle's missing ccache and
+  setuptools replacing distutils — and makes PaddleNLP's logger an ordinary one (:class:`PaddleNLPLogger`);
+- the :class:`ConsoleLogging` hook writes every record of the run, tracebacks included, to
+  ``logs/train_deploy.log`` in the project, and, when the console is not a terminal (a file, a pipe, a
+  scheduler's log), turns the rich handler's boxes, colours and 80-column wrapping into plain lines.
+
+``train_deploy.cli`` prints the project's own errors as one line that points at the log file.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import warnings
+from logging.handlers import RotatingFileHandler
+from pathlib import Path
+
+LOG_FILE = Path("logs") / "train_deploy.log"
+PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# (message regex, category, module regex) of the warnings that carry no information for a user of the project.
+KNOWN_NOISE = (
+    (r"(?:\x1b\[\d+m)?Add type hints to the `predict` method", UserWarning, r"mlflow\."),
+    (r"register_new_resolver\(\) is deprecated", UserWarning, r""),
+    (r"No ccache found", UserWarning, r"paddle\."),
+    (r"Setuptools is replacing distutils", UserWarning, r"_distutils_hack"),
+    (r"[\s\S]*paddle\.incubate\.nn\.functional\.swiglu", UserWarning, r"paddlenlp\."),  # PaddleNLP's Llama, each load
+    (r"Tensor do not have 'place' interface for pir", UserWarning, r"paddle\."),  # paddle.jit, on every export
+)
+
+
+class PaddleNLPLogger(logging.Logger):
+    """``logging.getLogger("PaddleNLP")`` as an ordinary logger: when PaddleNLP is imported it adds its own
+    handler (colour codes, straight to stderr), sets DEBUG and stops propagation; this logger ignores all three,
+    so PaddleNLP's records reach the console and the log file like any other, from WARNING up (its INFO lines
+    name temporary folders)."""
+
+    def addHandler(self, hdlr: logging.Handler) -> None:  # noqa: N802 (logging's name)
+        return
+
+    def setLevel(self, level: int | str) -> None:  # noqa: N802
+        super().setLevel(max(logging.WARNING, logging.getLevelName(level) if isinstance(level, str) else level))
+
+    def __setattr__(self, name: str, value) -> None:
+        super().__setattr__(name, True if name == "propagate" else value)
+
+
+class KnownNoise(logging.Filter):
+    """Drops the ``py.warnings`` records (Python warnings Kedro sends to logging) of :data:`KNOWN_NOISE`: MLflow
+    raises its own under ``simplefilter("once")``, which no warnings filter outside it can ignore."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not any(re.search(message, text) and category.__name__ in text for message, category, _ in KNOWN_NOISE)
+
+
+def quiet_third_party() -> None:
+    """Ignore :data:`KNOWN_NOISE` and route PaddleNLP's logger through logging (before PaddleNLP is imported); no
+    MLflow download bars (carriage returns) when the console is not a terminal."""
+    if not sys.stderr.isatty():
+        os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    for message, category, module in KNOWN_NOISE:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    # conf/logging.yml keeps Python warnings off the console while Kedro loads its plugins (they import MLflow,
+    # whose warnings no filter reaches); from here on they show, less the known noise.
+    py_warnings = logging.getLogger("py.warnings")
+    py_warnings.setLevel(logging.WARNING)
+    if not any(isinstance(f, KnownNoise) for f in py_warnings.filters):
+        py_warnings.addFilter(KnownNoise())
+    if "PaddleNLP" not in logging.Logger.manager.loggerDict:
+        previous = logging.getLoggerClass()
+        logging.setLoggerClass(PaddleNLPLogger)
+        try:
+            logging.getLogger("PaddleNLP").setLevel(logging.WARNING)
+        finally:
+            logging.setLoggerClass(previous)
+
+
+class PlainConsoleHandler(logging.StreamHandler):
+    """One plain line per record on the current ``sys.stderr`` (looked up at each record, so a redirected or
+    captured stream is followed), tracebacks as Python prints them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.setFormatter(logging.Formatter(PLAIN_FORMAT))
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # StreamHandler.__init__ assigns it
+        pass
+
+
+def log_to_file(project: Path) -> Path:
+    """Send the root logger's records to ``logs/train_deploy.log`` of ``project`` (instead of another project's
+    file this process wrote before); returns its path."""
+    path = log_file_of(project)
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, ProjectLogFile)]:
+        if Path(handler.baseFilename) == path:
+            return path
+        root.removeHandler(handler)
+        handler.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    root.addHandler(ProjectLogFile(path))
+    return path
+
+
+class ProjectLogFile(RotatingFileHandler):
+    """The project's log file: every record from INFO up, tracebacks included; 4 files of 20 MB at most."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, maxBytes=20_000_000, backupCount=3, encoding="utf-8")
+        self.setFormatter(logging.Formatter(PLAIN_FORMAT))
+        self.setLevel(logging.INFO)
+
+
+def record_in_log_file(error: BaseException, message: str) -> Path | None:
+    """Write ``message`` with ``error``'s traceback to the project's log file only; returns the file (None when
+    no run of this process opened one)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, ProjectLogFile):
+            logger = logging.getLogger("train_deploy.cli")
+            handler.handle(logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, (), (
+                type(error), error, error.__traceback__)))
+            return Path(handler.baseFilename)
+    return None
+
+
+def plain_console_unless_terminal() -> None:
+    """Replace Kedro's rich console handler with :class:`PlainConsoleHandler` when stderr is no terminal."""
+    if sys.stderr.isatty():
+        return
+    from kedro.logging import RichHandler
+
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, RichHandler)]:
+        plain = PlainConsoleHandler()
+        plain.setLevel(handler.level)
+        for record_filter in handler.filters:
+            plain.addFilter(record_filter)
+        root.removeHandler(handler)
+        root.addHandler(plain)
+
+
+def log_file_of(project: Path) -> Path:
+    return (Path(project) / LOG_FILE).resolve()
