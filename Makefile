@@ -79,7 +79,7 @@ check-paddle: $(STAMP)
 	@$(BIN)/python tools/check_paddle_wheel.py --device $(DEVICE)
 
 run: check-paddle
-	$(BIN)/kedro run --pipeline $(PIPELINE)
+	$(BIN)/kedro run --pipelines $(PIPELINE)
 
 test: check-paddle
 	$(BIN)/python -m pytest
