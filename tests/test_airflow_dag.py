@@ -163,3 +163,52 @@ json.dump({"errors": {k: str(v)[-2000:] for k, v in bag.import_errors.items()},
     assert found["skip_on_exit_code"] == [99]  # nothing to retrain: the DAG run's tasks are skipped
     assert found["upstream"]["train-model"] == sorted(["check-for-changes", corpus])
     assert {corpus, "train-model", "export-bundle", "report-export"} <= set(found["upstream"]["register-bundle"])
+
+
+def _airflow(*args: str, env: dict[str, str]) -> str:
+    """`airflow …` of the Airflow venv; its output (stdout and stderr)."""
+    result = subprocess.run([str(AIRFLOW_PYTHON.with_name("airflow")), *args], env=env, capture_output=True,
+                            text=True, timeout=900)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    return result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.skipif(not AIRFLOW_PYTHON.exists() or not os.environ.get("TRAIN_DEPLOY_AIRFLOW_RUN"),
+                    reason="a whole DAG run twice (minutes): `make airflow-check` runs it")
+def test_airflow_dag_run_trains_and_registers_then_skips_an_unchanged_corpus(generated_dag, project_copy,
+                                                                              tmp_path):
+    from mlflow import MlflowClient
+
+    from tests.conftest import tiny_train_deploy_params
+
+    project = tmp_path / "project"
+    shutil.copytree(project_copy, project)
+    (project / "conf" / "local" / "parameters_tiny.yml").write_text(json.dumps(tiny_train_deploy_params()))
+    (tmp_path / "dags").mkdir()
+    shutil.copy(generated_dag, tmp_path / "dags")
+    tracking = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "AIRFLOW"))},
+           "AIRFLOW_HOME": str(tmp_path), "AIRFLOW__CORE__DAGS_FOLDER": str(tmp_path / "dags"),
+           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "TRAIN_DEPLOY_PROJECT": str(project),
+           "TRAIN_DEPLOY_PYTHON": sys.executable, "MLFLOW_TRACKING_URI": tracking,
+           "KEDRO_DISABLE_TELEMETRY": "1", "DO_NOT_TRACK": "1"}
+    _airflow("db", "migrate", env=env)
+    _airflow("dags", "reserialize", env=env)
+    runs = [_airflow("dags", "test", "train-deploy", env=env) for _ in range(2)]
+
+    assert all("DagRun Finished" in run and "state=success" in run.split("DagRun Finished")[1] for run in runs)
+    client = MlflowClient(tracking)
+    trained, skipped = client.search_runs([e.experiment_id for e in client.search_experiments()],
+                                          order_by=["attributes.start_time ASC"])
+    # One MLflow run per DAG run: every task of the first logged into the run check-for-changes opened.
+    assert {"corpus", "train", "averaging", "export"} <= {key.split(".")[0] for key in trained.data.metrics}
+    assert (trained.data.tags["trigger"], trained.data.tags.get("outcome")) == ("manual", None)
+    champion = client.get_model_version_by_alias("train_deploy_lm", "champion")
+    assert (str(champion.version), champion.run_id) == ("1", trained.info.run_id)
+    # The second found nothing new: recorded as skipped, nothing trained or registered.
+    assert skipped.data.tags["outcome"] == "skipped"
+    assert skipped.data.tags["retrain.reason"].startswith("nothing to retrain")
+    assert skipped.data.metrics == {}
+    assert len(client.search_model_versions("name='train_deploy_lm'")) == 1
