@@ -186,8 +186,9 @@ def tiny_bundle(tmp_path_factory, tiny_checkpoint, tiny_tokenizer, tiny_token_fi
 
 @pytest.fixture
 def seed_champion(tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer):
-    """``seed(uri, **tags)``: the session's tiny bundle as version 1 and champion of the default registered model
-    in the store at ``uri``, with ``tags`` beside its own and a small evaluation set that later runs reuse."""
+    """``seed(uri, **tags)``: the session's tiny bundle as a new version of the default registered model in the
+    store at ``uri`` (the first becomes champion; the same bundle again is no improvement, so the gate rejects
+    it), with ``tags`` beside its own and a small evaluation set that later runs reuse."""
     import mlflow
 
     from train_deploy.handoffs import Bundle
@@ -200,7 +201,7 @@ def seed_champion(tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer):
         config = RegistryConfig.from_params({"eval_set": {"documents": 8, "max_chars": 60}})
         mlflow.set_tracking_uri(uri)
         mlflow.set_registry_uri(uri)
-        with mlflow.start_run(experiment_id=mlflow.create_experiment("seed")):
+        with mlflow.start_run(experiment_id=mlflow.set_experiment("seed").experiment_id):
             register_and_gate(bundle, config, version_tags(bundle, tiny_token_files, tiny_run, "seed") | tags,
                               partial(validation_texts, tiny_token_files, tiny_tokenizer, 8, 60))
 

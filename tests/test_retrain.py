@@ -21,6 +21,7 @@ from train_deploy.retrain import (
     CORPUS_TAG,
     TRAINING_TAG,
     NothingToRetrain,
+    RetrainCheck,
     check_for_changes,
     compare,
     current_fingerprints,
@@ -121,6 +122,11 @@ def test_unchanged_corpus_is_a_skipped_run_new_text_retrains_and_a_failing_sched
     forced = _params(corpus)
     forced["retrain"] = {"force": True}
     assert check_for_changes(forced).reason == "retrain.force is true"
+    seed_champion(uri, **current_fingerprints(_params(corpus)))  # trained on it, and the gate kept version 1
+    assert check_for_changes(_params(corpus)) == RetrainCheck(False, (
+        "nothing to retrain: version 2 was trained on this corpus with this configuration and is not champion "
+        "(gate: rejected); champion is version 1 (retrain.force: true trains anyway)"),
+        current_fingerprints(_params(corpus)))
 
     # The scheduler on a project whose corpus has gone: the slot's run fails and is retried with back-off, the
     # champion stays, and the scheduler lives on to run the next slot.
@@ -143,7 +149,7 @@ def test_unchanged_corpus_is_a_skipped_run_new_text_retrains_and_a_failing_sched
     assert text.count(one_line) >= 2 and "Traceback" not in text and "\x1b[" not in text
     assert "Traceback (most recent call last)" in project_log.read_text(encoding="utf-8")
     assert {k: str(v) for k, v in client.get_registered_model(MODEL).aliases.items()} == {"champion": "1"}
-    assert len(client.search_model_versions(f"name='{MODEL}'")) == 1
+    assert len(client.search_model_versions(f"name='{MODEL}'")) == 2
 
 
 def _wait_for(condition, seconds: float) -> None:

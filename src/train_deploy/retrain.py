@@ -79,7 +79,22 @@ def check_for_changes(params: dict[str, Any]) -> RetrainCheck:
         return RetrainCheck(True, f"{registry.model_name} has no champion yet", fingerprints)
     recorded = retry("read the champion's tags",
                      lambda: client.get_model_version(registry.model_name, champion).tags)
-    return RetrainCheck(*compare(fingerprints, recorded, f"champion version {champion}"), fingerprints)
+    retrain, reason = compare(fingerprints, recorded, f"champion version {champion}")
+    if retrain:  # a version already trained alike and not champion (the gate kept the champion, or a rollback)
+        tried = retry("find versions trained alike", lambda: trained_alike(client, registry.model_name, fingerprints))
+        if tried is not None:
+            return RetrainCheck(False, (
+                f"nothing to retrain: version {tried.version} was trained on this corpus with this configuration "
+                f"and is not champion (gate: {tried.tags.get('gate.decision', 'unknown')}); champion is version "
+                f"{champion} (retrain.force: true trains anyway)"), fingerprints)
+    return RetrainCheck(retrain, reason, fingerprints)
+
+
+def trained_alike(client: MlflowClient, model_name: str, fingerprints: dict[str, str]):
+    """The newest version of ``model_name`` recorded with these ``fingerprints``, or None."""
+    where = " and ".join(f"tags.`{tag}` = '{value}'" for tag, value in sorted(fingerprints.items()))
+    found = client.search_model_versions(f"name = '{model_name}' and {where}")
+    return max(found, key=lambda v: int(v.version), default=None)
 
 
 def compare(current: dict[str, str], recorded: dict[str, str], champion: str) -> tuple[bool, str]:
