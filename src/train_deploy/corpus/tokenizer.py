@@ -60,13 +60,26 @@ def train_tokenizer(sentences: Iterable[str], config: TokenizerConfig, folder: P
         _train_sentencepiece(counted, config, model, rules if normalization != "none" else None)
     sp_file = folder / SP_MODEL_FILE
     sp_file.write_bytes(_recorded(model.getvalue(), normalization))
+    vocab_size = _fitted_vocab_size(model.getvalue(), config.vocab_size)
     _save_llama_tokenizer(sp_file, folder)
-    info = TokenizerInfo(path=str(folder), vocab_size=config.vocab_size, eos_id=2, hash=_hash_folder(folder),
+    info = TokenizerInfo(path=str(folder), vocab_size=vocab_size, eos_id=2, hash=_hash_folder(folder),
                          encoder="sentencepiece", fingerprint=fingerprint, source="trained")
     write_json(folder / INFO_FILE, info)
     logger.info("Trained a %s SentencePiece tokenizer (%d pieces, normalisation %s) on %d sentences",
-                config.model_type, config.vocab_size, normalization, counted.count)
+                config.model_type, vocab_size, normalization, counted.count)
     return info
+
+
+def _fitted_vocab_size(model: bytes, requested: int) -> int:
+    """The trained model's vocabulary size, with a warning when the corpus could not fill ``requested`` ids."""
+    import sentencepiece as spm
+
+    trained = spm.SentencePieceProcessor(model_proto=model).get_piece_size()
+    if trained < requested:
+        logger.warning("corpus.tokenizer.vocab_size: this corpus has pieces for %d ids, not %d; the tokenizer (and "
+                       "the model's vocabulary) has %d (set corpus.tokenizer.vocab_size: %d to silence this, or "
+                       "give a larger corpus)", trained, requested, trained, trained)
+    return trained
 
 
 def _train_sentencepiece(counted: _Counting, config: TokenizerConfig, model: io.BytesIO, rules: Path | None) -> None:
@@ -92,6 +105,9 @@ def _train_sentencepiece(counted: _Counting, config: TokenizerConfig, model: io.
             split_digits=True,
             allow_whitespace_only_pieces=True,
             unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+            # A small corpus has fewer pieces than vocab_size asks for: train as many as it has (a warning says
+            # how many) rather than fail; the tokenizer records the size it has.
+            hard_vocab_limit=False,
             max_sentence_length=config.max_sentence_chars * 4,
             input_sentence_size=0,
             num_threads=config.num_threads or os.cpu_count() or 1,
