@@ -405,7 +405,8 @@ class _ProgressBar:
         if enabled:
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(desc="encoding", unit=" docs", dynamic_ncols=True, mininterval=0.5)
+            self._bar = tqdm(desc="encoding", unit=" docs", dynamic_ncols=True, mininterval=0.5,
+                             disable=None)  # no bar (carriage returns) when the console is a file or a pipe
         self._started = time.perf_counter()
 
     def update(self, progress: tuple[Any, Any]) -> None:
