@@ -122,7 +122,7 @@ class TokenizerConfig:
     """`train`: a new SentencePiece model on a sample of this corpus; `load`: an existing tokenizer (`load_path`)."""
     load_path: str | None = None
     """`load`: a local directory that `paddlenlp.transformers.AutoTokenizer.from_pretrained` accepts."""
-    vocab_size: int = 8000
+    vocab_size: int = 4500
     """Ids in the trained vocabulary, unk/bos/eos included (32 to 1000000, at least 261 with byte_fallback); the
     model's vocabulary follows it."""
     model_type: Literal["bpe", "unigram"] = "bpe"
