@@ -81,6 +81,13 @@ check-paddle: $(STAMP)
 run: check-paddle
 	$(BIN)/kedro run --pipelines $(PIPELINE)
 
+# The MLflow UI on the project's store (conf/base/mlflow.yml, conf/local/mlflow.yml or MLFLOW_TRACKING_URI; a
+# tracking server is opened in the browser instead), at http://127.0.0.1:5000 (`make ui PORT=5001` for another
+# port). kedro-mlflow starts `mlflow` from PATH: the venv's comes first, so nothing needs activating.
+.PHONY: ui
+ui: $(STAMP)
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/kedro mlflow ui $(if $(PORT),--port $(PORT))
+
 test: check-paddle
 	$(BIN)/python -m pytest
 

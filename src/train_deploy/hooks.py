@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import re
+import signal
 import sqlite3
 import sys
+import threading
 from pathlib import Path
 
 import mlflow
 from kedro.framework.hooks import hook_impl
+from mlflow.utils.file_utils import local_file_uri_to_path
 
 from train_deploy.atomic import clean_leftovers, remove_leftovers
 from train_deploy.console import log_to_file, plain_console_unless_terminal
@@ -201,6 +206,127 @@ class SkipUnchanged:
             mlflow.set_tag(OUTCOME_TAG, "skipped")
         end_mlflow_runs(self._outer_run_id)
         raise NothingToRetrain(check.reason)
+
+
+class RelativeArtifactLocation:
+    """The project's SQLite store keeps its experiment's artifact location relative to the project (``mlartifacts``
+    from conf/base/mlflow.yml): kedro-mlflow and MLflow store it absolute, so a moved or copied project would
+    write its runs' artifacts into the old folder. Runs and ``make ui`` resolve it from the project root."""
+
+    @hook_impl(trylast=True)  # after kedro-mlflow has created the experiment
+    def after_context_created(self, context) -> None:
+        config = getattr(context, "mlflow", None)
+        uri = mlflow.get_tracking_uri()
+        if config is None or not uri.startswith("sqlite:///"):
+            return
+        location = config.tracking.experiment.create_experiment_kwargs.artifact_location or ""
+        if not location.startswith("file://"):
+            return
+        project = Path(context.project_path).resolve()
+        absolute = Path(local_file_uri_to_path(location)).resolve()
+        if absolute.is_relative_to(project):
+            with sqlite3.connect(uri.removeprefix("sqlite:///"), timeout=30) as connection:
+                connection.execute("UPDATE experiments SET artifact_location = ? WHERE name = ? AND "
+                                   "artifact_location = ?", (absolute.relative_to(project).as_posix(),
+                                                             config.tracking.experiment.name, location))
+
+
+class LineageTags:
+    """Tags that link the runs of single stages (``--pipelines corpus``, then ``training``, …): every run that
+    reads the token files carries ``corpus.fingerprint``, every run that reads or writes a training result its
+    ``training.run_name``; and ``runner`` is the runner's class name, not its object repr."""
+
+    TAGS = {"token_files": ("corpus.fingerprint", "fingerprint"),
+            "training_result": ("training.run_name", "run_name")}
+
+    @hook_impl(trylast=True)  # after kedro-mlflow has opened its run and tagged it with the run parameters
+    def before_pipeline_run(self, run_params) -> None:
+        if mlflow.active_run() is not None:
+            mlflow.set_tag("runner", _runner_name(str(run_params.get("runner"))))
+
+    @hook_impl
+    def after_dataset_loaded(self, dataset_name: str, data) -> None:
+        self._tag(dataset_name, data)
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str, data) -> None:
+        self._tag(dataset_name, data)
+
+    def _tag(self, dataset_name: str, data) -> None:
+        tag, field = self.TAGS.get(dataset_name, (None, ""))
+        value = getattr(data, field, None)
+        if tag and isinstance(value, str) and mlflow.active_run() is not None:
+            mlflow.set_tag(tag, value)
+
+
+def _runner_name(recorded: str) -> str:
+    """The runner's class name from what Kedro records: an instance's repr, a class's name, or ``None`` for its
+    default runner."""
+    if recorded == "None":
+        return "SequentialRunner"
+    instance = re.fullmatch(r"<([\w.]+) object at 0x[0-9a-fA-F]+>", recorded)
+    return instance.group(1).rsplit(".", 1)[-1] if instance else recorded
+
+
+class EndStoppedRun:
+    """A Kedro run that fails in a ``before_pipeline_run`` hook after kedro-mlflow opened its MLflow run ends it
+    ``FAILED``; one stopped by SIGTERM or Ctrl-C ends it ``KILLED``. Neither stays ``RUNNING``, nor ends
+    ``FINISHED`` by MLflow's exit handler. (SIGKILL leaves no chance: that run stays ``RUNNING``.)
+
+    While the pipeline runs, SIGTERM (when nobody else handles it) exits with status 143 through ``SystemExit``,
+    so ``finally`` blocks and exit handlers run, as Ctrl-C's ``KeyboardInterrupt`` does.
+    """
+
+    def __init__(self) -> None:
+        self._outer_run_id: str | None = None
+        self._previous_sigterm = None
+
+    @hook_impl
+    def after_context_created(self) -> None:
+        run = mlflow.active_run()
+        self._outer_run_id = run.info.run_id if run else None
+
+    @hook_impl(wrapper=True)
+    def before_pipeline_run(self):
+        try:
+            result = yield
+        except BaseException as error:  # Kedro calls no on_pipeline_error before the first node
+            end_mlflow_runs(self._outer_run_id, _stopped_status(error))
+            raise
+        atexit.register(self._end_abandoned)
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+            self._previous_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        return result
+
+    @hook_impl
+    def after_pipeline_run(self) -> None:
+        self._restore()
+
+    @hook_impl
+    def on_pipeline_error(self) -> None:
+        self._restore()
+
+    def _restore(self) -> None:
+        atexit.unregister(self._end_abandoned)
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
+
+    def _end_abandoned(self) -> None:
+        """At exit, a run still open was stopped between its hooks (Ctrl-C, SIGTERM, ``SystemExit``)."""
+        try:
+            end_mlflow_runs(self._outer_run_id, "KILLED")
+        except Exception as exc:  # an exit handler must not raise; the tracking server may be gone
+            logger.warning("Could not end the MLflow run as KILLED: %s", exc)
+
+
+def _stopped_status(error: BaseException) -> str:
+    return "KILLED" if isinstance(error, KeyboardInterrupt | SystemExit) else "FAILED"
+
+
+def _exit_on_sigterm(signum: int, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 class ShowBundle:

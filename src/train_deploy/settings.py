@@ -11,8 +11,11 @@ from train_deploy.hooks import (  # noqa: E402
     CheckConfiguration,
     CloseMlflowRun,
     ConsoleLogging,
+    EndStoppedRun,
+    LineageTags,
     LocalMlflowStore,
     ProjectRunLock,
+    RelativeArtifactLocation,
     ShowBundle,
     ShowRegistryDecision,
     SkipUnchanged,
@@ -21,15 +24,17 @@ from train_deploy.hooks import (  # noqa: E402
 
 
 def _artifact_location(tracking_uri: str) -> str | None:
-    """Local stores keep artifacts in the project's mlartifacts/; a tracking server chooses its own (with
-    --serve-artifacts it proxies them), or every client would write the run's artifacts to its own disk."""
+    """Local stores keep artifacts in the project's mlartifacts/ (recorded relative to the project by
+    hooks.RelativeArtifactLocation); a tracking server chooses its own (with --serve-artifacts it proxies them),
+    or every client would write the run's artifacts to its own disk."""
     return "mlartifacts" if tracking_uri.startswith(("sqlite:", "file:")) or "://" not in tracking_uri else None
 
 
 # pluggy calls the last registered first: the registry's decision is printed after the bundle, last of a run.
 # Of the two trylast hooks, the one listed first is called first: TagTrigger tags a run SkipUnchanged may end.
-HOOKS = (ConsoleLogging(), ProjectRunLock(), LocalMlflowStore(), CheckConfiguration(), CloseMlflowRun(), TagTrigger(),
-         SkipUnchanged(), ShowRegistryDecision(), ShowBundle())
+HOOKS = (ConsoleLogging(), ProjectRunLock(), LocalMlflowStore(), RelativeArtifactLocation(), CheckConfiguration(),
+         CloseMlflowRun(), EndStoppedRun(), TagTrigger(), SkipUnchanged(), LineageTags(), ShowRegistryDecision(),
+         ShowBundle())
 
 # kedro-telemetry is a dependency of kedro itself; its hooks never run in this project.
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro-telemetry", "kedro-viz")
