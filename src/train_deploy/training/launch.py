@@ -41,7 +41,8 @@ from typing import IO
 
 import psutil
 
-from train_deploy.handoffs import RunSpec, TrainingResult, read_json, write_json
+from train_deploy.config import ConfigError
+from train_deploy.handoffs import DescriptionError, RunSpec, TrainingResult, read_json, write_json
 from train_deploy.training import worker
 from train_deploy.training.config import TrainingConfig
 from train_deploy.training.metrics import MetricsForwarder, redact_uri
@@ -394,6 +395,19 @@ def join_main(argv: list[str] | None = None) -> None:
     parser.add_argument("--run", required=True, help="run.json of the job (in its log folder, on shared storage)")
     parser.add_argument("--node-rank", type=int, required=True, help="this machine's rank, 1 .. nnodes - 1")
     args = parser.parse_args(argv)
+    where = "node 0's kedro run writes it into its training_logs folder, on storage every node sees"
+    if not Path(args.run).is_file():
+        parser.exit(2, f"train-deploy-join: --run {args.run}: no such file; {where}\n")
+    try:
+        spec = read_json(RunSpec, Path(args.run))
+        config = TrainingConfig.from_params(spec.training)
+    except (DescriptionError, ConfigError) as exc:
+        parser.exit(2, f"train-deploy-join: --run {args.run}: not a job's run.json ({exc}); {where}\n")
+    nnodes = config.launch.nnodes
+    if not 1 <= args.node_rank < nnodes:
+        parser.exit(2, f"train-deploy-join: --node-rank {args.node_rank}: the job has training.launch.nnodes = "
+                       f"{nnodes}, so the other machines join as " +
+                       (f"1 .. {nnodes - 1} (node 0 runs kedro run)\n" if nnodes > 1 else
+                        "none: it runs on node 0 alone\n"))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    spec = read_json(RunSpec, Path(args.run))
-    run_launcher(TrainingConfig.from_params(spec.training), Path(args.run), Path(spec.logs), node_rank=args.node_rank)
+    run_launcher(config, Path(args.run), Path(spec.logs), node_rank=args.node_rank)
