@@ -31,6 +31,7 @@ def _runs(store: Path) -> list:
     return client.search_runs([experiment.experiment_id], order_by=["attributes.start_time ASC"])
 
 
+@pytest.mark.slow
 def test_the_artifact_location_of_a_fresh_project_is_relative_and_a_moved_copy_writes_into_itself(
         project, tmp_path, monkeypatch):
     with KedroSession.create(project_path=project) as session:
@@ -51,6 +52,7 @@ def test_the_artifact_location_of_a_fresh_project_is_relative_and_a_moved_copy_w
     assert MlflowClient().get_experiment(experiment.experiment_id).artifact_location == "mlartifacts"
 
 
+@pytest.mark.slow
 def test_runs_of_single_stages_share_the_corpus_fingerprint_and_tags_hold_no_object_reprs(project, tmp_path,
                                                                                          tiny_token_files):
     shutil.copytree(tiny_token_files.path, project / "data" / "04_feature" / "tokens")  # as a corpus run left them
@@ -76,6 +78,7 @@ class _FailingHook:
         raise RuntimeError("a hook failed")
 
 
+@pytest.mark.slow
 def test_a_failed_node_and_a_failed_hook_end_their_runs_failed(project, tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes("一篇文章。\n".encode() * 50 + b"\xff\xfe\xfa not UTF-8\n")
@@ -92,6 +95,7 @@ def test_a_failed_node_and_a_failed_hook_end_their_runs_failed(project, tmp_path
     assert [run.info.status for run in _runs(tmp_path / "mlruns.db")] == ["FAILED", "FAILED"]
 
 
+@pytest.mark.slow
 def test_a_kedro_run_stopped_by_sigterm_ends_its_run_killed(project, tmp_path):
     params = tiny_runtime_params()
     params["corpus"]["reader"]["max_bytes"] = 10**9  # the whole embedded corpus: far longer than the test waits
