@@ -42,14 +42,20 @@ def test_compact_graph_equals_paddlenlp_llama_with_padding(overrides):
     compact = compact_model(reference)
     ids = np.random.default_rng(1).integers(3, SHAPE["vocab_size"], size=(3, 20))
     mask = np.ones_like(ids)
-    mask[1, :7] = 0  # left padding
+    mask[1, :7] = 0  # left padding: positions count from the first token, as for the prompt alone
     mask[2, 15:] = 0  # right padding
+    positions = (np.cumsum(mask, axis=1) - 1) * mask
     with paddle.no_grad():
         expected = reference(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
-                             use_cache=False, return_dict=False)[0].numpy()
-        got = compact(paddle.to_tensor(ids), paddle.to_tensor(mask)).numpy()
+                             position_ids=paddle.to_tensor(positions), use_cache=False, return_dict=False)[0].numpy()
+        alone = reference(input_ids=paddle.to_tensor(ids[1:2, 7:]), use_cache=False, return_dict=False)[0].numpy()
+        got, keys, values = (t.numpy() for t in compact(paddle.to_tensor(ids), paddle.to_tensor(mask)))
     assert got.shape == expected.shape == (3, 20, SHAPE["vocab_size"])
-    np.testing.assert_allclose(got, expected, rtol=0, atol=2e-5)
+    kv_heads = overrides.get("num_key_value_heads", SHAPE["num_attention_heads"])
+    assert keys.shape == values.shape == (2, 3, kv_heads, 20, SHAPE["hidden_size"] // SHAPE["num_attention_heads"])
+    keep = mask.astype(bool)  # padded rows attend to nothing; their logits are never read
+    np.testing.assert_allclose(got[keep], expected[keep], rtol=0, atol=2e-5)
+    np.testing.assert_allclose(got[1, 7:], alone[0], rtol=0, atol=2e-5)
 
 
 def test_configurations_the_graph_does_not_implement_are_named(tmp_path, tiny_checkpoint):

@@ -3,12 +3,14 @@
 A bundle is one folder (the catalog's versioned ``export_bundle``: ``<path>/<version>/bundle/``)::
 
     bundle.json      what it is: source checkpoint, model shape, tokenizer, runtime settings, files
-    server/          Paddle Inference model (model.json + model.pdiparams)
-    edge/            ONNX fp32 (model.onnx) and int8 (model.int8.onnx)
+    server/          Paddle Inference: the prefill/full pass (model.json + model.pdiparams) and the one-token
+                     decode step with the KV cache (decode.json + decode.pdiparams), see graph.py
+    edge/            ONNX fp32 (model.onnx, decode.onnx) and int8 (model.int8.onnx, decode.int8.onnx)
     tokenizer/       the PaddleNLP tokenizer folder the model was trained with
     pretrained/      PaddleNLP's save_pretrained layout (config.json, float32 model.safetensors, the tokenizer):
                      LlamaForCausalLM.from_pretrained(folder) loads it; training.init_from: champion starts here
-    parity.json      logits of every form against the trained model on fixed validation windows
+    parity.json      logits of every form against the trained model on fixed validation windows, and
+                     (kv_cache) generation with the cache against full recomputation at every step
     latency.json     p50/p95 of one forward pass per form
     plots/           training.png (curves of the run up to the exported step, when its metrics are known)
                      and latency.png (by form and batch)
@@ -29,10 +31,16 @@ from pathlib import Path
 from typing import Any
 
 from train_deploy.export.card import model_card
-from train_deploy.export.checks import check_parity, latency_report, parity_report
+from train_deploy.export.checks import (
+    add_cache_parity,
+    cache_parity_report,
+    check_parity,
+    latency_report,
+    parity_report,
+)
 from train_deploy.export.config import ExportConfig
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE, convert_to_onnx, quantize_int8
-from train_deploy.export.graph import eager_logits, load_inference_model, save_server_model
+from train_deploy.export.graph import DECODE_MODEL, eager_logits, load_inference_model, save_server_model
 from train_deploy.export.plots import TrainingCurves, write_plots
 from train_deploy.export.runtime import OnnxRuntimeBackend, PaddleInferenceBackend, disable_tf32
 from train_deploy.handoffs import (
@@ -59,8 +67,8 @@ logger = logging.getLogger(__name__)
 
 PRETRAINED_DIR = "pretrained"
 
-FORMAT = 5  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json,
-# 5: pretrained/ (bundles of 1 to 4 still load)
+FORMAT = 6  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json,
+# 5: pretrained/, 6: prefill and decode graphs with a KV cache (LanguageModel refuses older bundles: re-export)
 
 
 def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManifest, config: ExportConfig,
@@ -84,9 +92,12 @@ def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManif
     prefix = save_server_model(model, folder / "server")
     del model
     (folder / "edge").mkdir()
-    onnx_file = convert_to_onnx(prefix, folder / "edge" / ONNX_FILE, config.edge.opset, config.edge.convert_timeout)
-    if config.edge.int8:
-        quantize_int8(onnx_file, folder / "edge" / INT8_FILE, config.edge.per_channel)
+    for graph in (prefix, prefix.with_name(DECODE_MODEL)):
+        name = ONNX_FILE.replace("model", graph.name, 1)
+        onnx_file = convert_to_onnx(graph, folder / "edge" / name, config.edge.opset, config.edge.convert_timeout)
+        if config.edge.int8:
+            quantize_int8(onnx_file, folder / "edge" / INT8_FILE.replace("model", graph.name, 1),
+                          config.edge.per_channel)
     _copy_tokenizer(tokenizer, folder / "tokenizer")
     save_pretrained_folder(checkpoint, tokenizer, folder / PRETRAINED_DIR)
     meta = _bundle_meta(state, checkpoint, tokenizer, config, bundle_fingerprint(checkpoint, tokenizer, config,
@@ -145,6 +156,9 @@ def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str
     parity = parity_report(windows, lambda ids, mask: eager_logits(trained, ids), forms, vocab, config.parity,
                            precisions={"paddle_inference": config.server.form_precision},
                            baselines=baselines_for(tokens, windows))
+    parity = add_cache_parity(parity, cache_parity_report(
+        windows, lambda ids, mask: eager_logits(trained, ids), forms, config.parity,
+        precisions={"paddle_inference": config.server.form_precision}))
     latency = latency_report({"paddle_eager": lambda ids, mask: eager_logits(trained, ids), **forms}, vocab,
                              context, config.latency)
     return parity, latency

@@ -100,6 +100,62 @@ def _judge(report: dict[str, Any], config: ParityConfig) -> tuple[list[str], lis
     return failures, warnings
 
 
+def cache_parity_report(windows: np.ndarray, reference: Logits, forms: dict[str, Any], config: ParityConfig,
+                        precisions: dict[str, str] | None = None) -> dict[str, Any]:
+    """Generation with each form's KV cache against full recomputation, at every step, on ``windows``.
+
+    Row ``r`` is a prompt of ``seq // 2 - r % (seq // 4 + 1)`` tokens (left-padded to the longest), prefilled,
+    then fed its window's next tokens one decode step at a time; the logits of the prefill and of every step
+    must equal ``reference``'s logits of the whole window at the same positions within ``max_logit_diff``
+    for float32 forms. The int8 model is compared with its own full pass (its activations are quantised per
+    call, so a one-token call differs from a whole-window one) and, like fp16 forms, only reported.
+    """
+    precisions = {name: "int8" if name == "onnx_int8" else "fp32" for name in forms} | (precisions or {})
+    ids = windows[:, :-1].astype(np.int64)
+    n, seq = ids.shape
+    lengths = np.array([max(1, seq // 2 - r % (seq // 4 + 1)) for r in range(n)])
+    expected = reference(ids, np.ones_like(ids))
+    diff: dict[str, float] = {}
+    for name, form in forms.items():
+        target = form(ids, np.ones_like(ids)) if precisions[name] == "int8" else expected
+        diff[name] = _cached_diff(form, ids, lengths, target)
+    failures, warnings = [], []
+    for name, value in diff.items():
+        line = f"{name} with the KV cache: max |logit diff| {value:.3g} against full recomputation"
+        if precisions[name] == "fp32" and value > config.max_logit_diff:
+            failures.append(f"{line} > {config.max_logit_diff:g}")
+        elif precisions[name] != "fp32" and value > config.max_fp16_logit_diff:
+            warnings.append(f"{line} is beyond {config.max_fp16_logit_diff:g} (reported, not enforced)")
+    for warning in warnings:
+        logger.warning("Parity: %s", warning)
+    return {"samples": int(n), "seq_length": int(seq), "prompt_lengths": lengths.tolist(),
+            "decode_steps": int(seq - lengths.max()), "reference": "full recomputation (trained model, Paddle "
+            "eager; int8: its own full pass)", "max_abs_logit_diff": diff, "failures": failures,
+            "warnings": warnings, "passed": not failures}
+
+
+def _cached_diff(form: Any, ids: np.ndarray, lengths: np.ndarray, expected: np.ndarray) -> float:
+    """Largest |logit| difference of ``form``'s prefill and decode steps against ``expected`` (same positions)."""
+    width, rows = int(lengths.max()), np.arange(len(ids))
+    prompt, mask = np.zeros((len(ids), width), np.int64), np.zeros((len(ids), width), np.int64)
+    for r, length in enumerate(lengths):
+        prompt[r, width - length:], mask[r, width - length:] = ids[r, :length], 1
+    step = form.prefill(prompt, mask)
+    worst = max(float(np.abs(step.logits[r, width - length:] - expected[r, :length]).max())
+                for r, length in enumerate(lengths))
+    for j in range(ids.shape[1] - width):
+        mask = np.concatenate([mask, np.ones((len(ids), 1), np.int64)], axis=1)
+        step = form.decode(ids[rows, lengths + j][:, None], mask, step.keys, step.values)
+        worst = max(worst, float(np.abs(step.logits[:, 0] - expected[rows, lengths + j]).max()))
+    return worst
+
+
+def add_cache_parity(parity: dict[str, Any], cache: dict[str, Any]) -> dict[str, Any]:
+    """``parity`` with the KV-cache report under ``kv_cache``: its failures fail the whole report."""
+    failures = parity["failures"] + cache["failures"]
+    return {**parity, "kv_cache": cache, "failures": failures, "passed": not failures}
+
+
 def check_parity(report: dict[str, Any], where: str) -> None:
     if not report["passed"]:
         raise ParityError(f"{where}: parity failed: {'; '.join(report['failures'])}")

@@ -1,4 +1,5 @@
-"""The inference graph: a checkpoint's weights in a compact Llama forward pass, saved for Paddle Inference.
+"""The inference graphs: a checkpoint's weights in a compact Llama forward pass with a KV cache, saved for
+Paddle Inference.
 
 Training uses the auto-parallel ``LlamaForCausalLMNet``, which ``paddle.jit.save`` cannot trace. The
 checkpoint is loaded into PaddleNLP's plain ``LlamaForCausalLM`` (``train_deploy.evaluation.load_model``;
@@ -8,18 +9,31 @@ arithmetic, and Paddle's CPU elementwise kernels are ~25× slower when they broa
 than on equal shapes.
 
 * RMSNorm scales are folded into the next matrix product, and ``1/sqrt(head_dim)`` into the query's;
-  Q, K and V come from one product (grouped key/value heads are repeated in the weights);
+  Q, K and V come from one product; grouped key/value heads (GQA) stay grouped: the query heads of one key
+  head are rows of one product, so the cache holds ``num_key_value_heads`` heads, not one per query head;
 * rotary embeddings: ``rotate_half(x)`` is ``x @ R`` for a small signed permutation ``R`` (exact), applied
-  to queries and keys together; cos/sin are expanded once per pass to the full shape, so there is no
-  gather, slice, concat or broadcasting multiply per layer;
+  to queries and keys together; cos/sin are gathered once per pass at each row's positions and expanded to
+  the full shape, so there is no slice, concat or broadcasting multiply per layer;
 * the causal and padding masks become one additive bias per pass, expanded once, shared by every layer;
 * ``silu(gate) * up`` uses the portable ``swish`` kernel (paddle2onnx has no converter for the fused
   ``swiglu``; fusing gate and up into one product measured 0.8 ms slower) and RMSNorm squares with
   ``x * x`` (``pow`` is a slow generic kernel on CPU).
 
-The same graph is converted to ONNX. It takes ``input_ids`` and ``attention_mask`` (int64, dynamic
-batch and sequence) and returns float32 logits, without a KV cache; padded keys are masked with
-``finfo.min`` as PaddleNLP does. Configurations it does not implement (``_SUPPORTED``) are refused.
+Two graphs are saved, and converted to ONNX alike (int64 ids and masks, dynamic batch and sequence):
+
+* ``model`` (prefill, and the full pass that scores): ``(input_ids, attention_mask) -> (logits, keys,
+  values)``, the caches ``[layers, batch, kv_heads, seq, head_dim]``;
+* ``decode``: one new token per row, ``(input_ids [batch, 1], attention_mask [batch, past + 1], keys,
+  values) -> (logits [batch, 1, vocab], keys, values)`` with the caches grown by one position.
+
+Positions are ``cumsum(attention_mask) - 1`` per row, so a left-padded batch computes each prompt as it is
+alone. The cache grows (``concat`` per layer) rather than being a fixed-size buffer written at a position:
+a fixed buffer needs an in-place scatter (``set_value``/``put_along_axis``), which paddle2onnx converts into
+a ``ScatterND`` over the whole buffer and neither engine updates in place through its plain Python API (ONNX
+Runtime returns new outputs without I/O binding, a Paddle Inference output is copied out), so it would copy
+the whole context every step instead of the grown length, and attend over masked empty slots too.
+Padded keys are masked with ``finfo.min`` as PaddleNLP does. Configurations it does not implement
+(``_SUPPORTED``) are refused.
 """
 
 from __future__ import annotations
@@ -33,7 +47,8 @@ import numpy as np
 from train_deploy.evaluation import load_model
 from train_deploy.training.checkpoint import STATE_FILE, CheckpointError, read_state
 
-SERVER_MODEL = "model"  # Paddle Inference writes model.json + model.pdiparams
+SERVER_MODEL = "model"  # Paddle Inference writes model.json + model.pdiparams: the prefill (full) pass
+DECODE_MODEL = "decode"  # decode.json + decode.pdiparams: one token with the cache
 _SUPPORTED = {"alibi": False, "rope_scaling_type": None, "use_long_sequence_strategies": False,
               "hidden_act": "silu", "fuse_attention_qkv": False, "fuse_attention_ffn": False}
 # configuration keys the compact graph implements only at these values (the fused projections are other weights)
@@ -50,17 +65,22 @@ def load_inference_model(checkpoint: Path):
 
 
 def compact_model(reference):
-    """:class:`CompactLlama` computing ``reference``'s logits (module docstring); its own weights, eval mode."""
+    """:class:`CompactLlama` computing ``reference``'s logits (module docstring); its own weights, eval mode.
+
+    Its ``forward`` is the prefill graph, ``(input_ids, attention_mask) -> (logits, keys, values)``; its
+    ``decode`` method (saved through :func:`decode_model`) is the one-token step with the cache.
+    """
     import paddle
     import paddle.nn.functional as F
 
     config = reference.config
     weights = _compact_weights(reference)
+    minimum = float(np.finfo(np.float32).min)
 
     class CompactLlama(paddle.nn.Layer):
         def __init__(self) -> None:
             super().__init__()
-            self.heads = config.num_attention_heads
+            self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
             self.head_dim = config.hidden_size // config.num_attention_heads
             self.eps, self.layers = config.rms_norm_eps, len(reference.llama.layers)
             for name, value in weights.items():
@@ -70,36 +90,95 @@ def compact_model(reference):
         def _norm(self, x):
             return x * paddle.rsqrt((x * x).mean(-1, keepdim=True) + self.eps)
 
-        def forward(self, input_ids, attention_mask):
-            batch, seq = paddle.shape(input_ids)[0], paddle.shape(input_ids)[1]
-            heads, head_dim, width = self.heads, self.head_dim, self.heads * self.head_dim
-            position = paddle.arange(seq)
-            keep = paddle.logical_and((position.unsqueeze(1) >= position.unsqueeze(0)).unsqueeze(0),
-                                      attention_mask.unsqueeze(1).astype("bool"))  # [batch, query, key]
-            bias = paddle.where(keep, paddle.zeros([1], "float32"),
-                                paddle.full([1], float(np.finfo(np.float32).min), "float32"))
-            bias = bias.unsqueeze(1).expand([batch, heads, seq, seq])  # same-shape adds are the fast kernels
-            cos = self.cos[:seq].unsqueeze(0).expand([batch, seq, 2 * heads, head_dim])  # queries and keys
-            sin = self.sin[:seq].unsqueeze(0).expand([batch, seq, 2 * heads, head_dim])
+        def _rotated(self, qkv, positions):
+            """Queries ``[batch, seq, heads, hd]``, keys and values ``[batch, kv_heads, seq, hd]`` at ``positions``."""
+            heads, kv, hd = self.heads, self.kv_heads, self.head_dim
+            qk = qkv[:, :, :(heads + kv) * hd].reshape([0, 0, heads + kv, hd])
+            shape = [paddle.shape(qk)[0], paddle.shape(qk)[1], heads + kv, hd]  # expand_as: -1 dims in ONNX
+            cos = F.embedding(positions, self.cos).unsqueeze(2).expand(shape)
+            sin = F.embedding(positions, self.sin).unsqueeze(2).expand(shape)
+            qk = qk * cos + paddle.matmul(qk, self.rotate_half) * sin
+            v = qkv[:, :, (heads + kv) * hd:].reshape([0, 0, kv, hd]).transpose([0, 2, 1, 3])
+            return qk[:, :, :heads], qk[:, :, heads:].transpose([0, 2, 1, 3]), v
 
-            x = F.embedding(input_ids, self.embed)
+        def _attend(self, q, k, v, bias):
+            """Grouped attention without repeating keys: the ``group`` query heads of a key head are rows of one
+            product. ``q`` ``[batch, seq, heads, hd]``, ``bias`` ``[batch, kv, group * seq, keys]``."""
+            # no arithmetic on shapes (-1 instead): ONNX shape inference turns an unknown dimension times 2 into -2
+            q = q.transpose([0, 2, 1, 3]).reshape([0, self.kv_heads, -1, self.head_dim])
+            scores = F.softmax(paddle.matmul(q, k, transpose_y=True) + bias, axis=-1)
+            attended = paddle.matmul(scores, v).reshape([0, self.heads, -1, self.head_dim])
+            return attended.transpose([0, 2, 1, 3]).reshape([0, 0, self.heads * self.head_dim])
+
+        def _layer(self, i, x, positions, bias, past_k=None, past_v=None):
+            qkv = paddle.matmul(self._norm(x), getattr(self, f"qkv_{i}"))
+            q, k, v = self._rotated(qkv, positions)
+            if past_k is not None:
+                k, v = paddle.concat([past_k, k], axis=2), paddle.concat([past_v, v], axis=2)
+            x = x + paddle.matmul(self._attend(q, k, v, bias), getattr(self, f"o_{i}"))
+            y = self._norm(x)
+            gate, up = paddle.matmul(y, getattr(self, f"gate_{i}")), paddle.matmul(y, getattr(self, f"up_{i}"))
+            return x + paddle.matmul(F.swish(gate) * up, getattr(self, f"down_{i}")), k, v
+
+        def _bias(self, keep, queries):
+            """``keep`` ``[batch, queries, keys]`` as an additive bias ``[batch, kv, group * queries, keys]``."""
+            batch, keys = paddle.shape(keep)[0], paddle.shape(keep)[2]
+            group = self.heads // self.kv_heads
+            bias = paddle.where(keep, paddle.zeros([1], "float32"), paddle.full([1], minimum, "float32"))
+            bias = bias.unsqueeze([1, 2]).expand([batch, self.kv_heads, group, queries, keys])
+            return bias.reshape([0, 0, -1, keys])  # same-shape adds: fast kernels
+
+        def forward(self, input_ids, attention_mask):
+            """Prefill: logits ``[batch, seq, vocab]``, keys and values ``[layers, batch, kv_heads, seq, hd]``.
+
+            Each row's positions count its unmasked tokens (``cumsum(mask) - 1``), so a left-padded prompt is
+            computed as it is alone; right padding (scoring) is never attended to by the causal rows before it."""
+            seq = paddle.shape(input_ids)[1]
+            positions = (paddle.cumsum(attention_mask, axis=-1) - 1) * attention_mask
+            step = paddle.arange(seq)
+            keep = paddle.logical_and((step.unsqueeze(1) >= step.unsqueeze(0)).unsqueeze(0),
+                                      attention_mask.unsqueeze(1).astype("bool"))  # [batch, query, key]
+            bias = self._bias(keep, seq)
+            x, keys, values = F.embedding(input_ids, self.embed), [], []
             for i in range(self.layers):
-                qkv = paddle.matmul(self._norm(x), getattr(self, f"qkv_{i}"))
-                qk = qkv[:, :, :2 * width].reshape([0, 0, 2 * heads, head_dim])
-                qk = qk * cos + paddle.matmul(qk, self.rotate_half) * sin
-                q, k = qk.reshape([0, 0, 2, heads, head_dim]).transpose([2, 0, 3, 1, 4]).unbind(0)
-                v = qkv[:, :, 2 * width:].reshape([0, 0, heads, head_dim]).transpose([0, 2, 1, 3])
-                scores = F.softmax(paddle.matmul(q, k, transpose_y=True) + bias, axis=-1)
-                attended = paddle.matmul(scores, v).transpose([0, 2, 1, 3]).reshape([0, 0, width])
-                x = x + paddle.matmul(attended, getattr(self, f"o_{i}"))
-                y = self._norm(x)
-                gate, up = paddle.matmul(y, getattr(self, f"gate_{i}")), paddle.matmul(y, getattr(self, f"up_{i}"))
-                x = x + paddle.matmul(F.swish(gate) * up, getattr(self, f"down_{i}"))
-            return paddle.matmul(self._norm(x), self.lm_head)
+                x, k, v = self._layer(i, x, positions, bias)
+                keys.append(k)
+                values.append(v)
+            return paddle.matmul(self._norm(x), self.lm_head), paddle.stack(keys), paddle.stack(values)
+
+        def decode(self, input_ids, attention_mask, keys, values):
+            """One new token per row: ``input_ids`` ``[batch, 1]``, ``attention_mask`` ``[batch, past + 1]`` (the
+            cache's mask and the new token's), ``keys``/``values`` ``[layers, batch, kv_heads, past, hd]``; returns
+            the new token's logits ``[batch, 1, vocab]`` and the caches grown by its keys and values."""
+            positions = attention_mask.sum(-1, keepdim=True) - 1  # [batch, 1]
+            bias = self._bias(attention_mask.unsqueeze(1).astype("bool"), 1)
+            x, new_keys, new_values = F.embedding(input_ids, self.embed), [], []
+            for i in range(self.layers):
+                x, k, v = self._layer(i, x, positions, bias, keys[i], values[i])
+                new_keys.append(k)
+                new_values.append(v)
+            return paddle.matmul(self._norm(x), self.lm_head), paddle.stack(new_keys), paddle.stack(new_values)
 
     model = CompactLlama()
     model.eval()
     return model
+
+
+def decode_model(model):
+    """A layer whose ``forward`` is ``model.decode`` (sharing its parameters), for ``paddle.jit.save``."""
+    import paddle
+
+    class DecodeStep(paddle.nn.Layer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.model = model
+
+        def forward(self, input_ids, attention_mask, keys, values):
+            return self.model.decode(input_ids, attention_mask, keys, values)
+
+    step = DecodeStep()
+    step.eval()
+    return step
 
 
 def _compact_weights(reference) -> dict[str, np.ndarray]:
@@ -111,8 +190,7 @@ def _compact_weights(reference) -> dict[str, np.ndarray]:
     for i, layer in enumerate(llama.layers):
         attn, mlp = layer.self_attn, layer.mlp
         q = _array(attn.q_proj.weight) / math.sqrt(head_dim)
-        k = _repeat_heads(_array(attn.k_proj.weight), config.num_key_value_heads, heads)
-        v = _repeat_heads(_array(attn.v_proj.weight), config.num_key_value_heads, heads)
+        k, v = _array(attn.k_proj.weight), _array(attn.v_proj.weight)  # kv_heads wide: grouped in attention
         norm = _array(layer.input_layernorm.weight)[:, None]
         weights[f"qkv_{i}"] = norm * np.concatenate([q, k, v], 1)
         weights[f"o_{i}"] = _array(attn.o_proj.weight)
@@ -124,7 +202,7 @@ def _compact_weights(reference) -> dict[str, np.ndarray]:
     head = head.T if reference.lm_head.transpose_y else head  # tied to the embedding: [vocab, hidden]
     weights["lm_head"] = _array(llama.norm.weight)[:, None] * head
     cos, sin = _rotary_tables(config.max_position_embeddings, head_dim, config.rope_theta)
-    weights["cos"], weights["sin"] = cos[:, None, :], sin[:, None, :]  # [position, 1, head_dim]
+    weights["cos"], weights["sin"] = cos, sin  # [position, head_dim], gathered by position
     weights["rotate_half"] = _rotate_half_matrix(head_dim)
     return {name: np.ascontiguousarray(value, dtype=np.float32) for name, value in weights.items()}
 
@@ -142,12 +220,6 @@ def _rotate_half_matrix(head_dim: int) -> np.ndarray:
     return r
 
 
-def _repeat_heads(w: np.ndarray, kv_heads: int, heads: int) -> np.ndarray:
-    """Grouped key/value heads repeated to one per query head, as PaddleNLP's ``repeat_kv`` does at run time."""
-    rows = w.shape[0]
-    return np.repeat(w.reshape(rows, kv_heads, 1, -1), heads // kv_heads, axis=2).reshape(rows, -1)
-
-
 def _rotary_tables(positions: int, head_dim: int, theta: float) -> tuple[np.ndarray, np.ndarray]:
     """PaddleNLP's ``LlamaRotaryEmbedding`` cos/sin tables ``[positions, head_dim]`` (computed in float32)."""
     import paddle
@@ -159,7 +231,8 @@ def _rotary_tables(positions: int, head_dim: int, theta: float) -> tuple[np.ndar
 
 
 def save_server_model(model, folder: Path) -> Path:
-    """Trace ``model`` with dynamic batch and sequence axes and save it for Paddle Inference; return the prefix."""
+    """Trace ``model``'s prefill and decode graphs with dynamic batch and sequence axes and save them for Paddle
+    Inference (:data:`SERVER_MODEL`, :data:`DECODE_MODEL`); return the prefill's prefix."""
     import paddle
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -167,6 +240,11 @@ def save_server_model(model, folder: Path) -> Path:
     spec = [paddle.static.InputSpec([None, None], "int64", "input_ids"),
             paddle.static.InputSpec([None, None], "int64", "attention_mask")]
     paddle.jit.save(model, str(prefix), input_spec=spec)
+    cache = [model.layers, None, model.kv_heads, None, model.head_dim]
+    spec = [paddle.static.InputSpec([None, 1], "int64", "input_ids"),
+            paddle.static.InputSpec([None, None], "int64", "attention_mask"),
+            paddle.static.InputSpec(cache, "float32", "keys"), paddle.static.InputSpec(cache, "float32", "values")]
+    paddle.jit.save(decode_model(model), str(folder / DECODE_MODEL), input_spec=spec)
     return prefix
 
 

@@ -5,14 +5,17 @@
 >>> edge = LanguageModel.load("…/<version>", backend="onnx", int8=True)                   # ONNX Runtime, int8
 >>> model.score(["今天天气很好。"])[0].perplexity
 >>> model.generate("中国", max_new_tokens=20, temperature=0)                               # greedy
+>>> model.generate(["中国", "经济"], temperature=0.8, top_p=0.9, seed=1)                   # a batch, sampled
+>>> for token in model.generate_stream("中国"): ...                                        # token by token
 
 Texts are scored after the end-of-document id, the context every training document was seen in.
 Every text and prompt is first normalised with the policy the bundle's tokenizer records (``zh``: full-width
 Latin, digits and spaces folded, Chinese punctuation kept), as the training corpus was; a bundle whose tokenizer
 records none (saved before the record, or a tokenizer loaded from elsewhere) takes texts as given, and says
 so in the log when loaded.
-The exported graph has no KV cache: each new token re-reads the whole window (fine for small models
-and short outputs; the graph stays one portable function of ``input_ids`` and ``attention_mask``).
+Generation prefills the prompts once and decodes one token per step with the bundle's KV cache
+(``graph.py``): linear, not quadratic, in the output length; ``generate_stream`` yields the tokens as they come.
+Bundles exported before the cache (format < 6) are refused with a line saying to re-export them.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ import json
 import logging
 import math
 import tempfile
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -31,7 +35,7 @@ import numpy as np
 
 from train_deploy.export.config import ServerConfig
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE
-from train_deploy.export.graph import SERVER_MODEL
+from train_deploy.export.graph import DECODE_MODEL, SERVER_MODEL
 from train_deploy.handoffs import BUNDLE_FILE, TokenizerInfo, from_json
 
 logger = logging.getLogger(__name__)
@@ -40,6 +44,7 @@ logger = logging.getLogger(__name__)
 FORM_FILES = {"paddle_inference": f"server/{SERVER_MODEL}.pdiparams", "onnx_fp32": f"edge/{ONNX_FILE}",
               "onnx_int8": f"edge/{INT8_FILE}"}
 Logits = Callable[[np.ndarray, np.ndarray], np.ndarray]
+OLDEST_FORMAT = 6  # bundle.json "format" this runtime reads: 6 added the KV-cache graphs (graph.py)
 
 
 class BundleError(ValueError):
@@ -47,21 +52,29 @@ class BundleError(ValueError):
 
 
 class PaddleInferenceBackend:
-    """``(input_ids, attention_mask) -> logits`` with a Paddle Inference predictor.
+    """The bundle's two graphs (``graph.py``) on Paddle Inference predictors: ``(input_ids, attention_mask) ->
+    logits`` when called, :meth:`prefill` and :meth:`decode` with the KV cache for generation.
 
     On GPU it computes in float32 with TF32 off (:func:`disable_tf32`), in fp16 through Paddle Inference's
     mixed-precision pass, or with TensorRT engines in the program that :func:`tensorrt_program` converts
-    when the model is loaded (``server.form_precision`` says which).
+    when the model is loaded (``server.form_precision`` says which; the decode graph, whose cache inputs the
+    TensorRT profile does not describe, runs on the plain GPU predictor).
     """
 
     def __init__(self, prefix: Path, server: ServerConfig, context: int = 2048) -> None:
+        self._converted: tempfile.TemporaryDirectory | None = None  # the TensorRT program, while the predictor lives
+        self._full = self._predictor(prefix, server, context)
+        decode = prefix.with_name(DECODE_MODEL)
+        self._decode = self._predictor(decode, dataclasses.replace(server, tensorrt=False), context) \
+            if decode.with_suffix(".json").is_file() else None
+
+    def _predictor(self, prefix: Path, server: ServerConfig, context: int):
         import paddle
         from paddle import inference
 
         model, params = prefix.with_suffix(".json"), prefix.with_suffix(".pdiparams")
         if not model.is_file() or not params.is_file():
             raise BundleError(f"{prefix.parent}: no Paddle Inference model ({model.name}, {params.name})")
-        self._converted: tempfile.TemporaryDirectory | None = None  # the TensorRT program, while the predictor lives
         if server.device == "gpu":
             if not paddle.device.is_compiled_with_cuda():
                 raise BundleError("export.server.device: gpu needs the paddlepaddle-gpu wheel")
@@ -79,16 +92,45 @@ class PaddleInferenceBackend:
             config.enable_mkldnn() if server.onednn else config.disable_mkldnn()
         config.disable_glog_info()
         paddle.set_flags({"FLAGS_eager_delete_tensor_gb": server.gc_batch_mb / 1024})  # read at the first run
-        self._predictor = inference.create_predictor(config)
-        self._inputs = [self._predictor.get_input_handle(n) for n in self._predictor.get_input_names()]
-        self._output = self._predictor.get_output_handle(self._predictor.get_output_names()[0])
+        predictor = inference.create_predictor(config)
+        inputs = {name: predictor.get_input_handle(name) for name in predictor.get_input_names()}
+        return predictor, inputs, [predictor.get_output_handle(name) for name in predictor.get_output_names()]
+
+    @staticmethod
+    def _run(graph, feed: dict[str, np.ndarray], outputs: int = 3) -> list[np.ndarray]:
+        predictor, inputs, handles = graph
+        for name, value in feed.items():
+            inputs[name].reshape(value.shape)
+            inputs[name].copy_from_cpu(np.ascontiguousarray(value))
+        predictor.run()
+        return [handle.copy_to_cpu() for handle in handles[:outputs]]
 
     def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        for handle, value in zip(self._inputs, (input_ids, attention_mask), strict=True):
-            handle.reshape(value.shape)
-            handle.copy_from_cpu(np.ascontiguousarray(value, dtype=np.int64))
-        self._predictor.run()
-        return self._output.copy_to_cpu()
+        return self._run(self._full, _ids(input_ids, attention_mask), outputs=1)[0]
+
+    def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Step:
+        return Step(*self._run(self._full, _ids(input_ids, attention_mask)))
+
+    def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, keys: np.ndarray,
+               values: np.ndarray) -> Step:
+        if self._decode is None:
+            raise BundleError("server/: no decode graph (decode.json); re-export the bundle")
+        return Step(*self._run(self._decode, {**_ids(input_ids, attention_mask), "keys": keys, "values": values}))
+
+
+def _ids(input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
+    return {"input_ids": np.asarray(input_ids, dtype=np.int64), "attention_mask": np.asarray(attention_mask,
+                                                                                            dtype=np.int64)}
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """What a prefill or decode pass returns: logits ``[batch, seq, vocab]`` and the caches
+    ``[layers, batch, kv_heads, cached positions, head_dim]``."""
+
+    logits: np.ndarray
+    keys: np.ndarray
+    values: np.ndarray
 
 
 def _configure_gpu(config, server: ServerConfig) -> None:
@@ -157,21 +199,40 @@ def tensorrt_program(prefix: Path, target: Path, server: ServerConfig, context: 
 
 
 class OnnxRuntimeBackend:
-    """``(input_ids, attention_mask) -> logits`` with an ONNX Runtime CPU session."""
+    """The bundle's two ONNX graphs (``model.onnx`` or ``model.int8.onnx`` and the ``decode`` graph beside it) on
+    ONNX Runtime CPU sessions; called, prefilled and decoded as :class:`PaddleInferenceBackend`."""
 
     def __init__(self, path: Path, threads: int) -> None:
+        self._threads = threads
+        self._full = self._session(path)
+        decode = path.with_name(path.name.replace("model", DECODE_MODEL, 1))
+        self._decode = self._session(decode) if decode.is_file() else None
+
+    def _session(self, path: Path):
         import onnxruntime as ort
 
         if not path.is_file():
             raise BundleError(f"{path}: no ONNX model")
         options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        options.intra_op_num_threads, options.inter_op_num_threads = self._threads, 1
         options.log_severity_level = 3
-        self._session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return session, [output.name for output in session.get_outputs()]
 
     def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        feed = {"input_ids": input_ids.astype(np.int64), "attention_mask": attention_mask.astype(np.int64)}
-        return self._session.run(None, feed)[0]
+        session, outputs = self._full
+        return session.run(outputs[:1], _ids(input_ids, attention_mask))[0]
+
+    def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Step:
+        session, outputs = self._full
+        return Step(*session.run(outputs, _ids(input_ids, attention_mask)))
+
+    def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, keys: np.ndarray,
+               values: np.ndarray) -> Step:
+        if self._decode is None:
+            raise BundleError("edge/: no decode graph (decode.onnx); re-export the bundle")
+        session, outputs = self._decode
+        return Step(*session.run(outputs, {**_ids(input_ids, attention_mask), "keys": keys, "values": values}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,12 +245,43 @@ class TextScore:
     perplexity: float
 
 
-class LanguageModel:
-    """A deployed bundle: its tokenizer and one backend (Paddle Inference or ONNX Runtime)."""
+@dataclass(frozen=True, slots=True)
+class GeneratedToken:
+    """One new token of a stream (:meth:`LanguageModel.generate_stream`)."""
 
-    def __init__(self, logits: Logits, tokenizer, *, context: int, eos_id: int,
+    sequence: int
+    """Index of the prompt it continues."""
+    token: int
+    text: str
+    """The text it adds to the sequence's output (empty while a character's bytes are incomplete)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationStats:
+    """The last generation's size and time (prefill included, as the caller waited for it)."""
+
+    sequences: int
+    prompt_tokens: int
+    new_tokens: int
+    seconds: float
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class LanguageModel:
+    """A deployed bundle: its tokenizer and one backend (Paddle Inference or ONNX Runtime).
+
+    ``form`` is called for logits (``(input_ids, attention_mask) -> logits``) and has ``prefill`` and
+    ``decode`` (:class:`PaddleInferenceBackend`, :class:`OnnxRuntimeBackend`) for generation.
+    """
+
+    def __init__(self, form, tokenizer, *, context: int, eos_id: int,
                  too_long: Literal["raise", "truncate"] = "raise") -> None:
-        self._logits, self.tokenizer = logits, tokenizer
+        self._form, self.tokenizer = form, tokenizer
+        self.last_stats: GenerationStats | None = None
+        """Size, time and tokens/s of the last finished generation."""
         self.context, self.eos_id, self.too_long = context, eos_id, too_long
         self.normalization = getattr(tokenizer, "normalization", None)
         """The tokenizer's recorded normalisation policy, applied to every input (None: texts as given)."""
@@ -208,19 +300,22 @@ class LanguageModel:
         override the settings recorded at export."""
         folder = Path(bundle)
         meta = read_bundle(folder)
+        if meta.get("format", 0) < OLDEST_FORMAT:
+            raise BundleError(f"{folder / BUNDLE_FILE}: bundle format {meta.get('format')} has no KV-cache graphs "
+                              f"(format {OLDEST_FORMAT}); re-export it (kedro run --pipelines export)")
         if backend == "paddle":
             if int8:
                 raise BundleError("int8: the int8 model is ONNX; load it with backend='onnx'")
             server = server or ServerConfig(**meta["server"])
             if threads is not None:
                 server = dataclasses.replace(server, cpu_threads=threads)
-            logits: Logits = PaddleInferenceBackend(folder / "server" / SERVER_MODEL, server, meta["model"]["context"])
+            form: Any = PaddleInferenceBackend(folder / "server" / SERVER_MODEL, server, meta["model"]["context"])
         elif backend == "onnx":
-            logits = OnnxRuntimeBackend(folder / "edge" / (INT8_FILE if int8 else ONNX_FILE),
+            form = OnnxRuntimeBackend(folder / "edge" / (INT8_FILE if int8 else ONNX_FILE),
                                         threads or meta["edge"]["threads"])
         else:
             raise BundleError(f"backend: {backend!r} is not one of 'paddle', 'onnx'")
-        model = cls(logits, bundle_tokenizer(folder, meta), context=meta["model"]["context"],
+        model = cls(form, bundle_tokenizer(folder, meta), context=meta["model"]["context"],
                     eos_id=meta["model"]["eos_id"], too_long=too_long or meta["too_long"])
         if model.normalization is None:
             logger.info("%s: the tokenizer records no normalisation policy (saved before train_deploy recorded one, "
@@ -230,7 +325,7 @@ class LanguageModel:
     def logits(self, input_ids: np.ndarray, attention_mask: np.ndarray | None = None) -> np.ndarray:
         """Raw logits ``[batch, sequence, vocabulary]`` (float32)."""
         ids = np.asarray(input_ids, dtype=np.int64)
-        return self._logits(ids, np.ones_like(ids) if attention_mask is None else attention_mask)
+        return self._form(ids, np.ones_like(ids) if attention_mask is None else attention_mask)
 
     def score(self, texts: Sequence[str], batch_size: int = 8) -> list[TextScore]:
         """Per-token log-probabilities and perplexity of each text."""
@@ -252,25 +347,84 @@ class LanguageModel:
                 scores.append(TextScore(texts[first + row], sequence[1:], token_lp.tolist(), ppl))
         return scores
 
-    def generate(self, prompt: str, max_new_tokens: int = 32, temperature: float = 1.0, top_k: int = 50,
-                 seed: int | None = None) -> str:
-        """Continue ``prompt``; ``temperature <= 0`` (or ``top_k == 1``) decodes greedily. Stops at end of document.
+    def generate(self, prompt: str | Sequence[str], max_new_tokens: int = 32, temperature: float = 1.0,
+                 top_k: int = 50, seed: int | None = None, *, top_p: float = 1.0) -> str | list[str]:
+        """Continue ``prompt`` (a text, or a list of texts continued as one batch); returns the new text (a list
+        for a list). ``temperature <= 0`` (or ``top_k == 1``) decodes greedily; otherwise tokens are sampled
+        among the ``top_k`` likeliest (0: all) whose probabilities add up to ``top_p``, each prompt with its own
+        generator seeded by ``seed``. Each sequence stops at end of document. Tokens/s: :attr:`last_stats`.
 
-        When prompt and output outgrow the context, the window slides: the oldest tokens are dropped.
+        Generation uses the bundle's KV cache: the prompts are prefilled once, left-padded, then each step
+        feeds one token per unfinished sequence. When a sequence outgrows the context, the window slides (its
+        oldest tokens are dropped and the window is prefilled again for each further token).
         """
+        texts = [prompt] if isinstance(prompt, str) else list(prompt)
+        new: list[list[int]] = [[] for _ in texts]
+        for event in self.generate_stream(prompt, max_new_tokens, temperature, top_k, seed, top_p=top_p):
+            new[event.sequence].append(event.token)
+        outputs = [self.tokenizer.decode(ids) for ids in new]
+        return outputs[0] if isinstance(prompt, str) else outputs
+
+    def generate_stream(self, prompt: str | Sequence[str], max_new_tokens: int = 32, temperature: float = 1.0,
+                        top_k: int = 50, seed: int | None = None, *, top_p: float = 1.0) -> Iterator[GeneratedToken]:
+        """:meth:`generate` one token at a time: a :class:`GeneratedToken` per new token of each sequence, in
+        step order. :attr:`last_stats` is set when the iterator is exhausted."""
         if max_new_tokens < 0:
             raise BundleError(f"max_new_tokens: {max_new_tokens} is negative")
-        ids = self._fit([self.eos_id, *self.tokenizer.encode([self.normalize(prompt)])[0]], what="prompt")
-        rng = np.random.default_rng(seed)
-        new: list[int] = []
-        for _ in range(max_new_tokens):
-            window = np.asarray([(ids + new)[-self.context :]], dtype=np.int64)
-            last = self.logits(window)[0, -1].astype(np.float64)
-            token = _sample(last, temperature, top_k, rng)
-            if token == self.eos_id:
-                break
-            new.append(token)
-        return self.tokenizer.decode(new)
+        if not 0 < top_p <= 1:
+            raise BundleError(f"top_p: {top_p} is outside (0, 1]")
+        texts = [prompt] if isinstance(prompt, str) else list(prompt)
+        prompts = [self._fit([self.eos_id, *ids], what="prompt" if isinstance(prompt, str) else f"prompt {i}")
+                   for i, ids in enumerate(self.tokenizer.encode([self.normalize(text) for text in texts]))]
+        rngs = [np.random.default_rng(seed) for _ in prompts]
+        new: list[list[int]] = [[] for _ in prompts]
+        shown = [""] * len(prompts)
+        start = time.perf_counter()
+        for row, token in self._tokens(prompts, max_new_tokens,
+                                       lambda row, logits: _sample(logits, temperature, top_k, rngs[row], top_p)):
+            new[row].append(token)
+            text = self.tokenizer.decode(new[row])
+            piece = text[len(shown[row]):] if text.startswith(shown[row]) else text
+            shown[row] = text
+            yield GeneratedToken(row, token, piece)
+        self.last_stats = GenerationStats(len(prompts), sum(map(len, prompts)), sum(map(len, new)),
+                                          time.perf_counter() - start)
+        logger.debug("Generated %d tokens for %d prompts at %.1f tokens/s", self.last_stats.new_tokens,
+                     len(prompts), self.last_stats.tokens_per_second)
+
+    def _tokens(self, prompts: list[list[int]], max_new_tokens: int,
+                pick: Callable[[int, np.ndarray], int]) -> Iterator[tuple[int, int]]:
+        """``(sequence, token)`` for each new token: prefill, then one decode step per token with the cache;
+        finished sequences leave the batch."""
+        if max_new_tokens == 0 or not prompts:
+            return
+        tokens = [list(ids) for ids in prompts]
+        alive = list(range(len(prompts)))
+        mask, step = self._prefill(tokens)
+        for count in range(max_new_tokens):
+            chosen = [pick(i, step.logits[row, -1].astype(np.float64)) for row, i in enumerate(alive)]
+            keep = [row for row, token in enumerate(chosen) if token != self.eos_id]
+            for row in keep:
+                tokens[alive[row]].append(chosen[row])
+                yield alive[row], chosen[row]
+            if not keep or count == max_new_tokens - 1:
+                return
+            alive, ids = [alive[row] for row in keep], np.asarray([[chosen[row]] for row in keep], dtype=np.int64)
+            mask, keys, values = _keep_rows(mask, step, keep)
+            if mask.shape[1] + 1 > self.context:  # the window slides: recompute it without the oldest token
+                mask, step = self._prefill([tokens[i][-self.context:] for i in alive])
+            else:
+                mask = np.concatenate([mask, np.ones((len(keep), 1), np.int64)], axis=1)
+                step = self._form.decode(ids, mask, keys, values)
+
+    def _prefill(self, sequences: list[list[int]]) -> tuple[np.ndarray, Step]:
+        """Left-padded ``sequences`` through the prefill graph: their mask and the step."""
+        width = max(map(len, sequences))
+        ids = np.full((len(sequences), width), self.eos_id, dtype=np.int64)
+        mask = np.zeros_like(ids)
+        for row, sequence in enumerate(sequences):
+            ids[row, width - len(sequence):], mask[row, width - len(sequence):] = sequence, 1
+        return mask, self._form.prefill(ids, mask)
 
     def _fit(self, ids: list[int], what: str) -> list[int]:
         if len(ids) <= self.context:
@@ -303,7 +457,14 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def _sample(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Generator) -> int:
+def _keep_rows(mask: np.ndarray, step: Step, rows: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The cache of ``rows`` only, without the leading columns that are padding in all of them."""
+    mask = mask[rows]
+    lead = int((np.cumsum(mask, axis=1) == 0).sum(axis=1).min())
+    return mask[:, lead:], step.keys[:, rows, :, lead:], step.values[:, rows, :, lead:]
+
+
+def _sample(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Generator, top_p: float = 1.0) -> int:
     if temperature <= 0 or top_k == 1:
         return int(np.argmax(logits))
     scaled = logits / temperature
@@ -311,4 +472,10 @@ def _sample(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.G
         cutoff = np.partition(scaled, -top_k)[-top_k]
         scaled = np.where(scaled >= cutoff, scaled, -np.inf)
     probs = np.exp(scaled - scaled.max())
-    return int(rng.choice(len(probs), p=probs / probs.sum()))
+    probs /= probs.sum()
+    if top_p < 1:  # the smallest set of likeliest tokens whose probabilities reach top_p (the likeliest always)
+        order = np.argsort(-probs, kind="stable")
+        outside = order[np.searchsorted(np.cumsum(probs[order]), top_p) + 1:]
+        probs[outside] = 0
+        probs /= probs.sum()
+    return int(rng.choice(len(probs), p=probs))

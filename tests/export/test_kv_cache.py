@@ -1,0 +1,193 @@
+"""Generation with the KV cache: the cached graphs equal full recomputation on both engines (MHA and GQA, left
+padding), and LanguageModel's batched, streamed generation keeps the answers of the full-recompute path."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from train_deploy.export import LanguageModel
+from train_deploy.export.checks import cache_parity_report
+from train_deploy.export.config import ParityConfig, ServerConfig
+from train_deploy.export.runtime import BundleError, OnnxRuntimeBackend, PaddleInferenceBackend
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["中国", "今天天气很好，我们去公园", "中国的经济发展"]
+
+
+@pytest.fixture(scope="module")
+def gqa_forms(tmp_path_factory):
+    """A random GQA Llama (4 query heads, 2 key/value heads) exported once to both engines, and its reference."""
+    from tests.export.test_graph import reference_llama
+    from train_deploy.export.edge import convert_to_onnx
+    from train_deploy.export.graph import DECODE_MODEL, compact_model, save_server_model
+
+    reference = reference_llama(3, num_key_value_heads=2)
+    folder = tmp_path_factory.mktemp("gqa")
+    prefix = save_server_model(compact_model(reference), folder / "server")
+    convert_to_onnx(prefix, folder / "model.onnx", 17)
+    convert_to_onnx(prefix.with_name(DECODE_MODEL), folder / "decode.onnx", 17)
+    forms = {"paddle_inference": PaddleInferenceBackend(prefix, ServerConfig(cpu_threads=1)),
+             "onnx_fp32": OnnxRuntimeBackend(folder / "model.onnx", 1)}
+    return reference, forms
+
+
+@pytest.fixture(scope="module")
+def models(tiny_bundle) -> dict[str, LanguageModel]:
+    return {"paddle": LanguageModel.load(tiny_bundle), "onnx": LanguageModel.load(tiny_bundle, backend="onnx")}
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_gqa_cache_equals_full_recomputation_on_both_engines(gqa_forms, batch):
+    import paddle
+
+    reference, forms = gqa_forms
+    windows = np.random.default_rng(batch).integers(3, 96, size=(batch, 21))
+
+    def full(ids, mask):
+        with paddle.no_grad():
+            return reference(input_ids=paddle.to_tensor(ids), use_cache=False, return_dict=False)[0].numpy()
+
+    report = cache_parity_report(windows, full, forms, ParityConfig())
+    assert report["prompt_lengths"] == [10, 9, 8][:batch] and report["decode_steps"] == 10
+    assert report["passed"], report["failures"]
+    assert all(0 < diff <= 1e-4 for diff in report["max_abs_logit_diff"].values())
+
+
+def test_cache_parity_fails_when_the_cache_is_wrong(gqa_forms):
+    """The check can fail: a decode step fed the keys of another sequence is not full recomputation."""
+    import paddle
+
+    reference, forms = gqa_forms
+
+    class SwappedCache:
+        def __init__(self, form):
+            self.form = form
+
+        def __call__(self, ids, mask):
+            return self.form(ids, mask)
+
+        def prefill(self, ids, mask):
+            return self.form.prefill(ids, mask)
+
+        def decode(self, ids, mask, keys, values):
+            return self.form.decode(ids, mask, keys[:, ::-1].copy(), values)
+
+    def full(ids, mask):
+        with paddle.no_grad():
+            return reference(input_ids=paddle.to_tensor(ids), use_cache=False, return_dict=False)[0].numpy()
+
+    windows = np.random.default_rng(5).integers(3, 96, size=(2, 21))
+    report = cache_parity_report(windows, full, {"onnx_fp32": SwappedCache(forms["onnx_fp32"])}, ParityConfig())
+    assert not report["passed"]
+    assert report["failures"][0].startswith("onnx_fp32 with the KV cache: max |logit diff| ")
+
+
+def test_the_bundle_records_cache_parity_for_every_form(tiny_bundle):
+    parity = json.loads((tiny_bundle / "parity.json").read_text())
+    cache = parity["kv_cache"]
+    assert cache["passed"] and parity["passed"] and cache["decode_steps"] > 0
+    assert len(set(cache["prompt_lengths"])) > 1  # left padding: prompts of different lengths in one batch
+    assert set(cache["max_abs_logit_diff"]) == {"paddle_inference", "onnx_fp32", "onnx_int8"}
+    assert max(cache["max_abs_logit_diff"][form] for form in ("paddle_inference", "onnx_fp32")) <= 1e-4
+    assert (tiny_bundle / "server" / "decode.json").is_file() and (tiny_bundle / "edge" / "decode.onnx").is_file()
+
+
+def _recompute_greedy(logits, eos_id: int, ids: list[int], steps: int, context: int) -> list[int]:
+    """Greedy tokens by full recomputation of the sliding window, one pass per token (the path before the cache)."""
+    new: list[int] = []
+    for _ in range(steps):
+        token = int(np.argmax(logits(np.asarray([(ids + new)[-context:]]))[0, -1]))
+        if token == eos_id:
+            break
+        new.append(token)
+    return new
+
+
+def test_greedy_batch_equals_paddle_eager_recomputation_on_both_engines(models, tiny_checkpoint):
+    from train_deploy.evaluation import load_model
+    from train_deploy.export.graph import eager_logits
+
+    trained = load_model(tiny_checkpoint)
+    model = models["paddle"]
+    prompts = [[model.eos_id, *ids] for ids in model.tokenizer.encode(PROMPTS)]
+    assert len({len(ids) for ids in prompts}) == 3
+    expected = [model.tokenizer.decode(_recompute_greedy(lambda ids: eager_logits(trained, ids), model.eos_id, ids,
+                                                         10, model.context)) for ids in prompts]
+    for name, each in models.items():
+        assert each.generate(PROMPTS, max_new_tokens=10, temperature=0) == expected, name
+        assert [each.generate(p, max_new_tokens=10, temperature=0) for p in PROMPTS] == expected, name
+
+
+def test_streamed_tokens_make_the_generated_text_and_report_tokens_per_second(models):
+    model = models["onnx"]
+    events = list(model.generate_stream(PROMPTS, max_new_tokens=6, temperature=0))
+    texts = ["".join(e.text for e in events if e.sequence == i) for i in range(len(PROMPTS))]
+    assert texts == model.generate(PROMPTS, max_new_tokens=6, temperature=0)
+    stats = model.last_stats
+    assert stats.sequences == 3 and stats.new_tokens == len(events) > 0 and stats.tokens_per_second > 0
+
+
+def test_eos_stops_one_sequence_while_the_others_continue(models):
+    """Row 0 picks end of document at its third step; the others keep their greedy tokens (the cache of the
+    finished row is dropped from the batch, the rest must not move)."""
+    model = models["paddle"]
+    prompts = [[model.eos_id, *ids] for ids in model.tokenizer.encode(PROMPTS)]
+    steps = {0: 0}
+
+    def pick(row: int, logits: np.ndarray) -> int:
+        if row == 0:
+            steps[0] += 1
+            if steps[0] == 3:
+                return model.eos_id
+        return int(np.argmax(logits))
+
+    out = list(model._tokens(prompts, 8, pick))
+    by_row = {row: [token for r, token in out if r == row] for row in range(3)}
+    assert len(by_row[0]) == 2 and len(by_row[1]) == len(by_row[2]) == 8
+    for row in (1, 2):
+        alone = [token for _, token in model._tokens([prompts[row]], 8, lambda r, logits: int(np.argmax(logits)))]
+        assert by_row[row] == alone
+
+
+def test_sampling_is_reproducible_with_a_seed_and_top_p_narrows_it(models):
+    model = models["onnx"]
+    kwargs = {"max_new_tokens": 8, "temperature": 0.9, "top_k": 0, "top_p": 0.9, "seed": 11}
+    first = model.generate(PROMPTS, **kwargs)
+    assert first == model.generate(PROMPTS, **kwargs) == models["paddle"].generate(PROMPTS, **kwargs)
+    assert first == [model.generate(p, **kwargs) for p in PROMPTS]  # each prompt has its own seeded generator
+    assert model.generate(PROMPTS, **{**kwargs, "top_p": 1e-9}) == model.generate(PROMPTS, 8, temperature=0)
+    with pytest.raises(BundleError, match=r"^top_p: 0 is outside \(0, 1\]$"):
+        model.generate("中国", top_p=0)
+
+
+def test_a_prompt_at_the_context_limit_slides_its_window(tiny_bundle, models):
+    model = LanguageModel.load(tiny_bundle, backend="onnx", too_long="truncate")
+    long_text = "中国人民银行" * 200
+    prompt = model._fit([model.eos_id, *model.tokenizer.encode([long_text])[0]], "prompt")
+    assert len(prompt) == model.context
+    expected = _recompute_greedy(model.logits, model.eos_id, prompt, 4, model.context)
+    assert model.generate([long_text, "中国"], max_new_tokens=4, temperature=0)[0] == model.tokenizer.decode(expected)
+
+
+def test_a_bundle_from_before_the_cache_is_refused_and_re_exported(tmp_path, tiny_bundle, tiny_checkpoint,
+                                                                  tiny_tokenizer, monkeypatch):
+    from tests.export.conftest import NO_CURVES, export_params
+    from train_deploy.export import bundle as bundle_module
+    from train_deploy.export.config import ExportConfig
+
+    old = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle, old)
+    meta = json.loads((old / "bundle.json").read_text())
+    (old / "bundle.json").write_text(json.dumps({**meta, "format": 5}))
+    with pytest.raises(BundleError, match=rf"^{old}/bundle.json: bundle format 5 has no KV-cache graphs \(format 6\); "
+                                          r"re-export it \(kedro run --pipelines export\)$"):
+        LanguageModel.load(old)
+    config = ExportConfig.from_params(export_params())
+    now = bundle_module.bundle_fingerprint(tiny_checkpoint, tiny_tokenizer, config, NO_CURVES)
+    monkeypatch.setattr(bundle_module, "FORMAT", 5)
+    assert bundle_module.bundle_fingerprint(tiny_checkpoint, tiny_tokenizer, config, NO_CURVES) != now
