@@ -193,7 +193,7 @@ BAD_REQUESTS = {
     "too long": (lambda b: pd.DataFrame({"text": [_long_text(b)]}), {}, r"text 0: \d+ tokens exceed the model's "
                                                                         r"context of \d+"),
     "too long prompt": (lambda b: pd.DataFrame({"text": [_long_text(b)]}), {"task": "generate"},
-                        r"prompt: \d+ tokens exceed"),
+                        r"prompt 0: \d+ tokens exceed"),
     "unknown task": (lambda b: pd.DataFrame({"text": ["今天"]}), {"task": "translate"},
                      r"params.task: 'translate' is not one of score, generate"),
     "unknown backend": (lambda b: pd.DataFrame({"text": ["今天"]}), {"backend": "tensorrt"},
@@ -203,6 +203,8 @@ BAD_REQUESTS = {
     "negative max_new_tokens": (lambda b: pd.DataFrame({"text": ["今天"]}), {"task": "generate", "max_new_tokens": -1},
                                 r"max_new_tokens: -1 is negative"),
     "mistyped parameter": (lambda b: pd.DataFrame({"text": ["今天"]}), {"top_k": "many"}, r"top_k"),
+    "top_p out of range": (lambda b: pd.DataFrame({"text": ["今天"]}), {"task": "generate", "top_p": 1.5},
+                           r"top_p: 1.5 is outside \(0, 1\]"),
 }
 
 

@@ -75,7 +75,8 @@ def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, An
         "its output as fact or for decisions about people without review.",
         f"- Inputs longer than {model['context']} tokens are "
         + ("rejected" if meta["too_long"] == "raise" else "cut to their last tokens") + " (`too_long`).",
-        "- The exported graph has no KV cache: generation cost grows with the square of the output length.",
+        "- Generation uses a KV cache (a prefill and a one-token decode graph): its cost grows linearly with the "
+        "output length; `parity.json` (`kv_cache`) proves every decode step equals full recomputation.",
         "",
         "## Load it",
         "```python",

@@ -45,6 +45,7 @@ PARAMS: dict[str, tuple[str, Any]] = {
     "max_new_tokens": ("long", 32),          # generate: tokens to add at most
     "temperature": ("double", 1.0),          # generate: <= 0 decodes greedily
     "top_k": ("long", 50),                   # generate: sample among the k likeliest tokens (1: greedy)
+    "top_p": ("double", 1.0),                # generate: ... whose probabilities add up to top_p (0 < p <= 1)
     "seed": ("long", 0),                     # generate: the sampler's seed, per prompt
     "backend": ("string", "paddle"),         # paddle (Paddle Inference) | onnx (ONNX Runtime)
     "int8": ("boolean", False),              # onnx only: the int8-quantised model
@@ -96,9 +97,10 @@ class BundleModel(mlflow.pyfunc.PythonModel):
                 model = self._model(settings["backend"], settings["int8"])
                 if settings["task"] == "score":
                     return score_frame(model, texts)
-                return pd.DataFrame({"prompt": texts, "generated": [
-                    model.generate(text, settings["max_new_tokens"], settings["temperature"], settings["top_k"],
-                                   settings["seed"]) for text in texts]})
+                # one batch through the KV cache; each prompt keeps its own generator seeded by seed
+                return pd.DataFrame({"prompt": texts, "generated": model.generate(
+                    texts, settings["max_new_tokens"], settings["temperature"], settings["top_k"], settings["seed"],
+                    top_p=settings["top_p"])})
             except BundleError as exc:  # a too-long text, a negative max_new_tokens, a form the bundle lacks
                 raise bad_request(str(exc)) from None
 
