@@ -146,11 +146,11 @@ def test_eos_stops_one_sequence_while_the_others_continue(models):
                 return model.eos_id
         return int(np.argmax(logits))
 
-    out = list(model._tokens(prompts, 8, pick))
+    out = list(model.stream_ids(prompts, 8, pick))
     by_row = {row: [token for r, token in out if r == row] for row in range(3)}
     assert len(by_row[0]) == 2 and len(by_row[1]) == len(by_row[2]) == 8
     for row in (1, 2):
-        alone = [token for _, token in model._tokens([prompts[row]], 8, lambda r, logits: int(np.argmax(logits)))]
+        alone = [token for _, token in model.stream_ids([prompts[row]], 8, lambda r, logits: int(np.argmax(logits)))]
         assert by_row[row] == alone
 
 

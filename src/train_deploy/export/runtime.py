@@ -380,7 +380,7 @@ class LanguageModel:
         new: list[list[int]] = [[] for _ in prompts]
         shown = [""] * len(prompts)
         start = time.perf_counter()
-        for row, token in self._tokens(prompts, max_new_tokens,
+        for row, token in self.stream_ids(prompts, max_new_tokens,
                                        lambda row, logits: _sample(logits, temperature, top_k, rngs[row], top_p)):
             new[row].append(token)
             text = self.tokenizer.decode(new[row])
@@ -392,10 +392,11 @@ class LanguageModel:
         logger.debug("Generated %d tokens for %d prompts at %.1f tokens/s", self.last_stats.new_tokens,
                      len(prompts), self.last_stats.tokens_per_second)
 
-    def _tokens(self, prompts: list[list[int]], max_new_tokens: int,
+    def stream_ids(self, prompts: list[list[int]], max_new_tokens: int,
                 pick: Callable[[int, np.ndarray], int]) -> Iterator[tuple[int, int]]:
-        """``(sequence, token)`` for each new token: prefill, then one decode step per token with the cache;
-        finished sequences leave the batch."""
+        """``(sequence, token)`` for each new token of the id ``prompts`` (each ``[eos_id, *ids]`` within the
+        context), ``pick(sequence, last logits)`` choosing it: prefill, then one decode step per token with the
+        cache; a sequence that picks ``eos_id`` leaves the batch (its end of document is not yielded)."""
         if max_new_tokens == 0 or not prompts:
             return
         tokens = [list(ids) for ids in prompts]

@@ -1,0 +1,152 @@
+"""Generation speed: full recomputation against the KV cache on each engine, in one run.
+
+    .venv/bin/python benchmarks/bench_generate.py                   # the `small` preset, 2 threads
+    .venv/bin/python benchmarks/bench_generate.py --preset tiny --threads 1 --new 8 16 --repeats 1
+
+Builds a model of the preset (random weights: speed does not depend on training) with the default
+tokenizer's vocabulary, writes it as a training checkpoint and exports its prefill and decode graphs with
+the export stage's own functions. Then, with the same thread count for every engine, generates greedily
+from random prompts of ``--prompt`` tokens, batch 1 and 8, for each number of new tokens (end of document
+is never chosen, so every sequence runs to the end): (a) full recomputation of the window for every token
+on Paddle Inference (the path before the cache), (b) Paddle Inference with the cache, (c) ONNX Runtime fp32
+with the cache, (d) ONNX Runtime int8 with the cache. Prints new tokens/s (median of ``--repeats``), the
+time per new token at the most new tokens against the fewest, and the issue's targets. Work files go under
+benchmarks/.work/generate and are removed afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+WORK = Path(__file__).resolve().parent / ".work" / "generate"
+EOS = 2
+FULL, PADDLE, ONNX, INT8 = ("(a) full recompute, Paddle Inference", "(b) Paddle Inference, cache",
+                            "(c) ONNX Runtime fp32, cache", "(d) ONNX Runtime int8, cache")
+
+
+def build(preset: str, vocab: int) -> Path:
+    """A checkpoint of the preset with random weights; return its folder."""
+    import paddle
+
+    from train_deploy.training.checkpoint import write_checkpoint
+    from train_deploy.training.config import TrainingConfig
+    from train_deploy.training.model import build_model
+
+    config = TrainingConfig.from_params({"model": {"preset": preset}})
+    paddle.seed(0)
+    model = build_model(config, vocab_size=vocab, eos_id=EOS)
+    parameters = sum(int(p.size) for p in model.parameters())
+    return write_checkpoint(WORK / "checkpoints", 1, dict(model.named_parameters()), {},
+                            {"step": 1, "model_config": model.config.to_dict(), "parameters": parameters}, keep_last=1)
+
+
+def _greedy(row: int, logits: np.ndarray) -> int:
+    logits = logits.copy()
+    logits[EOS] = -np.inf  # every sequence runs to max_new_tokens
+    return int(np.argmax(logits))
+
+
+def full_recompute(form, prompts: list[list[int]], new: int, context: int) -> int:
+    """Greedy tokens by one full pass over each whole window per token; returns the tokens made."""
+    ids = np.asarray(prompts, dtype=np.int64)
+    for _ in range(new):
+        window = ids[:, -context:]
+        logits = form(window, np.ones_like(window))[:, -1]
+        ids = np.concatenate([ids, np.asarray([[_greedy(0, row)] for row in logits])], axis=1)
+    return len(prompts) * new
+
+
+def cached(model, prompts: list[list[int]], new: int, context: int) -> int:
+    return sum(1 for _ in model.stream_ids(prompts, new, _greedy))
+
+
+def measure(runs: dict, prompts_by_batch: dict[int, list[list[int]]], news: list[int], repeats: int,
+            context: int) -> dict[tuple[str, int, int], float]:
+    """New tokens/s (median of ``repeats``) per (form, batch, new tokens); forms interleaved in each round."""
+    samples: dict[tuple[str, int, int], list[float]] = {}
+    for _ in range(repeats):
+        for batch, prompts in prompts_by_batch.items():
+            for new in news:
+                for name, (run, target) in runs.items():
+                    time.sleep(0.25)  # let the previous engine's spinning threads stop
+                    start = time.perf_counter()
+                    made = run(target, prompts, new, context)
+                    samples.setdefault((name, batch, new), []).append(made / (time.perf_counter() - start))
+    return {key: statistics.median(values) for key, values in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--vocab", type=int, default=4500, help="the default tokenizer's vocabulary")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--prompt", type=int, default=32, help="prompt tokens (the end-of-document id included)")
+    parser.add_argument("--new", type=int, nargs="+", default=[32, 128, 224], help="new tokens")
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+
+    from train_deploy.export.config import ServerConfig
+    from train_deploy.export.edge import INT8_FILE, ONNX_FILE, convert_to_onnx, quantize_int8
+    from train_deploy.export.graph import DECODE_MODEL, load_inference_model, save_server_model
+    from train_deploy.export.runtime import LanguageModel, OnnxRuntimeBackend, PaddleInferenceBackend
+
+    shutil.rmtree(WORK, ignore_errors=True)
+    try:
+        checkpoint = build(args.preset, args.vocab)
+        model = load_inference_model(checkpoint)
+        context = model.cos.shape[0]
+        prefix = save_server_model(model, WORK / "server")
+        (WORK / "edge").mkdir()
+        for graph in (prefix, prefix.with_name(DECODE_MODEL)):
+            onnx_file = convert_to_onnx(graph, WORK / "edge" / ONNX_FILE.replace("model", graph.name, 1), opset=17)
+            quantize_int8(onnx_file, WORK / "edge" / INT8_FILE.replace("model", graph.name, 1), per_channel=False)
+        paddle_form = PaddleInferenceBackend(prefix, ServerConfig(cpu_threads=args.threads), context)
+
+        def language_model(form) -> LanguageModel:
+            return LanguageModel(form, None, context=context, eos_id=EOS)
+
+        runs = {FULL: (full_recompute, paddle_form), PADDLE: (cached, language_model(paddle_form)),
+                ONNX: (cached, language_model(OnnxRuntimeBackend(WORK / "edge" / ONNX_FILE, args.threads))),
+                INT8: (cached, language_model(OnnxRuntimeBackend(WORK / "edge" / INT8_FILE, args.threads)))}
+        rng = np.random.default_rng(0)
+        prompts = {batch: [[EOS, *rng.integers(3, args.vocab, args.prompt - 1).tolist()] for _ in range(batch)]
+                   for batch in args.batches}
+        for run, target in runs.values():  # warm-up: first runs allocate and pick kernels
+            run(target, prompts[args.batches[0]], 4, context)
+        report(args, measure(runs, prompts, args.new, args.repeats, context), list(runs))
+    finally:
+        shutil.rmtree(WORK, ignore_errors=True)
+
+
+def report(args, speed: dict[tuple[str, int, int], float], forms: list[str]) -> None:
+    out = sys.stdout.write
+    low, high = min(args.new), max(args.new)
+    out(f"\npreset {args.preset}, vocabulary {args.vocab}, prompt {args.prompt} tokens, {args.threads} threads, "
+        f"greedy, median of {args.repeats} (new tokens/s over all sequences)\n\n")
+    out("| form | batch | " + " | ".join(f"{n} new" for n in args.new) + f" | ms/token {high} ÷ {low} |\n")
+    out("|---|---:|" + "---:|" * len(args.new) + "---:|\n")
+    for batch in args.batches:
+        for name in forms:
+            cells = " | ".join(f"{speed[name, batch, n]:.0f}" for n in args.new)
+            out(f"| {name} | {batch} | {cells} | {speed[name, batch, low] / speed[name, batch, high]:.2f} |\n")
+    middle = sorted(args.new)[len(args.new) // 2]
+    first = args.batches[0]
+    gain = speed[PADDLE, first, middle] / speed[FULL, first, middle]
+    out(f"\n(b) ÷ (a) at {middle} new tokens, batch {first}: {gain:.1f}× (target ≥ 10×)\n")
+    for batch in args.batches:
+        out(f"(b) ÷ (c) at batch {batch}, {middle} new tokens: "
+            f"{speed[PADDLE, batch, middle] / speed[ONNX, batch, middle]:.2f}× (target ≥ 1.0×)\n")
+
+
+if __name__ == "__main__":
+    main()
