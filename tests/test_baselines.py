@@ -74,6 +74,7 @@ def test_the_token_folder_caches_them_per_window_set(tiny_token_files, tmp_path)
 
     folder = tmp_path / "tokens"
     shutil.copytree(tiny_token_files.path, folder)
+    (folder / CACHE_FILE).unlink(missing_ok=True)  # other tests' window sets, counted in the shared fixture
     tokens = TokenManifest.read_folder(folder)
     windows = validation_windows(tokens.prefix("valid"), tokens.dtype, 16, 4)
     first = baselines_for(tokens, windows)
