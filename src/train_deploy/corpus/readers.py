@@ -371,10 +371,7 @@ def _iter_lines(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterato
             try:
                 raw = f.readline(max_len + 1)
             except Exception as exc:
-                if not _is_stream_error(exc):
-                    raise
-                message = f"{chunk.path}: compressed stream is truncated or corrupt ({exc})"
-                _bad_input(reader, stats, "truncated_archive", message)
+                _stream_failed(exc, chunk, reader, stats)
                 return
             if not raw:
                 return
@@ -637,16 +634,20 @@ def _wiki_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Ite
             _bad_input(reader, stats, "truncated_archive", message)
 
 
+def _stream_failed(exc: Exception, chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> None:
+    """Count a truncated or corrupt compressed stream of ``chunk`` as bad input; raise any other error."""
+    if not _is_stream_error(exc):
+        raise exc
+    _bad_input(reader, stats, "truncated_archive", f"{chunk.path}: compressed stream is truncated or corrupt ({exc})")
+
+
 def _html_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterator[str]:
     """One web page: its main text in its own charset (a page over ``max_line_bytes`` is bad input)."""
     try:
         with _open_stream(chunk.path) as f:
             data = f.read(reader.max_line_bytes + 1)
     except Exception as exc:
-        if not _is_stream_error(exc):
-            raise
-        message = f"{chunk.path}: compressed stream is truncated or corrupt ({exc})"
-        _bad_input(reader, stats, "truncated_archive", message)
+        _stream_failed(exc, chunk, reader, stats)
         return
     if len(data) > reader.max_line_bytes:
         _bad_input(reader, stats, "page_too_large",
