@@ -95,6 +95,9 @@ def test_the_bundle_records_cache_parity_for_every_form(tiny_bundle):
     assert set(cache["max_abs_logit_diff"]) == {"paddle_inference", "onnx_fp32", "onnx_int8"}
     assert max(cache["max_abs_logit_diff"][form] for form in ("paddle_inference", "onnx_fp32")) <= 1e-4
     assert (tiny_bundle / "server" / "decode.json").is_file() and (tiny_bundle / "edge" / "decode.onnx").is_file()
+    card = (tiny_bundle / "MODEL_CARD.md").read_text(encoding="utf-8")
+    assert f"KV cache: {len(cache['prompt_lengths'])} left-padded prompts of " in card
+    assert "its cost grows linearly with the output length" in card
 
 
 def _recompute_greedy(logits, eos_id: int, ids: list[int], steps: int, context: int) -> list[int]:

@@ -62,6 +62,7 @@ def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, An
     if "int8_perplexity_increase" in parity:
         lines += ["", f"int8 perplexity vs ONNX fp32: {parity['int8_perplexity_increase']:+.2%} "
                   f"(limit {parity['limits']['max_int8_perplexity_increase']:+.0%})."]
+    lines += _cache_lines(parity)
     lines += _latency_section(latency, meta.get("plots", {}))
     lines += [
         "",
@@ -88,6 +89,18 @@ def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, An
         "",
     ]
     return "\n".join(line for line in lines if line is not None)
+
+
+def _cache_lines(parity: dict[str, Any]) -> list[str]:
+    """Generation with the KV cache against full recomputation (bundles of format 6 on)."""
+    cache = parity.get("kv_cache")
+    if not cache:
+        return []
+    diffs = ", ".join(f"{name} {diff:.2e}" for name, diff in cache["max_abs_logit_diff"].items())
+    return ["", f"KV cache: {len(cache['prompt_lengths'])} left-padded prompts of {min(cache['prompt_lengths'])}–"
+                f"{max(cache['prompt_lengths'])} tokens, prefilled and then decoded {cache['decode_steps']} steps; "
+                f"max abs logit diff against full recomputation at every step: {diffs} (int8 against its own full "
+                "pass)."]
 
 
 def _comparisons(source: dict[str, Any], parity: dict[str, Any]) -> list[tuple[str, float, dict[str, Any]]]:

@@ -49,6 +49,7 @@ from train_deploy.training.checkpoint import STATE_FILE, CheckpointError, read_s
 
 SERVER_MODEL = "model"  # Paddle Inference writes model.json + model.pdiparams: the prefill (full) pass
 DECODE_MODEL = "decode"  # decode.json + decode.pdiparams: one token with the cache
+_MASKED = float(np.finfo(np.float32).min)  # additive bias of a masked key, as PaddleNLP's
 _SUPPORTED = {"alibi": False, "rope_scaling_type": None, "use_long_sequence_strategies": False,
               "hidden_act": "silu", "fuse_attention_qkv": False, "fuse_attention_ffn": False}
 # configuration keys the compact graph implements only at these values (the fused projections are other weights)
@@ -75,7 +76,6 @@ def compact_model(reference):
 
     config = reference.config
     weights = _compact_weights(reference)
-    minimum = float(np.finfo(np.float32).min)
 
     class CompactLlama(paddle.nn.Layer):
         def __init__(self) -> None:
@@ -90,43 +90,15 @@ def compact_model(reference):
         def _norm(self, x):
             return x * paddle.rsqrt((x * x).mean(-1, keepdim=True) + self.eps)
 
-        def _rotated(self, qkv, positions):
-            """Queries ``[batch, seq, heads, hd]``, keys and values ``[batch, kv_heads, seq, hd]`` at ``positions``."""
-            heads, kv, hd = self.heads, self.kv_heads, self.head_dim
-            qk = qkv[:, :, :(heads + kv) * hd].reshape([0, 0, heads + kv, hd])
-            shape = [paddle.shape(qk)[0], paddle.shape(qk)[1], heads + kv, hd]  # expand_as: -1 dims in ONNX
-            cos = F.embedding(positions, self.cos).unsqueeze(2).expand(shape)
-            sin = F.embedding(positions, self.sin).unsqueeze(2).expand(shape)
-            qk = qk * cos + paddle.matmul(qk, self.rotate_half) * sin
-            v = qkv[:, :, (heads + kv) * hd:].reshape([0, 0, kv, hd]).transpose([0, 2, 1, 3])
-            return qk[:, :, :heads], qk[:, :, heads:].transpose([0, 2, 1, 3]), v
-
-        def _attend(self, q, k, v, bias):
-            """Grouped attention without repeating keys: the ``group`` query heads of a key head are rows of one
-            product. ``q`` ``[batch, seq, heads, hd]``, ``bias`` ``[batch, kv, group * seq, keys]``."""
-            # no arithmetic on shapes (-1 instead): ONNX shape inference turns an unknown dimension times 2 into -2
-            q = q.transpose([0, 2, 1, 3]).reshape([0, self.kv_heads, -1, self.head_dim])
-            scores = F.softmax(paddle.matmul(q, k, transpose_y=True) + bias, axis=-1)
-            attended = paddle.matmul(scores, v).reshape([0, self.heads, -1, self.head_dim])
-            return attended.transpose([0, 2, 1, 3]).reshape([0, 0, self.heads * self.head_dim])
-
-        def _layer(self, i, x, positions, bias, past_k=None, past_v=None):
+        def _layer(self, i, x, rope, bias, past_k=None, past_v=None):
             qkv = paddle.matmul(self._norm(x), getattr(self, f"qkv_{i}"))
-            q, k, v = self._rotated(qkv, positions)
+            q, k, v = _rotated(self, qkv, rope)
             if past_k is not None:
                 k, v = paddle.concat([past_k, k], axis=2), paddle.concat([past_v, v], axis=2)
-            x = x + paddle.matmul(self._attend(q, k, v, bias), getattr(self, f"o_{i}"))
+            x = x + paddle.matmul(_attend(self, q, k, v, bias), getattr(self, f"o_{i}"))
             y = self._norm(x)
             gate, up = paddle.matmul(y, getattr(self, f"gate_{i}")), paddle.matmul(y, getattr(self, f"up_{i}"))
             return x + paddle.matmul(F.swish(gate) * up, getattr(self, f"down_{i}")), k, v
-
-        def _bias(self, keep, queries):
-            """``keep`` ``[batch, queries, keys]`` as an additive bias ``[batch, kv, group * queries, keys]``."""
-            batch, keys = paddle.shape(keep)[0], paddle.shape(keep)[2]
-            group = self.heads // self.kv_heads
-            bias = paddle.where(keep, paddle.zeros([1], "float32"), paddle.full([1], minimum, "float32"))
-            bias = bias.unsqueeze([1, 2]).expand([batch, self.kv_heads, group, queries, keys])
-            return bias.reshape([0, 0, -1, keys])  # same-shape adds: fast kernels
 
         def forward(self, input_ids, attention_mask):
             """Prefill: logits ``[batch, seq, vocab]``, keys and values ``[layers, batch, kv_heads, seq, hd]``.
@@ -138,10 +110,10 @@ def compact_model(reference):
             step = paddle.arange(seq)
             keep = paddle.logical_and((step.unsqueeze(1) >= step.unsqueeze(0)).unsqueeze(0),
                                       attention_mask.unsqueeze(1).astype("bool"))  # [batch, query, key]
-            bias = self._bias(keep, seq)
+            bias, rope = _attention_bias(self, keep, seq), _rope(self, positions)
             x, keys, values = F.embedding(input_ids, self.embed), [], []
             for i in range(self.layers):
-                x, k, v = self._layer(i, x, positions, bias)
+                x, k, v = self._layer(i, x, rope, bias)
                 keys.append(k)
                 values.append(v)
             return paddle.matmul(self._norm(x), self.lm_head), paddle.stack(keys), paddle.stack(values)
@@ -151,10 +123,10 @@ def compact_model(reference):
             cache's mask and the new token's), ``keys``/``values`` ``[layers, batch, kv_heads, past, hd]``; returns
             the new token's logits ``[batch, 1, vocab]`` and the caches grown by its keys and values."""
             positions = attention_mask.sum(-1, keepdim=True) - 1  # [batch, 1]
-            bias = self._bias(attention_mask.unsqueeze(1).astype("bool"), 1)
+            bias, rope = _attention_bias(self, attention_mask.unsqueeze(1).astype("bool"), 1), _rope(self, positions)
             x, new_keys, new_values = F.embedding(input_ids, self.embed), [], []
             for i in range(self.layers):
-                x, k, v = self._layer(i, x, positions, bias, keys[i], values[i])
+                x, k, v = self._layer(i, x, rope, bias, keys[i], values[i])
                 new_keys.append(k)
                 new_values.append(v)
             return paddle.matmul(self._norm(x), self.lm_head), paddle.stack(new_keys), paddle.stack(new_values)
@@ -162,6 +134,54 @@ def compact_model(reference):
     model = CompactLlama()
     model.eval()
     return model
+
+
+def _rope(model, positions):
+    """cos and sin at ``positions`` ``[batch, seq]``, expanded once per pass to the shape of queries and keys
+    together, ``[batch, seq, heads + kv_heads, hd]`` (``expand``, not ``expand_as``: the latter leaves -1
+    dimensions in the ONNX graph)."""
+    import paddle
+    import paddle.nn.functional as F
+
+    shape = [paddle.shape(positions)[0], paddle.shape(positions)[1], model.heads + model.kv_heads, model.head_dim]
+    return (F.embedding(positions, model.cos).unsqueeze(2).expand(shape),
+            F.embedding(positions, model.sin).unsqueeze(2).expand(shape))
+
+
+def _rotated(model, qkv, rope):
+    """Queries ``[batch, seq, heads, hd]``, keys and values ``[batch, kv_heads, seq, hd]`` of ``model``'s layer
+    output ``qkv``, rotated by ``rope`` (:func:`_rope`) as ``x * cos + (x @ R) * sin``."""
+    import paddle
+
+    heads, kv, hd = model.heads, model.kv_heads, model.head_dim
+    qk = qkv[:, :, :(heads + kv) * hd].reshape([0, 0, heads + kv, hd])
+    qk = qk * rope[0] + paddle.matmul(qk, model.rotate_half) * rope[1]
+    v = qkv[:, :, (heads + kv) * hd:].reshape([0, 0, kv, hd]).transpose([0, 2, 1, 3])
+    return qk[:, :, :heads], qk[:, :, heads:].transpose([0, 2, 1, 3]), v
+
+
+def _attend(model, q, k, v, bias):
+    """Grouped attention without repeating keys: the ``group`` query heads of a key head are rows of one
+    product. ``q`` ``[batch, seq, heads, hd]``, ``bias`` ``[batch, kv, group * seq, keys]``."""
+    import paddle
+    import paddle.nn.functional as F
+
+    # no arithmetic on shapes (-1 instead): ONNX shape inference turns an unknown dimension times 2 into -2
+    q = q.transpose([0, 2, 1, 3]).reshape([0, model.kv_heads, -1, model.head_dim])
+    scores = F.softmax(paddle.matmul(q, k, transpose_y=True) + bias, axis=-1)
+    attended = paddle.matmul(scores, v).reshape([0, model.heads, -1, model.head_dim])
+    return attended.transpose([0, 2, 1, 3]).reshape([0, 0, model.heads * model.head_dim])
+
+
+def _attention_bias(model, keep, queries):
+    """``keep`` ``[batch, queries, keys]`` as an additive bias ``[batch, kv, group * queries, keys]``."""
+    import paddle
+
+    batch, keys = paddle.shape(keep)[0], paddle.shape(keep)[2]
+    group = model.heads // model.kv_heads
+    bias = paddle.where(keep, paddle.zeros([1], "float32"), paddle.full([1], _MASKED, "float32"))
+    bias = bias.unsqueeze([1, 2]).expand([batch, model.kv_heads, group, queries, keys])
+    return bias.reshape([0, 0, -1, keys])  # same-shape adds: fast kernels
 
 
 def decode_model(model):

@@ -460,6 +460,8 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 def _keep_rows(mask: np.ndarray, step: Step, rows: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The cache of ``rows`` only, without the leading columns that are padding in all of them."""
+    if len(rows) == len(mask):  # no copy of the cache on the common step (list indexing always copies)
+        return mask, step.keys, step.values
     mask = mask[rows]
     lead = int((np.cumsum(mask, axis=1) == 0).sum(axis=1).min())
     return mask[:, lead:], step.keys[:, rows, :, lead:], step.values[:, rows, :, lead:]
