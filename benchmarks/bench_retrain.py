@@ -4,9 +4,9 @@
     .venv/bin/python benchmarks/bench_retrain.py --params training.schedule.max_steps=20 --repeats 3
 
 In a copy of the project's configuration under benchmarks/.work/retrain, with its own SQLite MLflow store:
-(1) a full ``kedro run --pipeline train_deploy`` (no champion yet: it trains, exports and registers version 1);
+(1) a full ``kedro run --pipelines train_deploy`` (no champion yet: it trains, exports and registers version 1);
 (2) the same command again, ``--repeats`` times: nothing changed, so each is recorded as a skipped run;
-(3) the reference: ``kedro run --pipeline corpus --nodes plan_corpus_inputs``, ``--repeats`` times — Kedro's
+(3) the reference: ``kedro run --pipelines corpus --nodes plan_corpus_inputs``, ``--repeats`` times — Kedro's
 start-up, an MLflow run and one read of every corpus input, which is what a skipped run must cost.
 Targets (issue 19): skipped ≤ 10% of the full run and ≤ 1.5× the reference (medians). Each command is a real
 ``kedro run`` process, timed from start to exit. The work folder is removed afterwards.
@@ -41,11 +41,15 @@ def make_project(folder: Path) -> dict[str, str]:
     return {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlruns.db'}", "KEDRO_DISABLE_TELEMETRY": "1"}
 
 
-def timed(command: list[str], folder: Path, env: dict[str, str], expect: str | None = None) -> float:
-    """Seconds ``command`` took in ``folder``; it must succeed (and print ``expect`` when given)."""
+def timed(command: list[str], folder: Path, env: dict[str, str], expect: str | None = None,
+          log: Path | None = None) -> float:
+    """Seconds ``command`` took in ``folder``; it must succeed (and print ``expect`` when given). Its output goes
+    to ``log`` when given."""
     started = time.perf_counter()
     done = subprocess.run(command, cwd=folder, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started
+    if log is not None:
+        log.write_text(done.stdout + done.stderr, encoding="utf-8")
     if done.returncode != 0 or (expect and expect not in done.stdout):
         raise SystemExit(f"{' '.join(command[2:])} failed (rc {done.returncode}):\n{done.stderr[-3000:]}")
     return seconds
@@ -55,18 +59,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default="", help="kedro run --params for every run (e.g. a shorter training)")
     parser.add_argument("--repeats", type=int, default=3, help="skipped and reference runs to take the median of")
+    parser.add_argument("--log", type=Path, help="keep the full run's console output in this file")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     params = ["--params", args.params] if args.params else []
     env = make_project(WORK)
     try:
-        full = timed([*KEDRO, "--pipeline", "train_deploy", *params], WORK, env, expect="Registered")
+        full = timed([*KEDRO, "--pipelines", "train_deploy", *params], WORK, env, expect="Registered", log=args.log)
         logger.info("full run: %.1f s", full)
         skipped, reference = [], []
         for _ in range(args.repeats):  # alternate, so both see the same machine
-            skipped.append(timed([*KEDRO, "--pipeline", "train_deploy", *params], WORK, env,
+            skipped.append(timed([*KEDRO, "--pipelines", "train_deploy", *params], WORK, env,
                                  expect="Skipped: nothing to retrain"))
-            reference.append(timed([*KEDRO, "--pipeline", "corpus", "--nodes", "plan_corpus_inputs", *params],
+            reference.append(timed([*KEDRO, "--pipelines", "corpus", "--nodes", "plan_corpus_inputs", *params],
                                    WORK, env))
             logger.info("skipped run %.1f s, reference %.1f s", skipped[-1], reference[-1])
     finally:
