@@ -150,6 +150,8 @@ def test_unchanged_corpus_is_a_skipped_run_new_text_retrains_and_a_failing_sched
     assert "Traceback (most recent call last)" in project_log.read_text(encoding="utf-8")
     assert {k: str(v) for k, v in client.get_registered_model(MODEL).aliases.items()} == {"champion": "1"}
     assert len(client.search_model_versions(f"name='{MODEL}'")) == 2
+    statuses = [run.info.status for run in client.search_runs([skipped.info.experiment_id], order_by=["start_time"])]
+    assert statuses[:2] == ["FINISHED", "FINISHED"] and statuses[2:4] == ["FAILED", "FAILED"], statuses
 
 
 def _wait_for(condition, seconds: float) -> None:

@@ -192,11 +192,7 @@ class SkipUnchanged:
         if not CHECKED_NODES <= {node.name for node in pipeline.nodes}:
             return
         active = mlflow.active_run() is not None
-        try:
-            check = check_for_changes(catalog.load("parameters"))
-        except BaseException:  # Kedro calls no on_pipeline_error before the first node: close the run here
-            end_mlflow_runs(self._outer_run_id, "FAILED")
-            raise
+        check = check_for_changes(catalog.load("parameters"))  # if it fails, EndStoppedRun ends the run FAILED
         if active:
             mlflow.set_tags({**check.fingerprints, REASON_TAG: check.reason})
         if check.retrain:
