@@ -2,10 +2,11 @@
 
 Kedro configures logging (its rich handler on the root logger) before any project code runs; then:
 
-- :func:`quiet_third_party` (from ``settings.py``, before the project's modules are imported) ignores the
-  warnings every run printed and nobody can act on — MLflow asking for type hints on ``predict``, OmegaConf's
-  ``register_new_resolver`` deprecation (raised inside Kedro and kedro-mlflow), Paddle's missing ccache and
-  setuptools replacing distutils — and makes PaddleNLP's logger an ordinary one (:class:`PaddleNLPLogger`);
+- :func:`quiet_third_party` (from ``cli.py`` and ``settings.py``, before the project's modules are imported)
+  ignores the warnings every run printed and nobody can act on (:data:`KNOWN_NOISE`: MLflow asking for type
+  hints on ``predict``, OmegaConf's ``register_new_resolver`` deprecation raised inside Kedro and kedro-mlflow,
+  Paddle's missing ccache, setuptools replacing distutils, PaddleNLP's swiglu and Paddle's PIR notices) and
+  makes PaddleNLP's logger an ordinary one (:class:`PaddleNLPLogger`);
 - the :class:`ConsoleLogging` hook writes every record of the run, tracebacks included, to
   ``logs/train_deploy.log`` in the project, and, when the console is not a terminal (a file, a pipe, a
   scheduler's log), turns the rich handler's boxes, colours and 80-column wrapping into plain lines.
@@ -104,7 +105,7 @@ class PlainConsoleHandler(logging.StreamHandler):
 def log_to_file(project: Path) -> Path:
     """Send the root logger's records to ``logs/train_deploy.log`` of ``project`` (instead of another project's
     file this process wrote before); returns its path."""
-    path = log_file_of(project)
+    path = (Path(project) / LOG_FILE).resolve()
     root = logging.getLogger()
     for handler in [h for h in root.handlers if isinstance(h, ProjectLogFile)]:
         if Path(handler.baseFilename) == path:
@@ -151,7 +152,3 @@ def plain_console_unless_terminal() -> None:
             plain.addFilter(record_filter)
         root.removeHandler(handler)
         root.addHandler(plain)
-
-
-def log_file_of(project: Path) -> Path:
-    return (Path(project) / LOG_FILE).resolve()

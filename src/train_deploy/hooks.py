@@ -125,7 +125,20 @@ class CheckConfiguration:
         check_run(catalog.load("parameters"), stages)
 
 
-class CloseMlflowRun:
+class OuterRunAware:
+    """Remembers the MLflow run that was active before the Kedro session started (a notebook's, a caller's): hooks
+    that end runs leave that one open, as kedro-mlflow logs into it."""
+
+    def __init__(self) -> None:
+        self._outer_run_id: str | None = None
+
+    @hook_impl
+    def after_context_created(self) -> None:
+        run = mlflow.active_run()
+        self._outer_run_id = run.info.run_id if run else None
+
+
+class CloseMlflowRun(OuterRunAware):
     """End the MLflow run of a Kedro run completely when the pipeline finishes or fails.
 
     kedro-mlflow re-opens its run before every node; with MLflow 3 that leaves the run on the
@@ -133,14 +146,6 @@ class CloseMlflowRun:
     scheduler, a notebook, the tests) would log into the first run. A run that was already active
     before the session started is left open, as kedro-mlflow documents.
     """
-
-    def __init__(self) -> None:
-        self._outer_run_id: str | None = None
-
-    @hook_impl
-    def after_context_created(self, context) -> None:
-        run = mlflow.active_run()
-        self._outer_run_id = run.info.run_id if run else None
 
     @hook_impl
     def after_pipeline_run(self) -> None:
@@ -170,7 +175,7 @@ class TagTrigger:
             mlflow.set_tag("trigger", os.environ.get(TRIGGER_VARIABLE) or "manual")
 
 
-class SkipUnchanged:
+class SkipUnchanged(OuterRunAware):
     """A run that trains and registers first compares its corpus and training configuration with the champion's
     (``train_deploy.retrain``) and ends before its first node when nothing changed.
 
@@ -178,14 +183,6 @@ class SkipUnchanged:
     a skipped run, ``outcome=skipped``; it is then closed as finished and :class:`NothingToRetrain` stops the
     session (``kedro run`` exits 0 saying why, see ``train_deploy.cli``).
     """
-
-    def __init__(self) -> None:
-        self._outer_run_id: str | None = None
-
-    @hook_impl
-    def after_context_created(self) -> None:
-        run = mlflow.active_run()
-        self._outer_run_id = run.info.run_id if run else None
 
     @hook_impl(trylast=True)
     def before_pipeline_run(self, pipeline, catalog) -> None:
@@ -264,7 +261,7 @@ def _runner_name(recorded: str) -> str:
     return instance.group(1).rsplit(".", 1)[-1] if instance else recorded
 
 
-class EndStoppedRun:
+class EndStoppedRun(OuterRunAware):
     """A Kedro run that fails in a ``before_pipeline_run`` hook after kedro-mlflow opened its MLflow run ends it
     ``FAILED``; one stopped by SIGTERM or Ctrl-C ends it ``KILLED``. Neither stays ``RUNNING``, nor ends
     ``FINISHED`` by MLflow's exit handler. (SIGKILL leaves no chance: that run stays ``RUNNING``.)
@@ -274,13 +271,8 @@ class EndStoppedRun:
     """
 
     def __init__(self) -> None:
-        self._outer_run_id: str | None = None
+        super().__init__()
         self._previous_sigterm = None
-
-    @hook_impl
-    def after_context_created(self) -> None:
-        run = mlflow.active_run()
-        self._outer_run_id = run.info.run_id if run else None
 
     @hook_impl(wrapper=True)
     def before_pipeline_run(self):
