@@ -134,6 +134,7 @@ lock:
 	$(MAKE) --no-print-directory --always-make requirements-gpu.lock
 
 clean-data:
-	rm -rf data/04_feature/tokens data/06_models/tokenizer data/08_reporting/* mlruns.db mlartifacts
+	rm -rf data/04_feature/tokens data/04_feature/tokens.by_fingerprint data/06_models/tokenizer \
+	  data/06_models/tokenizer.by_fingerprint data/08_reporting/* mlruns.db mlartifacts
 
 FORCE:

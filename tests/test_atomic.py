@@ -16,6 +16,7 @@ from train_deploy.atomic import (
     DiskFullError,
     atomic_folder,
     atomic_path,
+    atomic_symlink,
     clean_leftovers,
     remove_leftovers,
     stale_leftovers,
@@ -117,6 +118,17 @@ USER_FILES = ["tokens/train.bin", ".gitignore", ".env.local", ".tokens.backup", 
               ".config.settings", "tokens.old-12", ".step_00000002", "checkpoints/.keep",
               "checkpoints/step_00000001/model.safetensors", "checkpoints/.step_00000003.tmp",
               "runs/.manifest.json.tmp"]
+
+
+def test_a_link_is_switched_in_one_rename_and_a_stranded_temporary_link_is_a_leftover(tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / "store" / name).mkdir(parents=True)
+    atomic_symlink(tmp_path / "current", "store/a")
+    atomic_symlink(tmp_path / "current", "store/b")
+    assert os.readlink(tmp_path / "current") == "store/b" and (tmp_path / "current").is_dir()
+    os.symlink("store/a", tmp_path / ".current.tdstage-0a1b2c3d.tmp")  # what a kill before the rename leaves
+    assert [p.name for p in remove_leftovers(tmp_path)] == [".current.tdstage-0a1b2c3d.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", "store"] and (tmp_path / "store/a").is_dir()
 
 
 def run_killed(script: str, root: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -35,7 +36,8 @@ def notes(fingerprint: str, text: str = "text", fail: bool = False) -> FolderWor
         write_json(folder / "notes.json", described)
         return described
 
-    return FolderWork(build=build, keep=lambda current: current.fingerprint == fingerprint, what="notes")
+    return FolderWork(build=build, keep=lambda current: current.fingerprint == fingerprint, what="notes",
+                      fingerprint=fingerprint)
 
 
 def dataset(path: Path, **kwargs) -> ArtifactFolderDataset:
@@ -98,6 +100,41 @@ def test_versions_keep_every_save_load_the_newest_and_link_an_unchanged_one(tmp_
     third.save(notes("b", "changed"))
     assert len(list((tmp_path / "notes").iterdir())) == 3
     assert (Path(third.load().path) / "notes.txt").read_text(encoding="utf-8") == "changed"
+
+
+def test_by_fingerprint_keeps_each_fingerprints_folder_and_switching_back_builds_nothing(tmp_path, caplog):
+    dataset(tmp_path / "notes", by_fingerprint=True).save(notes("a", "first"))
+    dataset(tmp_path / "notes", by_fingerprint=True).save(notes("b", "second"))
+    store = tmp_path / "notes.by_fingerprint"
+    before = (store / "a" / "notes.txt").stat()
+    again = dataset(tmp_path / "notes", by_fingerprint=True)
+    with caplog.at_level("INFO"):
+        again.save(notes("a", "would be rebuilt"))
+    assert f"The notes in {store / 'a'} is up to date: kept" in caplog.text
+    assert again.load() == Notes(path=str(store / "a"), fingerprint="a", reused=True)
+    assert (store / "a" / "notes.txt").stat().st_mtime_ns == before.st_mtime_ns  # not written again
+    assert sorted(p.name for p in store.iterdir()) == ["a", "b"]
+    assert os.readlink(tmp_path / "notes") == "notes.by_fingerprint/a"  # relative: the project can move
+    assert (tmp_path / "notes" / "notes.txt").read_text(encoding="utf-8") == "first"
+    assert dataset(tmp_path / "notes", by_fingerprint=True).load().path == str(store / "a")  # a later run
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "notes.by_fingerprint"]  # nothing staged left
+
+
+def test_by_fingerprint_moves_a_folder_of_the_old_layout_in_and_keeps_the_last_used(tmp_path, caplog):
+    dataset(tmp_path / "notes").save(notes("old", "before"))  # a real folder, as earlier versions wrote it
+    assert dataset(tmp_path / "notes", by_fingerprint=True).load().fingerprint == "old"  # still read as it is
+    with caplog.at_level("INFO"):
+        dataset(tmp_path / "notes", by_fingerprint=True).save(notes("old", "again"))
+    store = tmp_path / "notes.by_fingerprint"
+    assert f"Moved the notes in {tmp_path / 'notes'} to {store / 'old'}" in caplog.text
+    assert (tmp_path / "notes").is_symlink() and (store / "old/notes.txt").read_text(encoding="utf-8") == "before"
+    for fingerprint in ("b", "c", "old", "d"):  # "old" used again: more recent than b and c
+        dataset(tmp_path / "notes", by_fingerprint=True, keep_last=3).save(notes(fingerprint))
+    assert sorted(p.name for p in store.iterdir()) == ["c", "d", "old"]
+    assert (store / "old/notes.txt").read_text(encoding="utf-8") == "before"  # kept, never rebuilt
+    assert "Removed the notes of 1 older fingerprint(s)" in caplog.text and caplog.text.endswith(": b\n")
+    with pytest.raises(DatasetError, match="versions and by_fingerprint exclude each other"):
+        dataset(tmp_path / "x", by_fingerprint=True, versions=True)
 
 
 def test_a_versioned_folder_dataset_fits_a_catalog_with_other_versioned_datasets(tmp_path):

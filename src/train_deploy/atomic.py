@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -101,6 +102,20 @@ def atomic_folder(final: Path, what: str | None = None) -> Iterator[Path]:
         raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def atomic_symlink(link: Path, target: str) -> None:
+    """Point the symbolic link ``link`` at ``target`` (relative to ``link``'s folder) in one rename: a reader
+    follows either the old target or the new one. ``link`` must not be a real folder."""
+    link = Path(link)
+    link.parent.mkdir(parents=True, exist_ok=True)
+    tmp = link.parent / f".{link.name}.{_STAGE}-{secrets.token_hex(4)}.tmp"
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, link)
+        fsync_dir(link.parent)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def scratch_folder(parent: Path, name: str) -> Path:

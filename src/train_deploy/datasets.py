@@ -5,8 +5,12 @@ processes write token shards; the exporter writes a server model, ONNX files, pr
 a :class:`FolderWork` (how to fill an empty folder, and when the folder already published can be kept)
 and :class:`ArtifactFolderDataset` does the rest: it builds in a staging folder beside its location and
 publishes it atomically (``train_deploy.atomic.atomic_folder``), keeps the current folder when the work
-says it is the same, writes each run a new version when ``versioned``, and loads the folder's typed
+says it is the same, writes each run a new version when ``versions``, and loads the folder's typed
 description (``train_deploy.handoffs``). Nodes never see a path they did not get from the catalog.
+
+With ``by_fingerprint`` (the token files, the tokenizer) every fingerprint keeps its own folder in
+``<path>.by_fingerprint/<fingerprint>/`` and ``<path>`` is a symbolic link to the one the last run used,
+switched in one rename: a second corpus keeps the first one's folder, and switching back re-encodes nothing.
 
 :class:`WorkFolderDataset` is the read-only location of a folder that other processes fill while a node
 runs (the training workers' checkpoints and logs).
@@ -18,6 +22,7 @@ import dataclasses
 import importlib
 import logging
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,12 +32,15 @@ from typing import Any, Generic, TypeVar
 from kedro.io import AbstractVersionedDataset, DatasetError, Version
 from kedro.io.core import VersionNotFoundError
 
-from train_deploy.atomic import atomic_folder
+from train_deploy.atomic import atomic_folder, atomic_symlink, scratch_folder
 from train_deploy.handoffs import DescriptionError, WorkFolder, read_json, write_json
 
 logger = logging.getLogger(__name__)
 
 D = TypeVar("D")
+
+STORE_SUFFIX = ".by_fingerprint"
+"""``<path><STORE_SUFFIX>/`` holds a ``by_fingerprint`` dataset's folders, one per fingerprint."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +53,9 @@ class FolderWork(Generic[D]):
     """Given the description of the folder already published: True if ``build`` would make the same."""
     what: str = "artifact"
     """Named in log lines ("tokenizer", "token files", "bundle")."""
+    fingerprint: str = ""
+    """The ``fingerprint`` the built folder's description will have: names its folder in a ``by_fingerprint``
+    dataset (required there)."""
 
 
 class ArtifactFolderDataset(AbstractVersionedDataset[FolderWork, Any]):
@@ -57,34 +68,47 @@ class ArtifactFolderDataset(AbstractVersionedDataset[FolderWork, Any]):
             ``read_folder(folder)`` and has a local ``path`` field (``train_deploy.handoffs``).
         versions: keep every save. Not Kedro's ``versioned``: that gives all datasets of a catalog one
             save version, which a dataset wrapped by kedro-mlflow's artifact dataset cannot receive.
+        by_fingerprint: keep one folder per fingerprint (:attr:`FolderWork.fingerprint`) in :attr:`store`;
+            ``path`` is a symbolic link to the one saved last (a real folder there, from before, is moved in).
+        keep_last: with ``by_fingerprint``, keep the folders of this many fingerprints, the most recently used
+            (the current one always); 0 keeps all.
     """
 
-    def __init__(self, *, path: str, description: str, versions: bool = False, version: Version | None = None,
-                 metadata: dict[str, Any] | None = None) -> None:
+    def __init__(self, *, path: str, description: str, versions: bool = False, by_fingerprint: bool = False,
+                 keep_last: int = 0, version: Version | None = None, metadata: dict[str, Any] | None = None) -> None:
+        if by_fingerprint and versions:
+            raise DatasetError(f"{path}: versions and by_fingerprint exclude each other")
+        if not isinstance(keep_last, int) or keep_last < 0:
+            raise DatasetError(f"{path}: keep_last must be 0 (keep all) or more, got {keep_last!r}")
         version = version or (Version(None, None) if versions else None)
         super().__init__(filepath=PurePosixPath(Path(path).as_posix()), version=version, exists_function=_exists)
         self._description = _import(description)
+        self._store = Path(path).with_name(Path(path).name + STORE_SUFFIX) if by_fingerprint else None
+        self._keep_last = keep_last
         self._saved: Any = None  # what this run published: loads in the same run need not read it back
         self.metadata = metadata
 
     def _describe(self) -> dict[str, Any]:
-        return {"path": str(self._filepath), "description": self._description.__name__, "version": self._version}
+        return {"path": str(self._filepath), "description": self._description.__name__, "version": self._version,
+                "by_fingerprint": self._store is not None}
 
     @property
     def folder(self) -> Path:
-        """The configured location (with ``versions``, the folder that holds the versions)."""
+        """The configured location (with ``versions``, the folder that holds the versions; with
+        ``by_fingerprint``, the link to the current folder)."""
         return Path(self._filepath)
 
+    @property
+    def store(self) -> Path | None:
+        """With ``by_fingerprint``, the folder holding one folder per fingerprint (``<path>.by_fingerprint``)."""
+        return self._store
+
     def _save(self, work: FolderWork) -> None:
-        final = Path(self._get_save_path())
         try:
-            current = self._current()
-            if current is not None and work.keep is not None and work.keep(current):
-                self._saved = self._keep(current, final, work.what)
+            if self._store is None:
+                self._saved = self._publish(work, Path(self._get_save_path()), self._current())
             else:
-                with atomic_folder(final) as staging:
-                    built = work.build(staging)
-                self._saved = dataclasses.replace(built, path=str(final))
+                self._saved = self._publish_by_fingerprint(work, self._store)
         except DatasetError:
             raise
         except Exception as exc:  # the stage's own one-line error, not wrapped in a dataset repr
@@ -92,8 +116,56 @@ class ArtifactFolderDataset(AbstractVersionedDataset[FolderWork, Any]):
         finally:
             self._cached_load_version = None  # the next load finds what this save published
 
+    def _publish(self, work: FolderWork, final: Path, current: Any) -> Any:
+        if current is not None and work.keep is not None and work.keep(current):
+            return self._keep(current, final, work.what)
+        with atomic_folder(final) as staging:
+            built = work.build(staging)
+        return dataclasses.replace(built, path=str(final))
+
+    def _publish_by_fingerprint(self, work: FolderWork, store: Path) -> Any:
+        """Publish into ``store/<fingerprint>`` (kept when unchanged), then point :attr:`folder` at it."""
+        if not work.fingerprint:
+            raise DatasetError(f"{self.folder}: the {work.what} has no fingerprint to be stored by")
+        self._move_flat_folder(store, work.what)
+        final = store / _folder_name(work.fingerprint)
+        published = self._publish(work, final, self._read(final))
+        atomic_symlink(self.folder, f"{store.name}/{final.name}")
+        os.utime(final)  # the most recently used: what keep_last keeps
+        self._prune(store, final, work.what)
+        return published
+
+    def _move_flat_folder(self, store: Path, what: str) -> None:
+        """A real folder at :attr:`folder` (written before ``by_fingerprint``) moves into ``store`` under its
+        fingerprint, so it is kept like the others; one that cannot be read, or whose fingerprint is there
+        already, is removed."""
+        flat = self.folder
+        if flat.is_symlink() or not flat.is_dir():
+            return
+        fingerprint = getattr(self._read(flat), "fingerprint", "")
+        target = store / _folder_name(fingerprint) if fingerprint else None
+        store.mkdir(parents=True, exist_ok=True)
+        if target is not None and not target.exists():
+            os.replace(flat, target)
+            logger.info("Moved the %s in %s to %s (one folder per fingerprint)", what, flat, target)
+        else:
+            _remove(flat)
+
+    def _prune(self, store: Path, current: Path, what: str) -> None:
+        """Remove the folders of ``store`` past the ``keep_last`` most recently used (never ``current``)."""
+        if not self._keep_last:
+            return
+        others = sorted((p for p in store.iterdir() if p.is_dir() and not p.name.startswith(".") and p != current),
+                        key=lambda p: p.stat().st_mtime, reverse=True)
+        removed = others[self._keep_last - 1:]
+        for folder in removed:
+            _remove(folder)
+        if removed:
+            logger.info("Removed the %s of %d older fingerprint(s) from %s (keep_last: %d): %s", what, len(removed),
+                        store, self._keep_last, ", ".join(p.name for p in removed))
+
     def _load(self) -> Any:
-        folder = Path(self._get_load_path())
+        folder = self._published_folder()
         if self._saved is not None and Path(self._saved.path) == folder:
             return self._saved
         return self._description.read_folder(folder)
@@ -101,12 +173,22 @@ class ArtifactFolderDataset(AbstractVersionedDataset[FolderWork, Any]):
     def _exists(self) -> bool:
         return self._current() is not None
 
+    def _published_folder(self) -> Path:
+        """The folder a load reads: the newest version, the link's target, or the configured folder."""
+        if self._store is not None and self.folder.is_symlink():
+            return self.folder.parent / os.readlink(self.folder)
+        return Path(self._get_load_path())
+
     def _current(self) -> Any:
         """The description of the newest published folder, or None when there is none or it is damaged."""
         try:
-            folder = Path(self._get_load_path())
+            folder = self._published_folder()
         except VersionNotFoundError:
             return None
+        return self._read(folder)
+
+    def _read(self, folder: Path) -> Any:
+        """The description of the published ``folder``, or None when there is none or it is damaged."""
         if not folder.is_dir():
             return None
         try:
@@ -191,6 +273,19 @@ def _import(name: str, needs: str = "read_folder") -> type:
     if not dataclasses.is_dataclass(cls) or (needs and not hasattr(cls, needs)):
         raise DatasetError(f"description: {name} is not a description dataclass{' of a folder' if needs else ''}")
     return cls
+
+
+def _folder_name(fingerprint: str) -> str:
+    """A fingerprint as a folder name: letters, digits, ``_`` and ``-`` (``init_from:<hash>`` → ``init_from-…``)."""
+    return re.sub(r"[^0-9A-Za-z_-]", "-", fingerprint)
+
+
+def _remove(folder: Path) -> None:
+    """Remove ``folder``: renamed first to a staging name, so an interrupted removal leaves no part of it under its
+    own name (the next run's leftover cleaning finishes it)."""
+    holder = scratch_folder(folder.parent, folder.name)
+    os.replace(folder, holder / folder.name)
+    shutil.rmtree(holder, ignore_errors=True)
 
 
 def _link_tree(source: Path, target: Path) -> None:

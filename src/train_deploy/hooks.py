@@ -83,9 +83,9 @@ def _report_leftovers(data: Path | None, catalog) -> None:
     for name in catalog:
         dataset = catalog.get(name)
         if isinstance(dataset, ArtifactFolderDataset | WorkFolderDataset):
-            folder = dataset.folder
+            folder, store = dataset.folder, getattr(dataset, "store", None)
             if data is None or not folder.is_relative_to(data):  # data/ was walked already
-                removed += clean_leftovers(folder)
+                removed += clean_leftovers(store or folder)
                 removed += remove_leftovers(folder.parent, prefix=f".{folder.name}.")
     if removed:
         logger.warning("Removed %d leftover(s) of interrupted runs: %s%s", len(removed),

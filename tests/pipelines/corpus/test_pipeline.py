@@ -15,17 +15,23 @@ from train_deploy.pipelines.corpus import create_pipeline
 from train_deploy.pipelines.corpus.nodes import report_corpus
 
 
-def test_corpus_pipeline_publishes_tokenizer_and_token_folders_with_manifest_and_metrics(tmp_path):
-    catalog = DataCatalog({
-        "params:corpus": MemoryDataset(corpus_params()),
+def _catalog(tmp_path, **encoding) -> DataCatalog:
+    """The corpus stage's catalog entries as conf/base/catalog.yml declares them, in ``tmp_path``."""
+    return DataCatalog({
+        "params:corpus": MemoryDataset(corpus_params(encoding=encoding)),
         "params:training": MemoryDataset({}),  # init_from: scratch
         "params:registry": MemoryDataset({}),
         "init_cache": WorkFolderDataset(path=str(tmp_path / "init_from")),
-        "tokenizer": ArtifactFolderDataset(path=str(tmp_path / "tokenizer"),
+        "tokenizer": ArtifactFolderDataset(path=str(tmp_path / "tokenizer"), by_fingerprint=True,
                                            description="train_deploy.handoffs.TokenizerInfo"),
-        "token_files": ArtifactFolderDataset(path=str(tmp_path / "tokens"),
+        "token_files": ArtifactFolderDataset(path=str(tmp_path / "tokens"), by_fingerprint=True,
                                              description="train_deploy.handoffs.TokenManifest"),
     })
+
+
+def test_corpus_pipeline_publishes_tokenizer_and_token_folders_and_switching_back_to_a_corpus_encodes_nothing(
+        tmp_path):
+    catalog = _catalog(tmp_path)
     outputs = SequentialRunner().run(create_pipeline(), catalog)
     manifest = json.loads((tmp_path / "tokens" / "manifest.json").read_text(encoding="utf-8"))
     tokenizer = json.loads((tmp_path / "tokenizer" / "train_deploy_tokenizer.json").read_text(encoding="utf-8"))
@@ -36,8 +42,22 @@ def test_corpus_pipeline_publishes_tokenizer_and_token_folders_with_manifest_and
     assert metrics["train_tokens"]["value"] == manifest["splits"]["train"]["tokens"] > 10_000
     assert outputs["token_manifest"].load()["fingerprint"] == manifest["fingerprint"]
     loaded = catalog["token_files"].load()
-    assert isinstance(loaded, TokenManifest) and loaded.path == str(tmp_path / "tokens")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tokenizer", "tokens"]  # nothing staged is left
+    assert isinstance(loaded, TokenManifest) and loaded.path == str(tmp_path / "tokens.by_fingerprint" /
+                                                                    manifest["fingerprint"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [  # nothing staged is left
+        "tokenizer", "tokenizer.by_fingerprint", "tokens", "tokens.by_fingerprint"]
+
+    # a second corpus (another split) beside the first, then the first again: nothing is encoded again
+    SequentialRunner().run(create_pipeline(), _catalog(tmp_path, validation_fraction=0.2))
+    store = tmp_path / "tokens.by_fingerprint"
+    assert len(list(store.iterdir())) == 2 and (tmp_path / "tokens").resolve() != store / manifest["fingerprint"]
+    files = {p: p.stat().st_mtime_ns for p in (store / manifest["fingerprint"]).iterdir()}
+    again = _catalog(tmp_path)
+    assert SequentialRunner().run(create_pipeline(), again)["corpus_metrics"].load()["reused"]["value"] == 1.0
+    assert again["token_files"].load().reused and again["tokenizer"].load().reused
+    assert (tmp_path / "tokens").resolve() == store / manifest["fingerprint"]
+    assert {p: p.stat().st_mtime_ns for p in (store / manifest["fingerprint"]).iterdir()} == files  # untouched
+    assert len(list(store.iterdir())) == 2 and len(list((tmp_path / "tokenizer.by_fingerprint").iterdir())) == 1
 
 
 def test_corpus_report_flattens_counts_for_mlflow(tiny_token_files):

@@ -54,7 +54,8 @@ def prepare_tokenizer(corpus_config: CorpusConfig, corpus_plan: CorpusPlan,
         logger.info("corpus.tokenizer is ignored: the tokenizer is %s's (training.init_from)", init_source.path)
         fingerprint = f"init_from:{init_source.hash}"
         return FolderWork(build=partial(load_tokenizer, Path(init_source.tokenizer_path), fingerprint=fingerprint),
-                          keep=partial(tokenizer_is_current, fingerprint=fingerprint), what="tokenizer")
+                          keep=partial(tokenizer_is_current, fingerprint=fingerprint), what="tokenizer",
+                          fingerprint=fingerprint)
     t = corpus_config.tokenizer
     fingerprint = tokenizer_fingerprint(corpus_config, corpus_plan)
     if t.mode == "load":
@@ -64,7 +65,8 @@ def prepare_tokenizer(corpus_config: CorpusConfig, corpus_plan: CorpusPlan,
             sentences = training_sentences(sample_documents(corpus_config, corpus_plan), t.max_sentence_chars)
             return train_tokenizer(sentences, t, folder, fingerprint,
                                    normalization=corpus_config.cleaning.normalization)
-    return FolderWork(build=build, keep=partial(tokenizer_is_current, fingerprint=fingerprint), what="tokenizer")
+    return FolderWork(build=build, keep=partial(tokenizer_is_current, fingerprint=fingerprint), what="tokenizer",
+                      fingerprint=fingerprint)
 
 
 def encode_tokens(corpus_config: CorpusConfig, corpus_plan: CorpusPlan,
@@ -73,7 +75,7 @@ def encode_tokens(corpus_config: CorpusConfig, corpus_plan: CorpusPlan,
     fingerprint = corpus_fingerprint(corpus_config, corpus_plan, tokenizer)
     keep = partial(token_files_are_current, fingerprint=fingerprint) if corpus_config.encoding.reuse else None
     return FolderWork(build=partial(encode_corpus, corpus_config, corpus_plan, tokenizer), keep=keep,
-                      what="token files")
+                      what="token files", fingerprint=fingerprint)
 
 
 def report_corpus(token_files: TokenManifest) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
