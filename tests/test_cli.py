@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 
 def test_a_project_error_is_one_line_and_its_traceback_is_in_the_log_file(project, tmp_path):
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlruns.db'}"}
@@ -19,3 +21,20 @@ def test_a_project_error_is_one_line_and_its_traceback_is_in_the_log_file(projec
     console = done.stdout + done.stderr
     assert "Traceback" not in console and "│" not in console and console.count("ConfigError") == 1
     assert "Traceback (most recent call last)" in log.read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_a_failed_node_is_one_line_and_its_mlflow_run_is_said_closed_once(project, tmp_path):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes("一篇文章。\n\n".encode() + b"\xff not UTF-8\n")
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlruns.db'}"}
+    done = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipelines", "corpus", "--params",
+                           f"corpus.reader.source=text,corpus.reader.paths=[{bad}]"], cwd=project, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.endswith(f"CorpusError: {bad} line 3: not valid UTF-8 (byte 0xff at column 1)\n"
+                                f"  traceback: {project / 'logs' / 'train_deploy.log'}\n"), done.stderr[-3000:]
+    console = done.stdout + done.stderr
+    assert "Traceback" not in console and console.count("CorpusError") == 1
+    # kedro-mlflow says it once per node that ran (its run is re-opened before each), unless RunClosedOnce
+    assert console.count("was closed because of an error in the pipeline") == 1, console[-3000:]

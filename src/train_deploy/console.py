@@ -6,7 +6,8 @@ Kedro configures logging (its rich handler on the root logger) before any projec
   ignores the warnings every run printed and nobody can act on (:data:`KNOWN_NOISE`: MLflow asking for type
   hints on ``predict``, OmegaConf's ``register_new_resolver`` deprecation raised inside Kedro and kedro-mlflow,
   Paddle's missing ccache, setuptools replacing distutils, PaddleNLP's swiglu and Paddle's PIR notices) and
-  makes PaddleNLP's logger an ordinary one (:class:`PaddleNLPLogger`);
+  makes PaddleNLP's logger an ordinary one (:class:`PaddleNLPLogger`), and lets kedro-mlflow say once, not once
+  per node that ran, that a failed run was closed (:class:`RunClosedOnce`);
 - the :class:`ConsoleLogging` hook writes every record of the run, tracebacks included, to
   ``logs/train_deploy.log`` in the project, and, when the console is not a terminal (a file, a pipe, a
   scheduler's log), turns the rich handler's boxes, colours and 80-column wrapping into plain lines.
@@ -63,9 +64,28 @@ class KnownNoise(logging.Filter):
         return not any(re.search(message, text) and category.__name__ in text for message, category, _ in KNOWN_NOISE)
 
 
+class RunClosedOnce(logging.Filter):
+    """Passes kedro-mlflow's "The run '<id>' was closed because of an error in the pipeline." once per run: it logs
+    the line for each time the run is on MLflow's active-run stack, where it re-opens the run before every node."""
+
+    MLFLOW_HOOK_LOGGER = "kedro_mlflow.framework.hooks.mlflow_hook"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._said: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "was closed because of an error" not in text:
+            return True
+        said = text in self._said
+        self._said.add(text)
+        return not said
+
+
 def quiet_third_party() -> None:
-    """Ignore :data:`KNOWN_NOISE` and route PaddleNLP's logger through logging (before PaddleNLP is imported); no
-    MLflow download bars (carriage returns) when the console is not a terminal."""
+    """Ignore :data:`KNOWN_NOISE`, route PaddleNLP's logger through logging (before PaddleNLP is imported) and
+    install :class:`RunClosedOnce`; no MLflow download bars (carriage returns) when the console is not a terminal."""
     if not sys.stderr.isatty():
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     for message, category, module in KNOWN_NOISE:
@@ -76,6 +96,9 @@ def quiet_third_party() -> None:
     py_warnings.setLevel(logging.WARNING)
     if not any(isinstance(f, KnownNoise) for f in py_warnings.filters):
         py_warnings.addFilter(KnownNoise())
+    mlflow_hook = logging.getLogger(RunClosedOnce.MLFLOW_HOOK_LOGGER)
+    if not any(isinstance(f, RunClosedOnce) for f in mlflow_hook.filters):
+        mlflow_hook.addFilter(RunClosedOnce())
     if "PaddleNLP" not in logging.Logger.manager.loggerDict:
         previous = logging.getLoggerClass()
         logging.setLoggerClass(PaddleNLPLogger)
