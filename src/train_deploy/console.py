@@ -10,7 +10,8 @@ Kedro configures logging (its rich handler on the root logger) before any projec
   per node that ran, that a failed run was closed (:class:`RunClosedOnce`);
 - the :class:`ConsoleLogging` hook writes every record of the run, tracebacks included, to
   ``logs/train_deploy.log`` in the project, and, when the console is not a terminal (a file, a pipe, a
-  scheduler's log), turns the rich handler's boxes, colours and 80-column wrapping into plain lines.
+  scheduler's log), turns the rich handler's boxes, colours and 80-column wrapping into plain lines; on a
+  terminal, records are written above the progress bars (:class:`AboveProgressBars`), not into them.
 
 ``train_deploy.cli`` prints the project's own errors as one line that points at the log file.
 """
@@ -175,3 +176,38 @@ def plain_console_unless_terminal() -> None:
             plain.addFilter(record_filter)
         root.removeHandler(handler)
         root.addHandler(plain)
+
+
+class AboveProgressBars(logging.Handler):
+    """A console handler whose records are written above the progress bars (tqdm's, on the terminal): the active
+    bars are cleared, the record written on its own lines, the bars drawn again below it, as ``tqdm.write`` does.
+    The wrapped handler keeps its format (the rich one's columns and colours), level and filters."""
+
+    def __init__(self, console: logging.Handler) -> None:
+        super().__init__()
+        self.console = console
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        if record.levelno < self.console.level:
+            return False
+        from tqdm import tqdm
+
+        with tqdm.external_write_mode(file=sys.stderr):  # bars on stdout or stderr: both are this terminal
+            return bool(self.console.handle(record))
+
+    def emit(self, record: logging.LogRecord) -> None:  # only through handle
+        self.console.emit(record)
+
+    def flush(self) -> None:
+        self.console.flush()
+
+
+def log_above_bars_on_terminal() -> None:
+    """Wrap the root logger's console handlers in :class:`AboveProgressBars` when stderr, where the bars are
+    drawn, is a terminal (elsewhere there are no bars: they are off when the console is not a terminal)."""
+    if not sys.stderr.isatty():
+        return
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if not isinstance(h, logging.FileHandler | AboveProgressBars)]:
+        root.removeHandler(handler)
+        root.addHandler(AboveProgressBars(handler))

@@ -17,7 +17,7 @@ from kedro.framework.hooks import hook_impl
 from mlflow.utils.file_utils import local_file_uri_to_path
 
 from train_deploy.atomic import clean_leftovers, remove_leftovers
-from train_deploy.console import log_to_file, plain_console_unless_terminal
+from train_deploy.console import log_above_bars_on_terminal, log_to_file, plain_console_unless_terminal
 from train_deploy.datasets import ArtifactFolderDataset, WorkFolderDataset
 from train_deploy.preflight import check_run, check_tracking
 from train_deploy.retrain import CHECKED_NODES, OUTCOME_TAG, REASON_TAG, NothingToRetrain, check_for_changes
@@ -28,13 +28,14 @@ logger = logging.getLogger(__name__)
 
 
 class ConsoleLogging:
-    """Every record of the run in the project's ``logs/train_deploy.log``, and plain console lines when the
-    console is not a terminal (``train_deploy.console``)."""
+    """Every record of the run in the project's ``logs/train_deploy.log``, plain console lines when the console is
+    not a terminal, and records above the progress bars when it is one (``train_deploy.console``)."""
 
     @hook_impl(tryfirst=True)
     def after_context_created(self, context) -> None:
         log_to_file(context.project_path)
         plain_console_unless_terminal()
+        log_above_bars_on_terminal()
 
 
 class ProjectRunLock:
