@@ -1,0 +1,107 @@
+"""Hooks for what a run shows: the console and log file, and what it made, printed when it ends."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from kedro.framework.hooks import hook_impl
+
+from train_deploy.console import log_above_bars_on_terminal, log_to_file, plain_console_unless_terminal
+
+logger = logging.getLogger(__name__)
+
+
+class ConsoleLogging:
+    """Every record of the run in the project's ``logs/train_deploy.log``, plain console lines when the console is
+    not a terminal, and records above the progress bars when it is one (``train_deploy.console``)."""
+
+    @hook_impl(tryfirst=True)
+    def after_context_created(self, context) -> None:
+        log_to_file(context.project_path)
+        plain_console_unless_terminal()
+        log_above_bars_on_terminal()
+
+
+class ShowBundle:
+    """After a run that exported a bundle, print where it is, its validation loss beside the n-gram baselines and
+    how to load it, with a sample that continues the start of a validation document (plain text, unwrapped)."""
+
+    @hook_impl
+    def after_pipeline_run(self, pipeline, catalog) -> None:
+        if "export_bundle" not in pipeline.all_outputs():
+            return
+        bundle = catalog.load("export_bundle")
+        folder, baselines = bundle.path, _baseline_line(bundle.meta["source"], bundle.parity)
+        prompt, sample = _validation_sample(folder, catalog.load("token_files"))
+        call = (f"model.generate({prompt!r}, max_new_tokens={SAMPLE_TOKENS}, temperature={SAMPLE_TEMPERATURE}, "
+                f"top_k={SAMPLE_TOP_K}, seed=0)")
+        sys.stdout.write(
+            f"\nExported bundle: {folder}\n"
+            f"  model card: {folder}/MODEL_CARD.md\n"
+            + (f"  {baselines}\n" if baselines else "")
+            + "  load it (Paddle Inference; backend='onnx', int8=True for the edge model):\n"
+            "    from train_deploy.export import LanguageModel\n"
+            f"    model = LanguageModel.load({folder!r})\n"
+            f"    print({call})\n"
+            + (f"  which printed: {prompt}|{sample}\n" if sample is not None else ""))
+
+
+SAMPLE_TOKENS, SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 30, 0.8, 20
+"""The end-of-run sample: a little sampling (greedy decoding of a small model repeats itself), a fixed seed."""
+PROMPT_TOKENS = 8
+"""The prompt: at most this many tokens of the first validation document (at most half of it)."""
+
+
+def _baseline_line(source: dict, parity: dict) -> str | None:
+    """The model's validation loss beside the n-gram baselines of the same windows: the evaluation windows the
+    loss was measured on, else the parity windows (None for bundles made before the baselines)."""
+    from train_deploy.baselines import Baselines
+
+    if source.get("val_baselines") and source.get("val_loss") is not None:
+        base, loss = source["val_baselines"], source["val_loss"]
+    elif parity.get("baselines"):
+        base, loss = parity["baselines"], parity["baselines"]["model_loss"]
+    else:
+        return None
+    return "validation: " + Baselines(**{name: base[name] for name in Baselines.__slots__}).describe(loss)
+
+
+def _validation_sample(folder: str, tokens) -> tuple[str, str | None]:
+    """The start of the first validation document, decoded, and the bundle's sampled continuation of it (None,
+    with a warning, when the bundle cannot generate here)."""
+    import numpy as np
+
+    from train_deploy.export import LanguageModel
+
+    try:
+        valid = np.memmap(f"{tokens.prefix('valid')}.bin", dtype=np.dtype(tokens.dtype), mode="r")
+        ends = np.flatnonzero(np.asarray(valid[:4096]) == tokens.tokenizer.eos_id)
+        document = np.asarray(valid[: ends[0] if len(ends) else min(len(valid), 4096)], dtype=np.int64)
+        model = LanguageModel.load(folder)
+        prompt = model.tokenizer.decode(document[: max(1, min(PROMPT_TOKENS, len(document) // 2))].tolist())
+        prompt = prompt if prompt.strip() else "中国"
+        return prompt, model.generate(prompt, max_new_tokens=SAMPLE_TOKENS, temperature=SAMPLE_TEMPERATURE,
+                                      top_k=SAMPLE_TOP_K, seed=0)
+    except Exception as exc:  # a hint must not fail a run that has finished
+        logger.warning("No sample from %s: %s", folder, exc)
+        return "中国", None
+
+
+class ShowRegistryDecision:
+    """After a run that registered a version, print its MLflow run, the version and whether it became ``champion``,
+    with the gate's reason (plain text, unwrapped)."""
+
+    @hook_impl
+    def after_pipeline_run(self, pipeline, catalog) -> None:
+        if "registry_decision" not in pipeline.all_outputs():
+            return
+        decision = catalog.load("registry_decision")
+        verdict = ("became champion" if decision.champion else
+                   f"did not become champion (champion stays version {decision.previous_champion})")
+        sys.stdout.write(
+            f"\nMLflow run: {decision.run_id}\n"
+            f"Registered {decision.model_name} version {decision.version}: {verdict} [{decision.decision}]\n"
+            f"  reason: {decision.reason}\n"
+            f"  serve the champion: mlflow models serve -m models:/{decision.model_name}@champion --env-manager local\n"
+            f"  history and rollback: train-deploy-registry history|rollback --model {decision.model_name}\n")

@@ -1,0 +1,97 @@
+"""Hooks for what MLflow records: the local store's mode and artifact location, and the tags of a run."""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+from pathlib import Path
+
+import mlflow
+from kedro.framework.hooks import hook_impl
+from mlflow.utils.file_utils import local_file_uri_to_path
+
+from train_deploy.schedule import TRIGGER_VARIABLE
+
+
+class LocalMlflowStore:
+    """The local SQLite tracking store in write-ahead-log mode: the MLflow UI or a scheduler reading it while a
+    run writes does not make the run fail with "database is locked" (readers no longer block the writer)."""
+
+    @hook_impl(trylast=True)  # after kedro-mlflow has set the tracking URI (and created the store)
+    def after_context_created(self) -> None:
+        uri = mlflow.get_tracking_uri()
+        if not uri.startswith("sqlite:///"):
+            return
+        with sqlite3.connect(uri.removeprefix("sqlite:///"), timeout=30) as connection:
+            connection.execute("PRAGMA journal_mode=WAL")  # stored in the database file: once is enough
+
+
+class TagTrigger:
+    """Tag the MLflow run with what started it: ``trigger`` = ``schedule`` for ``train-deploy schedule`` (which
+    sets ``TRAIN_DEPLOY_TRIGGER``), ``manual`` otherwise."""
+
+    @hook_impl(trylast=True)  # after kedro-mlflow has opened its run
+    def before_pipeline_run(self) -> None:
+        if mlflow.active_run() is not None:
+            mlflow.set_tag("trigger", os.environ.get(TRIGGER_VARIABLE) or "manual")
+
+
+class RelativeArtifactLocation:
+    """The project's SQLite store keeps its experiment's artifact location relative to the project (``mlartifacts``
+    from conf/base/mlflow.yml): kedro-mlflow and MLflow store it absolute, so a moved or copied project would
+    write its runs' artifacts into the old folder. Runs and ``make ui`` resolve it from the project root."""
+
+    @hook_impl(trylast=True)  # after kedro-mlflow has created the experiment
+    def after_context_created(self, context) -> None:
+        config = getattr(context, "mlflow", None)
+        uri = mlflow.get_tracking_uri()
+        if config is None or not uri.startswith("sqlite:///"):
+            return
+        location = config.tracking.experiment.create_experiment_kwargs.artifact_location or ""
+        if not location.startswith("file://"):
+            return
+        project = Path(context.project_path).resolve()
+        absolute = Path(local_file_uri_to_path(location)).resolve()
+        if absolute.is_relative_to(project):
+            with sqlite3.connect(uri.removeprefix("sqlite:///"), timeout=30) as connection:
+                connection.execute("UPDATE experiments SET artifact_location = ? WHERE name = ? AND "
+                                   "artifact_location = ?", (absolute.relative_to(project).as_posix(),
+                                                             config.tracking.experiment.name, location))
+
+
+class LineageTags:
+    """Tags that link the runs of single stages (``--pipelines corpus``, then ``training``, …): every run that
+    reads the token files carries ``corpus.fingerprint``, every run that reads or writes a training result its
+    ``training.run_name``; and ``runner`` is the runner's class name, not its object repr."""
+
+    TAGS = {"token_files": ("corpus.fingerprint", "fingerprint"),
+            "training_result": ("training.run_name", "run_name")}
+
+    @hook_impl(trylast=True)  # after kedro-mlflow has opened its run and tagged it with the run parameters
+    def before_pipeline_run(self, run_params) -> None:
+        if mlflow.active_run() is not None:
+            mlflow.set_tag("runner", _runner_name(str(run_params.get("runner"))))
+
+    @hook_impl
+    def after_dataset_loaded(self, dataset_name: str, data) -> None:
+        self._tag(dataset_name, data)
+
+    @hook_impl
+    def after_dataset_saved(self, dataset_name: str, data) -> None:
+        self._tag(dataset_name, data)
+
+    def _tag(self, dataset_name: str, data) -> None:
+        tag, field = self.TAGS.get(dataset_name, (None, ""))
+        value = getattr(data, field, None)
+        if tag and isinstance(value, str) and mlflow.active_run() is not None:
+            mlflow.set_tag(tag, value)
+
+
+def _runner_name(recorded: str) -> str:
+    """The runner's class name from what Kedro records: an instance's repr, a class's name, or ``None`` for its
+    default runner."""
+    if recorded == "None":
+        return "SequentialRunner"
+    instance = re.fullmatch(r"<([\w.]+) object at 0x[0-9a-fA-F]+>", recorded)
+    return instance.group(1).rsplit(".", 1)[-1] if instance else recorded
