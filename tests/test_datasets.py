@@ -115,6 +115,9 @@ def test_by_fingerprint_keeps_each_fingerprints_folder_and_switching_back_builds
     assert (store / "a" / "notes.txt").stat().st_mtime_ns == before.st_mtime_ns  # not written again
     assert sorted(p.name for p in store.iterdir()) == ["a", "b"]
     assert os.readlink(tmp_path / "notes") == "notes.by_fingerprint/a"  # relative: the project can move
+    with pytest.raises(DatasetError, match="the build failed halfway"):
+        dataset(tmp_path / "notes", by_fingerprint=True).save(notes("c", fail=True))
+    assert sorted(p.name for p in store.iterdir()) == ["a", "b"]  # nothing of c, and a is still current
     assert (tmp_path / "notes" / "notes.txt").read_text(encoding="utf-8") == "first"
     assert dataset(tmp_path / "notes", by_fingerprint=True).load().path == str(store / "a")  # a later run
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "notes.by_fingerprint"]  # nothing staged left
@@ -123,13 +126,16 @@ def test_by_fingerprint_keeps_each_fingerprints_folder_and_switching_back_builds
 def test_by_fingerprint_moves_a_folder_of_the_old_layout_in_and_keeps_the_last_used(tmp_path, caplog):
     dataset(tmp_path / "notes").save(notes("old", "before"))  # a real folder, as earlier versions wrote it
     assert dataset(tmp_path / "notes", by_fingerprint=True).load().fingerprint == "old"  # still read as it is
-    with caplog.at_level("INFO"):
-        dataset(tmp_path / "notes", by_fingerprint=True).save(notes("old", "again"))
+    with caplog.at_level("INFO"), pytest.raises(DatasetError):  # the first save after the upgrade fails
+        dataset(tmp_path / "notes", by_fingerprint=True).save(notes("new", fail=True))
     store = tmp_path / "notes.by_fingerprint"
     assert f"Moved the notes in {tmp_path / 'notes'} to {store / 'old'}" in caplog.text
+    assert dataset(tmp_path / "notes", by_fingerprint=True).load().fingerprint == "old"  # still current
+    dataset(tmp_path / "notes", by_fingerprint=True).save(notes("old", "again"))
     assert (tmp_path / "notes").is_symlink() and (store / "old/notes.txt").read_text(encoding="utf-8") == "before"
-    for fingerprint in ("b", "c", "old", "d"):  # "old" used again: more recent than b and c
-        dataset(tmp_path / "notes", by_fingerprint=True, keep_last=3).save(notes(fingerprint))
+    with caplog.at_level("INFO"):
+        for fingerprint in ("b", "c", "old", "d"):  # "old" used again: more recent than b and c
+            dataset(tmp_path / "notes", by_fingerprint=True, keep_last=3).save(notes(fingerprint))
     assert sorted(p.name for p in store.iterdir()) == ["c", "d", "old"]
     assert (store / "old/notes.txt").read_text(encoding="utf-8") == "before"  # kept, never rebuilt
     assert "Removed the notes of 1 older fingerprint(s)" in caplog.text and caplog.text.endswith(": b\n")

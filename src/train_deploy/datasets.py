@@ -137,8 +137,8 @@ class ArtifactFolderDataset(AbstractVersionedDataset[FolderWork, Any]):
 
     def _move_flat_folder(self, store: Path, what: str) -> None:
         """A real folder at :attr:`folder` (written before ``by_fingerprint``) moves into ``store`` under its
-        fingerprint, so it is kept like the others; one that cannot be read, or whose fingerprint is there
-        already, is removed."""
+        fingerprint and the link takes its place, so it is kept like the others and still current if this save
+        fails; one that cannot be read, or whose fingerprint is there already, is removed."""
         flat = self.folder
         if flat.is_symlink() or not flat.is_dir():
             return
@@ -150,6 +150,8 @@ class ArtifactFolderDataset(AbstractVersionedDataset[FolderWork, Any]):
             logger.info("Moved the %s in %s to %s (one folder per fingerprint)", what, flat, target)
         else:
             _remove(flat)
+        if target is not None and target.is_dir():
+            atomic_symlink(flat, f"{store.name}/{target.name}")
 
     def _prune(self, store: Path, current: Path, what: str) -> None:
         """Remove the folders of ``store`` past the ``keep_last`` most recently used (never ``current``)."""
