@@ -93,6 +93,13 @@ def test_gpu_environment_overrides_only_known_keys():
     from_mapping(TrainingConfig, _block(CONF / "gpu" / "parameters_training.yml", "training"), "training")
 
 
+def test_cluster_environment_overrides_only_known_corpus_keys_and_runs_on_ray():
+    from train_deploy.corpus.config import CorpusConfig
+
+    config = from_mapping(CorpusConfig, _block(CONF / "cluster" / "parameters_corpus.yml", "corpus"), "corpus")
+    assert config.encoding.executor == "ray" and config.encoding.ray_address == "auto"
+
+
 def test_a_default_changed_in_one_place_is_a_difference():
     block = dataclasses.asdict(TrainingConfig())
     assert _differences(TrainingConfig, block, "training") == []

@@ -112,7 +112,7 @@ def encode_corpus(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerIn
     started = time.perf_counter()
     work = scratch_folder(Path(folder), "shards")
     try:
-        stats = _combine(_run_workers(config, plan, tokenizer, work))
+        stats = _combine(_run_chunks(config, plan, tokenizer, work))
         near = near_duplicates([work / f"{c.index:06d}" for c in plan.chunks], config.cleaning) \
             if config.cleaning.near_dedup else None
         if stats["documents_kept"] == 0:
@@ -186,14 +186,16 @@ def _init_worker(config: CorpusConfig, tokenizer: TokenizerInfo, work: Path, pro
                       token_dtype(tokenizer.vocab_size), progress, cursor, claimed, slot, watch)
 
 
-def _encode_chunk(chunk: Chunk) -> ChunkResult:
-    """Read, clean, hash, split, encode and write one chunk; return its statistics."""
+def _encode_chunk(chunk: Chunk, work: Path | None = None) -> ChunkResult:
+    """Read, clean, hash, split, encode and write one chunk (into ``work``, else the worker's folder); return its
+    statistics."""
     w = _WORKER
     assert w is not None, "worker not initialised"
+    work = w.work if work is None else work
     result = ChunkResult(chunk.index)
-    writers = {s: ShardWriter(w.work / f"{chunk.index:06d}.{s}", w.dtype) for s in SPLITS}
+    writers = {s: ShardWriter(work / f"{chunk.index:06d}.{s}", w.dtype) for s in SPLITS}
     near_dedup = w.config.cleaning.near_dedup
-    signatures = SignatureWriter(w.work / f"{chunk.index:06d}", w.config.cleaning) if near_dedup else None
+    signatures = SignatureWriter(work / f"{chunk.index:06d}", w.config.cleaning) if near_dedup else None
     for batch in iter_document_batches(chunk, w.config.reader, result.read, w.config.encoding.batch_documents):
         if w.watch is not None:
             w.watch()
@@ -240,6 +242,15 @@ def _bump(progress: tuple[Any, Any], documents: int, tokens: int) -> None:
         docs_counter.value += documents
     with tokens_counter.get_lock():
         tokens_counter.value += tokens
+
+
+def _run_chunks(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, work: Path) -> list[ChunkResult]:
+    """Encode every chunk into shards in ``work`` with the configured executor; return their statistics."""
+    if config.encoding.executor == "ray":
+        from train_deploy.corpus.ray_executor import run_on_ray  # imports Ray (~1 s) only when asked for
+
+        return run_on_ray(config, plan, tokenizer, work)
+    return _run_workers(config, plan, tokenizer, work)
 
 
 def _run_workers(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, work: Path) -> list[ChunkResult]:
@@ -333,13 +344,14 @@ class _Helpers:
         if code is not None and code < 0:
             how = f"signal {signal.Signals(-code).name}" if -code in signal.valid_signals() else f"signal {-code}"
         position = self._claimed[slot]
-        if position < 0:
-            where = "while holding no chunk"
-        else:
-            chunk = self._chunks[position]
-            span = "the whole compressed file" if chunk.compressed else f"bytes {chunk.start}..{chunk.end}"
-            where = f"while encoding chunk {chunk.index} of {chunk.path} ({span})"
+        where = "while holding no chunk" if position < 0 else f"while encoding {chunk_place(self._chunks[position])}"
         return CorpusError(f"corpus helper {process.pid} died ({how}) {where}; nothing was published")
+
+
+def chunk_place(chunk: Chunk) -> str:
+    """Where a chunk is, for messages: ``chunk 3 of /data/a.txt (bytes 0..1048576)``."""
+    span = "the whole compressed file" if chunk.compressed else f"bytes {chunk.start}..{chunk.end}"
+    return f"chunk {chunk.index} of {chunk.path} ({span})"
 
 
 def _help(slot: int, init_args: tuple, chunks: list[Chunk], sender: Connection, parent: int) -> None:
@@ -442,7 +454,7 @@ def _combine(results: list[ChunkResult]) -> dict[str, Any]:
     for r in results:
         peaks[r.process] = max(peaks.get(r.process, 0.0), r.peak_rss_mb)
     return {"documents_read": documents, "documents_kept": kept, "tokens_encoded": tokens, "dropped": dropped,
-            "quality": sample,
+            "quality": sample, "processes": len(peaks),
             "skipped": read.skipped, "warnings": read.warnings,
             "peak_rss_mb": {"this_process": peaks.pop(os.getpid(), peak_rss_mb()),
                             "helpers": [round(v, 1) for v in peaks.values()]}}
@@ -506,7 +518,8 @@ def _manifest(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, 
         config={"reader": asdict(config.reader), "cleaning": asdict(config.cleaning),
                 "encoding": asdict(config.encoding)},
         warnings=stats["warnings"],
-        workers=min(config.workers, len(plan.chunks)),
+        workers=min(config.workers, len(plan.chunks)) if config.encoding.executor == "local"
+        else stats["processes"],
         compiled_kernels=compiled is not None,  # _fast.c built; the numpy versions give the same bytes
         peak_rss_mb=stats["peak_rss_mb"],
         wall_time_seconds=round(wall, 3),

@@ -157,7 +157,22 @@ class EncodingConfig:
     reuse: bool = True
     """Reuse existing outputs when the corpus fingerprint is unchanged."""
     progress: bool = True
-    """Show a progress bar (documents, tokens/s) while encoding."""
+    """Show a progress bar (documents, tokens/s) while encoding; with `executor: ray`, finished chunks and tokens."""
+    executor: Literal["local", "ray"] = "local"
+    """`local`: `workers` processes of this machine; `ray`: one Ray task per chunk on a Ray cluster, running the
+    same read, clean, encode and shard function, merged here in chunk order: the same bytes as `local`."""
+    ray_address: str | None = None
+    """`ray` only: the cluster to join: `auto` (the one `ray start` runs on this node, or `RAY_ADDRESS`) or a head
+    node's `host:port`; null starts a private Ray instance on this machine with `workers` CPUs, stopped at the end.
+    A process that already called `ray.init` uses its own connection."""
+    num_cpus: float = 1.0
+    """`ray` only: CPUs each chunk's task reserves (its encoder uses one core: 1)."""
+    max_retries: int = 3
+    """`ray` only: times Ray runs a chunk again when its worker process or node dies; bad input is never retried."""
+    shards: Literal["shared_folder", "object_store"] = "shared_folder"
+    """`ray` only: how a chunk's shards reach the merge: written beside the output folder, which every node must
+    see at the same path (a driver's probe file is read by a task on every node at start, else it stops), or
+    returned through Ray's object store (no shared storage; every shard crosses the network to this process)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -209,6 +224,8 @@ class CorpusConfig:
         check_range("corpus.encoding.workers", e.workers, 0, note="0 = all cores")
         check_range("corpus.encoding.validation_fraction", e.validation_fraction, 0, 1, open_high=True)
         check_range("corpus.encoding.batch_documents", e.batch_documents, 1)
+        check_range("corpus.encoding.num_cpus", e.num_cpus, 0, open_low=True)
+        check_range("corpus.encoding.max_retries", e.max_retries, 0)
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> CorpusConfig:

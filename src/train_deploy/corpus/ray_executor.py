@@ -1,0 +1,216 @@
+"""The corpus stage's chunks as Ray tasks (``corpus.encoding.executor: ray``).
+
+One task per planned chunk runs the local executor's own read → clean → encode → shard function
+(:func:`train_deploy.corpus.build._encode_chunk`); the driver merges the shards in chunk order as before, so
+the token files, the manifest's counts and the fingerprint do not depend on the executor. A task whose worker
+process or node dies is run again by Ray (``max_retries``); bad input (:class:`CorpusError`) is not retried and
+is raised here with its own one-line message. The tokenizer the driver trained reaches the tasks through
+Ray's object store; the shards come back beside the output folder (``shards: shared_folder``, which a probe
+file checks every node sees) or through the object store.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from train_deploy.corpus import build
+from train_deploy.corpus.build import ChunkResult, chunk_place, peak_rss_mb
+from train_deploy.corpus.config import CorpusConfig, EncodingConfig
+from train_deploy.corpus.readers import Chunk, CorpusError, CorpusPlan
+from train_deploy.handoffs import TokenizerInfo
+
+logger = logging.getLogger(__name__)
+
+_PROBE_TIMEOUT = 300  # seconds: a node that cannot start one small task in this time is not usable
+_PREPARED: tuple[CorpusConfig, str] | None = None
+"""In a Ray worker process: the configuration and tokenizer hash its encoder was set up for."""
+
+
+def run_on_ray(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, work: Path) -> list[ChunkResult]:
+    """Encode every chunk of ``plan`` as a Ray task; their shards end up in ``work``; return their statistics."""
+    try:
+        import ray
+    except ImportError:
+        raise CorpusError("corpus.encoding.executor: ray needs the ray package (pip install -r requirements.lock)") \
+            from None
+    e = config.encoding
+    temp_dir = _connect(ray, e, config.workers)
+    try:
+        logger.info("Encoding %d chunk(s) on Ray (%s CPUs in the cluster, %s per task, shards: %s)",
+                    len(plan.chunks), ray.cluster_resources().get("CPU", 0), e.num_cpus, e.shards)
+        shared = e.shards == "shared_folder"
+        if shared:
+            _check_shared_folder(ray, work)
+        encode = ray.remote(_encode_task).options(num_cpus=e.num_cpus, max_retries=e.max_retries,
+                                                  retry_exceptions=False, name="corpus_encode_chunk")
+        files = ray.put(_folder_files(Path(tokenizer.path)))
+        pending = {encode.remote(config, tokenizer, files, chunk, str(work) if shared else None): chunk
+                   for chunk in plan.chunks}
+        return _collect(ray, pending, work, e)
+    finally:
+        if temp_dir is not None:
+            ray.shutdown()
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _connect(ray: Any, e: EncodingConfig, workers: int) -> str | None:
+    """Join ``ray_address``, or start a private local instance (whose temporary folder is returned, to remove
+    after ``ray.shutdown()``); a process already connected keeps its connection (None)."""
+    if ray.is_initialized():
+        return None
+    options = {"include_dashboard": False, "configure_logging": False, "log_to_driver": True}
+    if e.ray_address is not None:
+        try:
+            ray.init(address=e.ray_address, **options)
+        except (ConnectionError, RuntimeError) as exc:
+            raise CorpusError(f"corpus.encoding.ray_address: no Ray cluster at {e.ray_address!r} ({exc})") from None
+        return None
+    temp_dir = tempfile.mkdtemp(prefix="train_deploy-ray-")  # its logs go with it, not into /tmp/ray forever
+    ray.init(address="local", num_cpus=workers, _temp_dir=temp_dir, **options)
+    return temp_dir
+
+
+def _check_shared_folder(ray: Any, work: Path) -> None:
+    """Refuse to start unless a task on every node reads the probe file this process writes into ``work``."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    token = uuid.uuid4().hex
+    probe = work / f".probe-{token}"
+    probe.write_text(token, encoding="ascii")
+    nodes = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
+    read = ray.remote(_read_probe)
+    refs = [read.options(num_cpus=0, max_retries=0, name="corpus_probe",
+                         scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(str(probe))
+            for n in nodes]
+    try:
+        seen = ray.get(refs, timeout=_PROBE_TIMEOUT)
+    finally:
+        probe.unlink()
+    for address, content in seen:
+        if content != token:
+            raise CorpusError(
+                f"{work.parent.parent}: Ray tasks on node {address} cannot see this folder (the probe file written "
+                "here is not there): put the output on storage every node mounts at the same path, or set "
+                "corpus.encoding.shards: object_store")
+
+
+def _read_probe(path: str) -> tuple[str, str | None]:
+    """In a task: this node's address and the probe file's content (None where the file is not there)."""
+    import ray
+
+    try:
+        content = Path(path).read_text(encoding="ascii")
+    except OSError:
+        content = None
+    return ray.util.get_node_ip_address(), content
+
+
+def _collect(ray: Any, pending: dict[Any, Chunk], work: Path, e: EncodingConfig) -> list[ChunkResult]:
+    """Wait for every chunk's task (the progress bar counts chunks and tokens); write shards returned through the
+    object store into ``work``; raise the first failure after cancelling the other tasks."""
+    bar = _ChunkBar(len(pending), e.progress)
+    results: list[ChunkResult] = []
+    try:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.5)
+            for ref in done:
+                result, shards = _result(ray, ref, pending.pop(ref), e.max_retries)
+                for name, data in (shards or {}).items():
+                    (work / name).write_bytes(data)
+                results.append(result)
+                bar.update(result.tokens_encoded)
+    finally:
+        for ref in pending:
+            ray.cancel(ref, force=True)
+        bar.close()
+    return results
+
+
+def _result(ray: Any, ref: Any, chunk: Chunk, retries: int) -> tuple[ChunkResult, dict[str, bytes] | None]:
+    """A finished task's return value; its bad-input error as raised in the task, or its workers' deaths."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, CorpusError):
+            raise exc.cause from None  # the same one-line message as the local executor's
+        raise
+    except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError, ray.exceptions.ObjectLostError) as exc:
+        raise CorpusError(f"corpus task for {chunk_place(chunk)} failed {retries + 1} time(s), its Ray worker or node "
+                          f"died ({type(exc).__name__}); nothing was published") from None
+
+
+def _encode_task(config: CorpusConfig, tokenizer: TokenizerInfo, tokenizer_files: dict[str, bytes], chunk: Chunk,
+                 shared_work: str | None) -> tuple[ChunkResult, dict[str, bytes] | None]:
+    """A Ray task: encode one chunk with the local executor's function into a folder of its own, then move its
+    shards into ``shared_work`` (renames: a worker killed mid-chunk leaves no partial shard there), or return
+    them (file name → bytes) for the object store."""
+    global _PREPARED
+    if _PREPARED != (config, tokenizer.hash):  # a worker process sets its encoder up once, not once per chunk
+        local = replace(tokenizer, path=str(_materialise(tokenizer, tokenizer_files)))
+        build._init_worker(config, local, Path(), None, None, None)
+        _PREPARED = (config, tokenizer.hash)
+    parent = Path(shared_work) if shared_work is not None else None
+    attempt = Path(tempfile.mkdtemp(prefix=f".chunk-{chunk.index:06d}-", dir=parent))
+    try:
+        result = build._encode_chunk(chunk, attempt)
+        result.process, result.peak_rss_mb = os.getpid(), peak_rss_mb()
+        if parent is None:
+            return result, {f.name: f.read_bytes() for f in sorted(attempt.iterdir())}
+        for file in attempt.iterdir():
+            os.replace(file, parent / file.name)
+        return result, None
+    finally:
+        shutil.rmtree(attempt, ignore_errors=True)
+
+
+def _folder_files(folder: Path) -> dict[str, bytes]:
+    """Every file of a (tokenizer) folder by its relative path: a few hundred kB for the object store."""
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+def _materialise(tokenizer: TokenizerInfo, files: dict[str, bytes]) -> Path:
+    """The tokenizer's files in this node's temporary folder, written once per node (named by their hash)."""
+    folder = Path(tempfile.gettempdir()) / f"train_deploy-tokenizer-{tokenizer.hash}"
+    if folder.is_dir():
+        return folder
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-"))
+    for name, data in files.items():
+        (staging / name).parent.mkdir(parents=True, exist_ok=True)
+        (staging / name).write_bytes(data)
+    try:
+        staging.rename(folder)
+    except OSError:  # another worker of this node was first
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder
+
+
+class _ChunkBar:
+    """The driver's progress: finished chunks, tokens and tokens/s."""
+
+    def __init__(self, chunks: int, enabled: bool) -> None:
+        self._bar = None
+        if enabled:
+            from tqdm.auto import tqdm
+
+            self._bar = tqdm(total=chunks, desc="encoding on Ray", unit=" chunks", dynamic_ncols=True,
+                             mininterval=0.5, disable=None)
+        self._tokens, self._started = 0, time.perf_counter()
+
+    def update(self, tokens: int) -> None:
+        self._tokens += tokens
+        if self._bar is not None:
+            rate = self._tokens / max(time.perf_counter() - self._started, 1e-9)
+            self._bar.set_postfix_str(f"{self._tokens / 1e6:.1f} M tokens, {rate / 1e6:.2f} M tokens/s", refresh=False)
+            self._bar.update(1)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
