@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from kedro.io import DataCatalog, DatasetError
 
+from tests.conftest import REPO
+from train_deploy.atomic import clean_leftovers
 from train_deploy.datasets import ArtifactFolderDataset, DescriptionDataset, FolderWork, WorkFolderDataset
 from train_deploy.handoffs import DescriptionError, TrainingResult, read_json, write_json
 
@@ -121,6 +126,33 @@ def test_by_fingerprint_keeps_each_fingerprints_folder_and_switching_back_builds
     assert (tmp_path / "notes" / "notes.txt").read_text(encoding="utf-8") == "first"
     assert dataset(tmp_path / "notes", by_fingerprint=True).load().path == str(store / "a")  # a later run
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "notes.by_fingerprint"]  # nothing staged left
+
+
+KILLED_BUILDING = """
+import os, signal, sys
+from pathlib import Path
+from tests.test_datasets import dataset, notes
+from train_deploy.datasets import FolderWork
+
+def build(folder):
+    (folder / "notes.txt").write_text("half")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+dataset(Path(sys.argv[1]) / "notes", by_fingerprint=True).save(FolderWork(build=build, fingerprint="b"))
+"""
+
+
+def test_a_run_killed_while_building_another_fingerprint_leaves_the_current_one_and_a_leftover(tmp_path):
+    dataset(tmp_path / "notes", by_fingerprint=True).save(notes("a", "first"))
+    done = subprocess.run([sys.executable, "-c", KILLED_BUILDING, str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True)
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    store = tmp_path / "notes.by_fingerprint"
+    assert dataset(tmp_path / "notes", by_fingerprint=True).load().fingerprint == "a"
+    staged = [p for p in store.iterdir() if p.name != "a"]
+    assert len(staged) == 1 and staged[0].name.startswith(".b.tdstage-")  # what the killed build was filling
+    assert clean_leftovers(tmp_path) == staged  # removed by the next run (under the run lock)
+    assert [p.name for p in store.iterdir()] == ["a"]
 
 
 def test_by_fingerprint_moves_a_folder_of_the_old_layout_in_and_keeps_the_last_used(tmp_path, caplog):
