@@ -13,7 +13,12 @@ trains one tokenizer with the default settings, then measures on the same files:
 - the corpus stage end to end (read, strip POS tags, clean, hash, split, encode, write shards, merge
   into .bin/.idx) with 1 and with 2 workers, each run in a fresh process;
 - for the first size, the stage with 1 worker on the same text already stripped of its tags, as plain
-  lines: the stage's own overhead without the word/POS format to parse.
+  lines: the stage's own overhead without the word/POS format to parse;
+- for the last size (unless --no-ray), the stage on a Ray head node started here (`ray start --head`, 2 CPUs,
+  127.0.0.1) against the local executor with 2 workers, in turns, at the default 1 MB chunks and at
+  --ray-chunk-mb: each Ray run is a fresh driver process that connects first (not timed), then encodes twice:
+  "cold" (the job's Ray workers start and load the tokenizer) and "warm" (they are up). Ray's cost per chunk
+  is (Ray wall - local wall) x 2 CPUs / chunks, at 1 MB chunks.
 
 De-duplication and the quality filters are off in these rows, since the repeated corpus is all duplicates;
 every token read is written. One more row runs the stage with every filter on (the defaults and
@@ -31,14 +36,18 @@ ratio of the median runs is printed beside it.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from train_deploy.handoffs import TokenizerInfo
@@ -48,6 +57,9 @@ for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
 
 logger = logging.getLogger("bench_tokenize")
 WORK = Path(__file__).resolve().parent / ".work" / "tokenize"
+# Ray keeps to 127.0.0.1 (it otherwise swaps it for the machine's outward address; Ray reads this switch when it
+# is imported) and joins the head's token authentication from an explicit address.
+RAY_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token"}
 
 
 def build_corpus(size_mb: int) -> Path:
@@ -82,16 +94,20 @@ NO_FILTERS = {"deduplicate": False, "near_dedup": False, "max_chars": None, "max
 ALL_FILTERS = {"min_cjk_share": 0.3}
 
 
-def params(corpus: Path, workers: int, filters: bool = False) -> dict:
+def params(corpus: Path, workers: int, filters: bool = False, chunk_mb: int | None = None,
+           ray_address: str | None = None) -> dict:
     reader = {"source": "people_daily", "paths": [str(corpus)]}
     if corpus.name.endswith(".xml.bz2"):  # benchmarks/bench_wiki.py
         reader = {"source": "wiki_xml", "paths": [str(corpus)]}
     elif corpus.stem.endswith("_plain"):
         reader = {"source": "text", "document_split": "line", "paths": [str(corpus)]}
+    if chunk_mb is not None:
+        reader["chunk_bytes"] = chunk_mb * 2**20
+    ray = {"executor": "ray", "ray_address": ray_address} if ray_address else {}
     return {
         "reader": reader,
         "cleaning": ALL_FILTERS if filters else NO_FILTERS,
-        "encoding": {"workers": workers, "reuse": False, "progress": False},
+        "encoding": {"workers": workers, "reuse": False, "progress": False, **ray},
     }
 
 
@@ -171,7 +187,7 @@ def near_dedup_alone(docs: list[str]) -> dict:
 
 
 def stage(corpus: Path, workers: int, tokenizer: TokenizerInfo, keep: Path | None = None,
-          filters: bool = False) -> dict:
+          filters: bool = False, **options: object) -> dict:
     """One run of the stage's encoding (the tokenizer already exists) in this process, staged and published
     as the catalog does; the token files are removed afterwards unless ``keep`` names where to leave them."""
     from train_deploy.atomic import atomic_folder
@@ -181,7 +197,7 @@ def stage(corpus: Path, workers: int, tokenizer: TokenizerInfo, keep: Path | Non
 
     out = keep or WORK / f"out_{corpus.stem}_{workers}"
     shutil.rmtree(out, ignore_errors=True)
-    config = CorpusConfig.from_params(params(corpus, workers, filters))
+    config = CorpusConfig.from_params(params(corpus, workers, filters, **options))
     started = time.perf_counter()
     with atomic_folder(out) as staging:
         manifest = encode_corpus(config, plan_corpus(config.reader), tokenizer, staging)
@@ -195,10 +211,13 @@ def stage(corpus: Path, workers: int, tokenizer: TokenizerInfo, keep: Path | Non
             "chunks": manifest.input["chunks"], "rss_mb": sum(peaks), "rss_single_mb": max(peaks)}
 
 
-def run_stage_process(corpus: Path, workers: int, tokenizer: TokenizerInfo, filters: bool = False) -> dict:
-    """One run of :func:`stage` in a fresh process."""
+def run_stage_process(corpus: Path, workers: int, tokenizer: TokenizerInfo, filters: bool = False,
+                      chunk_mb: int | None = None, ray_address: str | None = None) -> dict:
+    """One run of :func:`stage` in a fresh process (on Ray: ``{"cold": run, "warm": run}``)."""
     command = [sys.executable, __file__, "--stage", str(corpus), "--workers", str(workers),
-               "--tokenizer", tokenizer.path, *(["--filters"] if filters else [])]
+               "--tokenizer", tokenizer.path, *(["--filters"] if filters else []),
+               *(["--chunk-mb", str(chunk_mb)] if chunk_mb else []),
+               *(["--ray-address", ray_address] if ray_address else [])]
     return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip()
                       .splitlines()[-1])
 
@@ -214,6 +233,78 @@ def run_stages(corpus: Path, worker_counts: tuple[int, ...], tokenizer: Tokenize
     return runs
 
 
+@contextlib.contextmanager
+def ray_head(cpus: int = 2) -> Iterator[str]:
+    """A Ray head node on 127.0.0.1 with ``cpus`` CPUs (``ray start --head --block``); yields its address."""
+    temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--port", str(port),
+               "--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus), "--object-store-memory", str(2**30),
+               "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(temp)]
+    head = subprocess.Popen(command, env={**os.environ, **RAY_ENV}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not _listening(port):
+            if head.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("ray start --head did not start")
+            time.sleep(0.2)
+        yield f"127.0.0.1:{port}"
+    finally:
+        head.terminate()  # --block: it stops the node's processes
+        head.wait(60)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def ray_stage(corpus: Path, workers: int, tokenizer: TokenizerInfo, chunk_mb: int | None, address: str) -> dict:
+    """In a fresh process: connect to the Ray cluster at ``address`` (not timed), then the stage twice on Ray."""
+    os.environ.update(RAY_ENV)
+    import ray
+
+    ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
+    runs = [stage(corpus, workers, tokenizer, chunk_mb=chunk_mb, ray_address=address) for _ in range(2)]
+    ray.shutdown()
+    return {"cold": runs[0], "warm": runs[1]}
+
+
+def ray_rows(corpus: Path, tokenizer: TokenizerInfo, repeat: int, chunk_mb: int) -> tuple[list[tuple], list[str]]:
+    """The stage on a 2-CPU Ray head node against the local executor with 2 workers, in turns, at 1 MB and
+    ``chunk_mb`` chunks: table rows and summary lines."""
+    label = f"{corpus.stat().st_size / 1e6:.0f} MB"
+    sizes = (1, chunk_mb)
+    local: dict[int, list[dict]] = {c: [] for c in sizes}
+    remote: dict[str, dict[int, list[dict]]] = {"cold": {c: [] for c in sizes}, "warm": {c: [] for c in sizes}}
+    with ray_head(2) as address:
+        for _ in range(repeat):
+            for chunk in sizes:
+                local[chunk].append(run_stage_process(corpus, 2, tokenizer, chunk_mb=chunk))
+                runs = run_stage_process(corpus, 2, tokenizer, chunk_mb=chunk, ray_address=address)
+                for kind in ("cold", "warm"):
+                    remote[kind][chunk].append(runs[kind])
+    best = {key: min(runs, key=lambda r: r["wall"]) for key, runs in
+            [*((("local", c), local[c]) for c in sizes), *(((k, c), remote[k][c]) for k in remote for c in sizes)]}
+    rows = [(label, f"{'local executor' if kind == 'local' else f'Ray, 2 CPUs, {kind}'}, {chunk} MB chunks",
+             r["workers"], r["tokens"], r["wall"], r["tokens"] / r["wall"], (r["rss_mb"], r["rss_single_mb"]))
+            for (kind, chunk), r in best.items()]
+    lines = []
+    for chunk in sizes:
+        base = best["local", chunk]
+        for kind in ("warm", "cold"):
+            r = best[kind, chunk]
+            lines.append(f"{label}, {chunk} MB chunks ({r['chunks']}): Ray {kind} / local 2 workers = "
+                         f"{base['wall'] / r['wall']:.2f}x (target >= 0.85; against the local executor at 1 MB chunks "
+                         f"{best['local', 1]['wall'] / r['wall']:.2f}x); Ray's cost per chunk "
+                         f"{(r['wall'] - base['wall']) * 2 / r['chunks'] * 1e3:.1f} ms")
+    return rows, lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[50, 200], help="corpus sizes in MB")
@@ -223,10 +314,19 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", help=argparse.SUPPRESS)
     parser.add_argument("--filters", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--ray", default=True, action=argparse.BooleanOptionalAction,
+                        help="the Ray executor rows (a local 2-CPU head node) at the last size")
+    parser.add_argument("--ray-chunk-mb", type=int, default=8, help="chunk size of the Ray rows beside 1 MB")
+    parser.add_argument("--chunk-mb", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--ray-address", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stage:  # child process: one measurement, JSON on the last line
         tokenizer = TokenizerInfo.read_folder(Path(args.tokenizer))
-        print(json.dumps(stage(Path(args.stage), args.workers, tokenizer, filters=args.filters)))  # noqa: T201
+        if args.ray_address:
+            result = ray_stage(Path(args.stage), args.workers, tokenizer, args.chunk_mb, args.ray_address)
+        else:
+            result = stage(Path(args.stage), args.workers, tokenizer, filters=args.filters, chunk_mb=args.chunk_mb)
+        print(json.dumps(result))  # noqa: T201
         return
     if args.raw_child:  # child process: clean, say ready, encode when told to go
         docs = cleaned_documents(Path(args.raw_child))
@@ -268,6 +368,11 @@ def main() -> None:
             rows.append((f"{corpus.stat().st_size / 1e6:.0f} MB", "every filter and near-dedup on", 1,
                          r["tokens"], r["wall"], r["tokens"] / r["wall"], (r["rss_mb"], r["rss_single_mb"])))
 
+    ray_lines: list[str] = []
+    if args.ray:
+        more, ray_lines = ray_rows(corpus, tokenizer, args.repeat, args.ray_chunk_mb)
+        rows += more
+
     header = ("| corpus | what | processes | tokens | wall s | M tokens/s | × raw limit | "
               "peak RSS MB, all (per process) |")
     lines = [header, "|---|---|---:|---:|---:|---:|---:|---:|"]
@@ -292,6 +397,7 @@ def main() -> None:
         rss = [r[6][0] for r in stage_rows if r[2] == workers]
         lines.append(f"peak RSS with {workers} worker(s) across sizes: {min(rss):.0f}–{max(rss):.0f} MB "
                      "(target: the same at every size)")
+    lines += ray_lines
     from train_deploy.corpus.native import compiled
 
     lines.append(f"compiled kernels (src/train_deploy/corpus/_fast.c): {'built' if compiled else 'not built: numpy'}")
