@@ -67,3 +67,28 @@ def test_the_training_node_never_imports_paddle(tmp_path):
             "print('paddle' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           cwd=tmp_path).stdout.split()[-1] == "False"
+
+
+@pytest.mark.parametrize(("vendor", "expected"), [("AuthenticAMD", "5"), ("GenuineIntel", None), ("", None)])
+def test_cpu_workers_on_amd_get_mkls_avx2_kernels(monkeypatch, vendor, expected):
+    """MKL takes its SSE path on CPUs not made by Intel unless MKL_DEBUG_CPU_TYPE=5; a user's own value stays."""
+    from train_deploy.training import launch
+
+    monkeypatch.delenv("MKL_DEBUG_CPU_TYPE", raising=False)
+    monkeypatch.setattr(launch, "cpu_vendor", lambda: vendor)
+    cpu = TrainingConfig.from_params({"device": {"type": "cpu"}})
+    assert worker_environment(cpu).get("MKL_DEBUG_CPU_TYPE") == expected
+    assert "MKL_DEBUG_CPU_TYPE" not in worker_environment(TrainingConfig.from_params({"device": {"type": "gpu"}}))
+    monkeypatch.setenv("MKL_DEBUG_CPU_TYPE", "4")
+    assert worker_environment(cpu)["MKL_DEBUG_CPU_TYPE"] == "4"
+
+
+def test_cpu_vendor_reads_this_machines_cpuinfo():
+    from pathlib import Path
+
+    from train_deploy.training.launch import cpu_vendor
+
+    info = Path("/proc/cpuinfo")
+    text = info.read_text(encoding="utf-8") if info.exists() else ""
+    assert cpu_vendor() == next((line.partition(":")[2].strip() for line in text.splitlines()
+                                 if line.startswith("vendor_id")), "")
