@@ -26,7 +26,8 @@ BatchLoss = Callable[[np.ndarray], tuple[float, int]]
 def validation_windows(valid_prefix: str | Path, dtype: str, seq_length: int, count: int) -> np.ndarray:
     """The first ``count`` windows of the validation split in file order: the same samples for every model.
 
-    Fewer when the split holds fewer; raises ``ValueError`` when it cannot fill one window.
+    Fewer when the split holds fewer; raises ``CorpusError`` (naming the file and what to change) when it
+    cannot fill one window.
     """
     return TokenWindows(Path(valid_prefix), seq_length, 0, dtype).in_file_order(count)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from train_deploy.corpus.readers import CorpusError
 from train_deploy.training.data import TokenWindows
 
 
@@ -44,14 +45,14 @@ def test_data_parallel_ranks_read_distinct_samples_that_make_up_the_global_batch
 def test_too_little_text_for_one_sample_is_named(tmp_path):
     prefix = tmp_path / "tiny"
     np.arange(5, dtype=np.uint16).tofile(f"{prefix}.bin")
-    with pytest.raises(ValueError, match=r"tiny.bin: 5 tokens cannot fill one sample of seq_length 10"):
+    with pytest.raises(CorpusError, match=r"tiny.bin: 5 tokens cannot fill one sample of seq_length 10"):
         TokenWindows(prefix, 10, 0, "uint16")
 
 
 def test_an_empty_or_missing_split_is_named(tmp_path):
     (tmp_path / "valid.bin").write_bytes(b"")
-    with pytest.raises(ValueError, match=r"valid.bin: holds no tokens; use more text or a larger "
+    with pytest.raises(CorpusError, match=r"valid.bin: holds no tokens; use more text or a larger "
                                          r"corpus.encoding.validation_fraction"):
         TokenWindows(tmp_path / "valid", 10, 0, "uint16")
-    with pytest.raises(ValueError, match=r"other.bin: missing"):
+    with pytest.raises(CorpusError, match=r"other.bin: missing"):
         TokenWindows(tmp_path / "other", 10, 0, "uint16")

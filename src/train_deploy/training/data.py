@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from train_deploy.corpus.readers import CorpusError
+
 
 class TokenWindows:
     """Random-access fixed-length windows over one split of the token files."""
@@ -22,13 +24,13 @@ class TokenWindows:
     def __init__(self, prefix: Path, seq_length: int, seed: int, dtype: str) -> None:
         path = Path(f"{prefix}.bin")
         if not path.is_file() or path.stat().st_size == 0:  # numpy: "cannot mmap an empty file", no name
-            raise ValueError(f"{path}: {'missing' if not path.is_file() else 'holds no tokens'}; use more text or "
+            raise CorpusError(f"{path}: {'missing' if not path.is_file() else 'holds no tokens'}; use more text or "
                              "a larger corpus.encoding.validation_fraction (for the validation split)")
         self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
         self.seq_length, self.seed = seq_length, seed
         self.num_samples = (len(self.tokens) - 1) // seq_length
         if self.num_samples < 1:
-            raise ValueError(f"{path}: {len(self.tokens)} tokens cannot fill one sample of seq_length "
+            raise CorpusError(f"{path}: {len(self.tokens)} tokens cannot fill one sample of seq_length "
                              f"{seq_length} + 1; use more text or a shorter training.batch.seq_length")
 
     def window(self, index: int) -> np.ndarray:
@@ -42,7 +44,9 @@ class TokenWindows:
         return np.stack([self.window(first + i) for i in range(count)])
 
     def in_file_order(self, count: int) -> np.ndarray:
-        """The first ``count`` windows in file order (fixed evaluation samples)."""
+        """The first ``count`` windows in file order (fixed evaluation samples); ``count`` ≥ 1."""
+        if count < 1:
+            raise ValueError(f"in_file_order: count must be at least 1, got {count}")
         count = min(count, self.num_samples)
         span = count * self.seq_length
         flat = np.asarray(self.tokens[: span + 1], dtype=np.int64)

@@ -12,11 +12,12 @@ from kedro.io import DataCatalog, MemoryDataset
 from kedro.runner import SequentialRunner
 
 from train_deploy.baselines import ngram_baselines
+from train_deploy.corpus.readers import CorpusError
 from train_deploy.datasets import ArtifactFolderDataset
 from train_deploy.evaluation import load_model, validation_loss, validation_windows
 from train_deploy.handoffs import CheckpointRef, SelectedCheckpoint
 from train_deploy.pipelines.averaging import create_pipeline
-from train_deploy.pipelines.averaging.nodes import average, evaluate
+from train_deploy.pipelines.averaging.nodes import UNVALIDATED_RUN_WINDOWS, average, evaluate
 from train_deploy.training.checkpoint import CheckpointError
 
 pytestmark = pytest.mark.slow
@@ -64,6 +65,23 @@ def test_an_unchanged_average_is_kept_and_a_new_method_rebuilds_it(tmp_path, tin
     first = run({"k": 2})
     assert run({"k": 2}) == first  # same sources, same method: the folder (and so the export) is kept
     assert run({"k": 2, "method": "ema"}) != first
+
+
+def test_a_run_that_validated_nothing_is_compared_on_the_windows_its_small_split_holds(tiny_run, tiny_token_files):
+    unvalidated = dataclasses.replace(tiny_run, val_loss=None, eval_windows=0)  # split < one evaluation batch
+    selected, metrics, _ = evaluate({"k": 2}, CheckpointRef.read_folder(Path(tiny_run.checkpoint)), unvalidated,
+                                    tiny_token_files)
+    held = len(validation_windows(tiny_token_files.prefix("valid"), tiny_token_files.dtype, tiny_run.seq_length,
+                                  UNVALIDATED_RUN_WINDOWS))
+    assert selected.evaluated_on_windows == held > 0
+    assert metrics["last_val_loss"]["value"] > 0 and "baseline_bigram_loss" in metrics
+
+
+def test_a_validation_split_shorter_than_one_window_is_a_one_line_corpus_error(tmp_path, tiny_token_files):
+    np.arange(5, dtype=np.uint16).tofile(tmp_path / "valid.bin")
+    with pytest.raises(CorpusError, match=r"valid.bin: 5 tokens cannot fill one sample of seq_length 32 \+ 1; "
+                                          r"use more text or a shorter training.batch.seq_length$"):
+        validation_windows(tmp_path / "valid", "uint16", 32, 8)
 
 
 def test_evaluation_on_token_files_of_another_corpus_stops_naming_both_fingerprints(tiny_run, tiny_token_files):

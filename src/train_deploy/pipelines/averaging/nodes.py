@@ -16,6 +16,10 @@ from train_deploy.training.checkpoint import MODEL_FILE, check_trained_on, verif
 
 logger = logging.getLogger(__name__)
 
+UNVALIDATED_RUN_WINDOWS = 64
+"""Windows the comparison uses when the training run evaluated none (its validation split held fewer than one
+evaluation batch of ``micro_batch_size × dp``): the first ones of the split, as many as it holds up to this."""
+
 
 def average(averaging: dict[str, Any], training_result: TrainingResult) -> FolderWork[CheckpointRef]:
     """Return how to fill the averaged checkpoint's folder (kept when its sources and method are unchanged)."""
@@ -40,7 +44,7 @@ def evaluate(averaging: dict[str, Any], averaged_checkpoint: CheckpointRef, trai
     for ref in candidates.values():
         check_trained_on(verify_checkpoint(ref.path, [MODEL_FILE]), token_files.fingerprint, ref.path)
     windows = validation_windows(token_files.prefix("valid"), token_files.dtype, training_result.seq_length,
-                                 training_result.eval_windows)
+                                 training_result.eval_windows or UNVALIDATED_RUN_WINDOWS)
     losses = {name: validation_loss(load_model(ref.path), windows) for name, ref in candidates.items()}
     better = "averaged" if losses["averaged"] <= losses["last"] else "last"
     chosen = better if config.choose == "better" else config.choose
