@@ -66,7 +66,7 @@ def test_an_unchanged_folder_is_kept_and_a_changed_one_rebuilt(tmp_path, caplog)
     with caplog.at_level("INFO"):
         target.save(notes("a", "second"))
     assert target.load().reused and (tmp_path / "notes/notes.txt").read_text(encoding="utf-8") == "first"
-    assert f"The notes in {tmp_path / 'notes'} is up to date: kept" in caplog.text
+    assert f"Kept the notes in {tmp_path / 'notes'}: up to date" in caplog.text
     target.save(notes("b", "second"))
     assert not target.load().reused and (tmp_path / "notes/notes.txt").read_text(encoding="utf-8") == "second"
 
@@ -115,7 +115,7 @@ def test_by_fingerprint_keeps_each_fingerprints_folder_and_switching_back_builds
     again = dataset(tmp_path / "notes", by_fingerprint=True)
     with caplog.at_level("INFO"):
         again.save(notes("a", "would be rebuilt"))
-    assert f"The notes in {store / 'a'} is up to date: kept" in caplog.text
+    assert f"Kept the notes in {store / 'a'}: up to date" in caplog.text
     assert again.load() == Notes(path=str(store / "a"), fingerprint="a", reused=True)
     assert (store / "a" / "notes.txt").stat().st_mtime_ns == before.st_mtime_ns  # not written again
     assert sorted(p.name for p in store.iterdir()) == ["a", "b"]

@@ -204,7 +204,7 @@ class ArtifactFolderDataset(AbstractVersionedDataset[FolderWork, Any]):
         if kept != final:  # a new version with the same files: hard links, no copy
             with atomic_folder(final) as staging:
                 _link_tree(kept, staging)
-        logger.info("The %s in %s is up to date: kept%s", what, kept, f" as {final}" if kept != final else "")
+        logger.info("Kept the %s in %s: up to date%s", what, kept, f" as {final}" if kept != final else "")
         fields = {f.name for f in dataclasses.fields(current)}
         return dataclasses.replace(current, path=str(final), **({"reused": True} if "reused" in fields else {}))
 

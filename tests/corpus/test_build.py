@@ -168,7 +168,7 @@ def test_unchanged_corpus_reuses_outputs_and_a_changed_one_is_rebuilt(tmp_path, 
     with caplog.at_level("INFO"):
         _, again = encode(tmp_path, tiny_tokenizer, **blocks)
     assert again.reused and again.fingerprint == first.fingerprint
-    assert f"The token files in {tmp_path / 'tokens'} is up to date: kept" in caplog.text
+    assert f"Kept the token files in {tmp_path / 'tokens'}: up to date" in caplog.text
     assert (tmp_path / "tokens/train.bin").stat().st_mtime_ns == mtime
     source.write_text(source.read_text(encoding="utf-8") + "\n\n新的一篇文章加入了语料。", encoding="utf-8")
     _, changed = encode(tmp_path, tiny_tokenizer, **blocks)
