@@ -15,10 +15,11 @@ trains one tokenizer with the default settings, then measures on the same files:
 - for the first size, the stage with 1 worker on the same text already stripped of its tags, as plain
   lines: the stage's own overhead without the word/POS format to parse;
 - for the last size (unless --no-ray), the stage on a Ray head node started here (`ray start --head`, 2 CPUs,
-  127.0.0.1) against the local executor with 2 workers, in turns, at the default 1 MB chunks and at
-  --ray-chunk-mb: each Ray run is a fresh driver process that connects first (not timed), then encodes twice:
-  "cold" (the job's Ray workers start and load the tokenizer) and "warm" (they are up). Ray's cost per chunk
-  is (Ray wall - local wall) x 2 CPUs / chunks, at 1 MB chunks.
+  127.0.0.1, in this session) against the local executor with 2 workers, in turns, at 128 kB, 1 MB (the
+  default) and --ray-chunk-mb chunks: each Ray run is a fresh driver process that connects first (not timed),
+  then encodes twice: "cold" (the job's Ray workers start and load the tokenizer) and "warm" (they are up).
+  An executor's cost per chunk is (wall at 128 kB - wall at 1 MB) x 2 CPUs / the extra chunks; --ray-only
+  runs just these rows.
 
 De-duplication and the quality filters are off in these rows, since the repeated corpus is all duplicates;
 every token read is written. One more row runs the stage with every filter on (the defaults and
@@ -94,15 +95,15 @@ NO_FILTERS = {"deduplicate": False, "near_dedup": False, "max_chars": None, "max
 ALL_FILTERS = {"min_cjk_share": 0.3}
 
 
-def params(corpus: Path, workers: int, filters: bool = False, chunk_mb: int | None = None,
+def params(corpus: Path, workers: int, filters: bool = False, chunk_kb: int | None = None,
            ray_address: str | None = None) -> dict:
     reader = {"source": "people_daily", "paths": [str(corpus)]}
     if corpus.name.endswith(".xml.bz2"):  # benchmarks/bench_wiki.py
         reader = {"source": "wiki_xml", "paths": [str(corpus)]}
     elif corpus.stem.endswith("_plain"):
         reader = {"source": "text", "document_split": "line", "paths": [str(corpus)]}
-    if chunk_mb is not None:
-        reader["chunk_bytes"] = chunk_mb * 2**20
+    if chunk_kb is not None:
+        reader["chunk_bytes"] = chunk_kb * 1024
     ray = {"executor": "ray", "ray_address": ray_address} if ray_address else {}
     return {
         "reader": reader,
@@ -212,11 +213,11 @@ def stage(corpus: Path, workers: int, tokenizer: TokenizerInfo, keep: Path | Non
 
 
 def run_stage_process(corpus: Path, workers: int, tokenizer: TokenizerInfo, filters: bool = False,
-                      chunk_mb: int | None = None, ray_address: str | None = None) -> dict:
+                      chunk_kb: int | None = None, ray_address: str | None = None) -> dict:
     """One run of :func:`stage` in a fresh process (on Ray: ``{"cold": run, "warm": run}``)."""
     command = [sys.executable, __file__, "--stage", str(corpus), "--workers", str(workers),
                "--tokenizer", tokenizer.path, *(["--filters"] if filters else []),
-               *(["--chunk-mb", str(chunk_mb)] if chunk_mb else []),
+               *(["--chunk-kb", str(chunk_kb)] if chunk_kb else []),
                *(["--ray-address", ray_address] if ray_address else [])]
     return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout.strip()
                       .splitlines()[-1])
@@ -243,8 +244,10 @@ def ray_head(cpus: int = 2) -> Iterator[str]:
     command = [str(Path(sys.executable).parent / "ray"), "start", "--head", "--block", "--port", str(port),
                "--node-ip-address", "127.0.0.1", "--num-cpus", str(cpus), "--object-store-memory", str(2**30),
                "--include-dashboard", "false", "--disable-usage-stats", "--temp-dir", str(temp)]
+    # In this process's session: where the kernel shares the CPU out by session (autogroups), Ray's workers and
+    # the local executor's then meet the neighbours on the same terms.
     head = subprocess.Popen(command, env={**os.environ, **RAY_ENV}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+                            stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 120
         while not _listening(port):
@@ -263,46 +266,52 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def ray_stage(corpus: Path, workers: int, tokenizer: TokenizerInfo, chunk_mb: int | None, address: str) -> dict:
+def ray_stage(corpus: Path, workers: int, tokenizer: TokenizerInfo, chunk_kb: int | None, address: str) -> dict:
     """In a fresh process: connect to the Ray cluster at ``address`` (not timed), then the stage twice on Ray."""
     os.environ.update(RAY_ENV)
     import ray
 
     ray.init(address=address, log_to_driver=False, logging_level=logging.WARNING)
-    runs = [stage(corpus, workers, tokenizer, chunk_mb=chunk_mb, ray_address=address) for _ in range(2)]
+    runs = [stage(corpus, workers, tokenizer, chunk_kb=chunk_kb, ray_address=address) for _ in range(2)]
     ray.shutdown()
     return {"cold": runs[0], "warm": runs[1]}
 
 
 def ray_rows(corpus: Path, tokenizer: TokenizerInfo, repeat: int, chunk_mb: int) -> tuple[list[tuple], list[str]]:
-    """The stage on a 2-CPU Ray head node against the local executor with 2 workers, in turns, at 1 MB and
-    ``chunk_mb`` chunks: table rows and summary lines."""
+    """The stage on a 2-CPU Ray head node against the local executor with 2 workers, in turns, at 128 kB, 1 MB
+    and ``chunk_mb`` chunks: table rows and summary lines (with each executor's cost per chunk)."""
     label = f"{corpus.stat().st_size / 1e6:.0f} MB"
-    sizes = (1, chunk_mb)
-    local: dict[int, list[dict]] = {c: [] for c in sizes}
-    remote: dict[str, dict[int, list[dict]]] = {"cold": {c: [] for c in sizes}, "warm": {c: [] for c in sizes}}
+    sizes = (128, 1024, chunk_mb * 1024)  # kB
+    runs: dict[tuple[str, int], list[dict]] = {(k, c): [] for k in ("local", "warm", "cold") for c in sizes}
     with ray_head(2) as address:
         for _ in range(repeat):
             for chunk in sizes:
-                local[chunk].append(run_stage_process(corpus, 2, tokenizer, chunk_mb=chunk))
-                runs = run_stage_process(corpus, 2, tokenizer, chunk_mb=chunk, ray_address=address)
+                runs["local", chunk].append(run_stage_process(corpus, 2, tokenizer, chunk_kb=chunk))
+                on_ray = run_stage_process(corpus, 2, tokenizer, chunk_kb=chunk, ray_address=address)
                 for kind in ("cold", "warm"):
-                    remote[kind][chunk].append(runs[kind])
-    best = {key: min(runs, key=lambda r: r["wall"]) for key, runs in
-            [*((("local", c), local[c]) for c in sizes), *(((k, c), remote[k][c]) for k in remote for c in sizes)]}
-    rows = [(label, f"{'local executor' if kind == 'local' else f'Ray, 2 CPUs, {kind}'}, {chunk} MB chunks",
+                    runs[kind, chunk].append(on_ray[kind])
+    best = {key: min(values, key=lambda r: r["wall"]) for key, values in runs.items()}
+    rows = [(label, f"{'local executor' if kind == 'local' else f'Ray, 2 CPUs, {kind}'}, {_size(chunk)} chunks",
              r["workers"], r["tokens"], r["wall"], r["tokens"] / r["wall"], (r["rss_mb"], r["rss_single_mb"]))
             for (kind, chunk), r in best.items()]
     lines = []
     for chunk in sizes:
-        base = best["local", chunk]
         for kind in ("warm", "cold"):
             r = best[kind, chunk]
-            lines.append(f"{label}, {chunk} MB chunks ({r['chunks']}): Ray {kind} / local 2 workers = "
-                         f"{base['wall'] / r['wall']:.2f}x (target >= 0.85; against the local executor at 1 MB chunks "
-                         f"{best['local', 1]['wall'] / r['wall']:.2f}x); Ray's cost per chunk "
-                         f"{(r['wall'] - base['wall']) * 2 / r['chunks'] * 1e3:.1f} ms")
+            lines.append(f"{label}, {_size(chunk)} chunks ({r['chunks']}): Ray {kind} / local 2 workers = "
+                         f"{best['local', chunk]['wall'] / r['wall']:.2f}x (target >= 0.85; against the local "
+                         f"executor at 1 MB chunks {best['local', 1024]['wall'] / r['wall']:.2f}x)")
+    for kind in ("local", "warm"):  # CPU time a chunk costs beyond its text: from the walls at 128 kB and 1 MB
+        small, large = best[kind, 128], best[kind, 1024]
+        cost = (small["wall"] - large["wall"]) * 2 / (small["chunks"] - large["chunks"])
+        lines.append(f"cost per chunk, {'local executor' if kind == 'local' else 'Ray (warm)'}: {cost * 1e3:.1f} ms "
+                     f"of CPU (walls at 128 kB and 1 MB chunks, x 2 CPUs / the {small['chunks'] - large['chunks']} "
+                     "more chunks)")
     return rows, lines
+
+
+def _size(kb: int) -> str:
+    return f"{kb // 1024} MB" if kb >= 1024 else f"{kb} kB"
 
 
 def main() -> None:
@@ -317,15 +326,16 @@ def main() -> None:
     parser.add_argument("--ray", default=True, action=argparse.BooleanOptionalAction,
                         help="the Ray executor rows (a local 2-CPU head node) at the last size")
     parser.add_argument("--ray-chunk-mb", type=int, default=8, help="chunk size of the Ray rows beside 1 MB")
-    parser.add_argument("--chunk-mb", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--ray-only", action="store_true", help="only the Ray rows, at the last size")
+    parser.add_argument("--chunk-kb", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--ray-address", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.stage:  # child process: one measurement, JSON on the last line
         tokenizer = TokenizerInfo.read_folder(Path(args.tokenizer))
         if args.ray_address:
-            result = ray_stage(Path(args.stage), args.workers, tokenizer, args.chunk_mb, args.ray_address)
+            result = ray_stage(Path(args.stage), args.workers, tokenizer, args.chunk_kb, args.ray_address)
         else:
-            result = stage(Path(args.stage), args.workers, tokenizer, filters=args.filters, chunk_mb=args.chunk_mb)
+            result = stage(Path(args.stage), args.workers, tokenizer, filters=args.filters, chunk_kb=args.chunk_kb)
         print(json.dumps(result))  # noqa: T201
         return
     if args.raw_child:  # child process: clean, say ready, encode when told to go
@@ -338,6 +348,13 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     WORK.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer()
+    if args.ray_only:
+        rows, lines = ray_rows(build_corpus(args.sizes[-1]), tokenizer, args.repeat, args.ray_chunk_mb)
+        table = [f"| {c} | {what} | {n} | {tokens:,} | {wall:.2f} | {rate / 1e6:.2f} | {rss[0]:.0f} ({rss[1]:.0f}) |"
+                 for c, what, n, tokens, wall, rate, rss in rows]
+        header = "| corpus | what | processes | tokens | wall s | M tokens/s | peak RSS MB, all (per process) |"
+        sys.stdout.write("\n".join([header, "|---|---|---:|---:|---:|---:|---:|", *table, "", *lines]) + "\n")
+        return
     rows = []
     limit = None
     scaling: dict[str, float] = {}  # by corpus label
