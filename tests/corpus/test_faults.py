@@ -6,6 +6,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -28,20 +29,27 @@ def published_files(folder: Path) -> dict[str, tuple[bytes, int]]:
 
 def helper_mid_chunk(deadline: float) -> tuple[psutil.Process, int]:
     """Find this process's corpus helper and stop it (SIGSTOP) while it writes a chunk; return it and the chunk."""
+    return stopped_mid_chunk(deadline, lambda: psutil.Process().children(), "spawn_main", SHARD)
+
+
+def stopped_mid_chunk(deadline: float, candidates: Callable[[], list[psutil.Process]], marker: str,
+                      shard: re.Pattern) -> tuple[psutil.Process, int]:
+    """Find a process among ``candidates()`` whose command line holds ``marker`` and stop it (SIGSTOP) while it
+    has a shard file open (``shard`` matches its path, group 1 the chunk); return it and the chunk."""
     while time.monotonic() < deadline:
-        for child in psutil.Process().children():
+        for process in candidates():
             try:
-                if "spawn_main" not in " ".join(child.cmdline()):
-                    continue  # multiprocessing's resource tracker
-                child.send_signal(signal.SIGSTOP)
-                chunks = [int(m[1]) for f in child.open_files() if (m := SHARD.search(f.path))]
+                if marker not in " ".join(process.cmdline()):
+                    continue  # e.g. multiprocessing's resource tracker
+                process.send_signal(signal.SIGSTOP)
+                chunks = [int(m[1]) for f in process.open_files() if (m := shard.search(f.path))]
                 if chunks:
-                    return child, chunks[0]
-                child.send_signal(signal.SIGCONT)
+                    return process, chunks[0]
+                process.send_signal(signal.SIGCONT)
             except psutil.NoSuchProcess:
                 pass
         time.sleep(0.002)
-    pytest.fail("no corpus helper was seen encoding a chunk")
+    pytest.fail(f"no process with {marker!r} was seen encoding a chunk")
 
 
 def test_a_killed_helper_fails_the_stage_within_a_minute_naming_its_chunk(tmp_path, tiny_tokenizer):

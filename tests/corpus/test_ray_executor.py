@@ -26,6 +26,7 @@ import pytest
 from tests.conftest import TINY_SLICE, TINY_TOKENIZER, cli_params, corpus_params, publish
 from tests.corpus.test_bad_input import GOOD
 from tests.corpus.test_build import encode, output_bytes
+from tests.corpus.test_faults import stopped_mid_chunk
 from tests.corpus.test_readers import multistream_dump, sample_pages
 from train_deploy.atomic import atomic_folder
 from train_deploy.corpus.build import encode_corpus
@@ -104,18 +105,56 @@ def _kill_leftovers(marker: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def ray_driver(ray_head) -> Iterator[tuple[str, Path | None]]:
-    """This process connected to :func:`ray_head` (the executor uses an existing connection)."""
-    # An explicit address does not turn the head's token authentication on in the driver: Ray reads this when
-    # it is imported (no other test imports it; the executor imports it only when asked for).
+def ray_module():
+    """Ray, imported with this module's settings (read when it is imported: no other test imports it, and the
+    executor imports it only when asked for). An explicit address does not turn the head's token authentication
+    on in the driver by itself."""
     os.environ.update(RAY_AUTH_MODE="token", **LOOPBACK)
     import ray
 
+    return ray
+
+
+@pytest.fixture(scope="module")
+def ray_driver(ray_module, ray_head) -> Iterator[tuple[str, Path | None]]:
+    """This process connected to :func:`ray_head` (the executor uses an existing connection)."""
+    ray = ray_module
     ray.init(address=ray_head[0], log_to_driver=False)
     try:
         yield ray_head
     finally:
         ray.shutdown()
+
+
+def test_a_ray_address_where_nothing_answers_is_refused_at_once_in_one_line(tmp_path, tiny_tokenizer, ray_module):
+    assert not ray_module.is_initialized(), "runs before this module connects: the executor would reuse that"
+    address = f"127.0.0.1:{_free_port()}"
+    source = tmp_path / "c.txt"
+    source.write_text(GOOD, encoding="utf-8")
+    started = time.monotonic()
+    with pytest.raises(CorpusError) as exc:
+        _encode_text(tmp_path, tiny_tokenizer, [source], **RAY, ray_address=address)
+    assert time.monotonic() - started < 10  # not ray.init's minutes of retries
+    assert str(exc.value) == (f"corpus.encoding.ray_address: nothing answers at {address} (Connection refused): "
+                              "start the head node with `ray start --head` or correct the address")
+    assert [p.name for p in tmp_path.iterdir()] == ["c.txt"]
+
+
+@pytest.mark.slow
+def test_without_an_address_a_private_ray_instance_encodes_and_leaves_no_process_or_folder(tmp_path, tiny_tokenizer,
+                                                                                          ray_module):
+    assert not ray_module.is_initialized(), "runs before this module connects: the executor would reuse that"
+    temp = Path(tempfile.gettempdir())
+    before = set(temp.glob("train_deploy-ray-*"))
+    _, local = encode(tmp_path / "local", tiny_tokenizer)
+    _, remote = encode(tmp_path / "ray", tiny_tokenizer, encoding=RAY)
+    assert output_bytes(tmp_path / "ray" / "tokens") == output_bytes(tmp_path / "local" / "tokens")
+    assert remote.fingerprint == local.fingerprint and 1 <= remote.workers <= 2
+    assert not ray_module.is_initialized()
+    assert set(temp.glob("train_deploy-ray-*")) == before  # its session folder and logs are gone
+    time.sleep(1)
+    assert not [p.pid for p in psutil.process_iter(["cmdline"]) if "train_deploy-ray-" in " ".join(
+        p.info["cmdline"] or [])], "a process of the private Ray instance outlived the stage"
 
 
 def _documents(max_bytes: int) -> list[str]:
@@ -155,35 +194,18 @@ def test_ray_tasks_write_the_local_executors_bytes_and_manifest_counts(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local", "ray"]
 
 
-def _task_mid_chunk(deadline: float) -> tuple[psutil.Process, int]:
-    """Find a Ray worker running a chunk task and stop it (SIGSTOP) while it writes a shard; return it and the chunk."""
-    while time.monotonic() < deadline:
-        for process in psutil.process_iter(["name"]):
-            if process.info["name"] != TASK:
-                continue
-            try:
-                process.send_signal(signal.SIGSTOP)
-                chunks = [int(m[1]) for f in process.open_files() if (m := SHARD.search(f.path))]
-                if chunks:
-                    return process, chunks[0]
-                process.send_signal(signal.SIGCONT)
-            except psutil.NoSuchProcess:
-                pass
-        time.sleep(0.002)
-    pytest.fail("no Ray worker was seen encoding a chunk")
-
-
 @pytest.mark.slow
 def test_a_ray_worker_killed_while_encoding_is_retried_and_the_output_is_unchanged(tmp_path, tiny_tokenizer,
                                                                                    ray_driver):
-    reader = {"max_bytes": 1_500_000, "chunk_bytes": 64 * 1024}
+    reader = {"max_bytes": 3_000_000, "chunk_bytes": 64 * 1024}  # 46 chunks: seconds of work for 2 warm workers
     _, local = encode(tmp_path / "local", tiny_tokenizer, reader=reader, encoding={"workers": 2})
     config, plan = plan_inputs(corpus_params(reader=reader, encoding=RAY))
     outcome: list[object] = []
     stage = threading.Thread(target=lambda: outcome.append(
         publish(encode_tokens(config, plan, tiny_tokenizer), tmp_path / "ray" / "tokens", TokenManifest)))
     stage.start()
-    worker, chunk = _task_mid_chunk(time.monotonic() + 60)
+    running = lambda: [p for p in psutil.process_iter(["name"]) if p.info["name"] == TASK]  # noqa: E731 - cheap first
+    worker, chunk = stopped_mid_chunk(time.monotonic() + 60, running, TASK, SHARD)
     worker.send_signal(signal.SIGKILL)
     stage.join(120)
     assert not stage.is_alive() and len(outcome) == 1, "the stage did not finish after its worker was killed"

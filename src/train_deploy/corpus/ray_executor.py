@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
 import uuid
@@ -41,8 +42,8 @@ def run_on_ray(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo,
     except ImportError:
         raise CorpusError("corpus.encoding.executor: ray needs the ray package (pip install -r requirements.lock)") \
             from None
-    e = config.encoding
-    temp_dir = _connect(ray, e, config.workers)
+    e, work = config.encoding, work.resolve()  # the tasks' working folder is not this process's
+    joined, temp_dir = _connect(ray, e, config.workers)
     try:
         logger.info("Encoding %d chunk(s) on Ray (%s CPUs in the cluster, %s per task, shards: %s)",
                     len(plan.chunks), ray.cluster_resources().get("CPU", 0), e.num_cpus, e.shards)
@@ -56,26 +57,44 @@ def run_on_ray(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo,
                    for chunk in plan.chunks}
         return _collect(ray, pending, work, e)
     finally:
-        if temp_dir is not None:
+        if joined:
             ray.shutdown()
+        if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def _connect(ray: Any, e: EncodingConfig, workers: int) -> str | None:
-    """Join ``ray_address``, or start a private local instance (whose temporary folder is returned, to remove
-    after ``ray.shutdown()``); a process already connected keeps its connection (None)."""
+def _connect(ray: Any, e: EncodingConfig, workers: int) -> tuple[bool, str | None]:
+    """Join ``ray_address`` or start a private local instance; return whether this call connected (to
+    disconnect at the end) and the private instance's temporary folder (to remove after it stopped). A process
+    already connected keeps its connection."""
     if ray.is_initialized():
-        return None
+        return False, None
     options = {"include_dashboard": False, "configure_logging": False, "log_to_driver": True}
     if e.ray_address is not None:
+        _check_answers(e.ray_address)
         try:
             ray.init(address=e.ray_address, **options)
         except (ConnectionError, RuntimeError) as exc:
-            raise CorpusError(f"corpus.encoding.ray_address: no Ray cluster at {e.ray_address!r} ({exc})") from None
-        return None
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CorpusError(f"corpus.encoding.ray_address: no Ray cluster at {e.ray_address!r} ({reason})") from None
+        return True, None
     temp_dir = tempfile.mkdtemp(prefix="train_deploy-ray-")  # its logs go with it, not into /tmp/ray forever
     ray.init(address="local", num_cpus=workers, _temp_dir=temp_dir, **options)
-    return temp_dir
+    return True, temp_dir
+
+
+def _check_answers(address: str) -> None:
+    """Fail at once where nothing listens at the head's ``host:port`` (``ray.init`` retries it for minutes)."""
+    if address == "auto":
+        address = os.environ.get("RAY_ADDRESS", "")  # else Ray looks for this node's cluster and says so itself
+    host, _, port = address.rpartition(":")
+    if not host or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host, int(port)), timeout=10).close()
+    except OSError as exc:
+        raise CorpusError(f"corpus.encoding.ray_address: nothing answers at {address} ({exc.strerror or exc}): start "
+                          "the head node with `ray start --head` or correct the address") from None
 
 
 def _check_shared_folder(ray: Any, work: Path) -> None:
