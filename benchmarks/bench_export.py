@@ -62,9 +62,11 @@ def main() -> None:
     shutil.rmtree(WORK, ignore_errors=True)
     try:
         checkpoint = build(args.preset, args.vocab)
-        prefix = save_server_model(load_inference_model(checkpoint), WORK / "server")
+        model = load_inference_model(checkpoint)
+        prefix = save_server_model(model, WORK / "server")
+        source = save_server_model(model, WORK / "onnx_source", portable=True)  # the graph ONNX is made from
         (WORK / "edge").mkdir()
-        onnx_file = convert_to_onnx(prefix, WORK / "edge" / ONNX_FILE, opset=17)
+        onnx_file = convert_to_onnx(source, WORK / "edge" / ONNX_FILE, opset=17)
         int8_file = quantize_int8(onnx_file, WORK / "edge" / INT8_FILE, per_channel=False)
 
         paddle.base.core.set_num_threads(args.threads)

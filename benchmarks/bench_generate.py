@@ -10,7 +10,8 @@ from random prompts of ``--prompt`` tokens, batch 1 and 8, for each number of ne
 is never chosen, so every sequence runs to the end): (a) full recomputation of the window for every token
 on Paddle Inference (the path before the cache), (b) Paddle Inference with the cache, (c) ONNX Runtime fp32
 with the cache, (d) ONNX Runtime int8 with the cache. Prints new tokens/s (median of ``--repeats``), the
-time per new token at the most new tokens against the fewest, and the issue's targets. Work files go under
+time per new token at the most new tokens against the fewest, and the issue's targets; then the same per
+second of the process's CPU time, which other processes on a shared machine move less. Work files go under
 benchmarks/.work/generate and are removed afterwards.
 """
 
@@ -68,19 +69,27 @@ def cached(model, prompts: list[list[int]], new: int, context: int) -> int:
     return sum(1 for _ in model.stream_ids(prompts, new, _greedy))
 
 
+Speeds = dict[tuple[str, int, int], float]
+
+
 def measure(runs: dict, prompts_by_batch: dict[int, list[list[int]]], news: list[int], repeats: int,
-            context: int) -> dict[tuple[str, int, int], float]:
-    """New tokens/s (median of ``repeats``) per (form, batch, new tokens); forms interleaved in each round."""
-    samples: dict[tuple[str, int, int], list[float]] = {}
+            context: int) -> tuple[Speeds, Speeds]:
+    """New tokens per second of wall time and per second of this process's CPU time (all its threads; less
+    moved by other processes on a shared machine), medians of ``repeats``, per (form, batch, new tokens);
+    forms interleaved in each round."""
+    wall: dict[tuple[str, int, int], list[float]] = {}
+    cpu: dict[tuple[str, int, int], list[float]] = {}
     for _ in range(repeats):
         for batch, prompts in prompts_by_batch.items():
             for new in news:
                 for name, (run, target) in runs.items():
                     time.sleep(0.25)  # let the previous engine's spinning threads stop
-                    start = time.perf_counter()
+                    start, used = time.perf_counter(), time.process_time()
                     made = run(target, prompts, new, context)
-                    samples.setdefault((name, batch, new), []).append(made / (time.perf_counter() - start))
-    return {key: statistics.median(values) for key, values in samples.items()}
+                    wall.setdefault((name, batch, new), []).append(made / (time.perf_counter() - start))
+                    cpu.setdefault((name, batch, new), []).append(made / (time.process_time() - used))
+    return ({key: statistics.median(values) for key, values in wall.items()},
+            {key: statistics.median(values) for key, values in cpu.items()})
 
 
 def main() -> None:
@@ -104,10 +113,11 @@ def main() -> None:
     try:
         checkpoint = build(args.preset, args.vocab)
         model = load_inference_model(checkpoint)
-        context = model.cos.shape[0]
+        context = model.rope.shape[0]
         prefix = save_server_model(model, WORK / "server")
+        source = save_server_model(model, WORK / "onnx_source", portable=True)  # the graphs ONNX is made from
         (WORK / "edge").mkdir()
-        for graph in (prefix, prefix.with_name(DECODE_MODEL)):
+        for graph in (source, source.with_name(DECODE_MODEL)):
             onnx_file = convert_to_onnx(graph, WORK / "edge" / ONNX_FILE.replace("model", graph.name, 1), opset=17)
             quantize_int8(onnx_file, WORK / "edge" / INT8_FILE.replace("model", graph.name, 1), per_channel=False)
         paddle_form = PaddleInferenceBackend(prefix, ServerConfig(cpu_threads=args.threads), context)
@@ -123,16 +133,18 @@ def main() -> None:
                    for batch in args.batches}
         for run, target in runs.values():  # warm-up: first runs allocate and pick kernels
             run(target, prompts[args.batches[0]], 4, context)
-        report(args, measure(runs, prompts, args.new, args.repeats, context), list(runs))
+        wall, cpu = measure(runs, prompts, args.new, args.repeats, context)
+        report(args, wall, list(runs), "new tokens/s over all sequences")
+        report(args, cpu, list(runs), "new tokens per CPU second of this process")
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
 
 
-def report(args, speed: dict[tuple[str, int, int], float], forms: list[str]) -> None:
+def report(args, speed: Speeds, forms: list[str], unit: str) -> None:
     out = sys.stdout.write
     low, high = min(args.new), max(args.new)
     out(f"\npreset {args.preset}, vocabulary {args.vocab}, prompt {args.prompt} tokens, {args.threads} threads, "
-        f"greedy, median of {args.repeats} (new tokens/s over all sequences)\n\n")
+        f"greedy, median of {args.repeats} ({unit})\n\n")
     out("| form | batch | " + " | ".join(f"{n} new" for n in args.new) + f" | ms/token {high} ÷ {low} |\n")
     out("|---|---:|" + "---:|" * len(args.new) + "---:|\n")
     for batch in args.batches:

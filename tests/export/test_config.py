@@ -26,7 +26,7 @@ def test_the_server_form_s_precision_decides_its_parity_rule(server, precision):
 
 
 @pytest.mark.parametrize(("params", "message"), [
-    ({"edge": {"opset": 9}}, "export.edge.opset: 9 is outside 11..21 (the export graph needs opset 11 or newer)"),
+    ({"edge": {"opset": 12}}, "export.edge.opset: 12 is outside 13..21 (the export graph needs opset 13 or newer)"),
     ({"server": {"device": "tpu"}}, "export.server.device: 'tpu' is not one of 'cpu', 'gpu'"),
     ({"too_long": "cut"}, "export.too_long: 'cut' is not one of 'raise', 'truncate'"),
     ({"latency": {"batch_sizes": []}}, "export.latency.batch_sizes: must be a non-empty list"),

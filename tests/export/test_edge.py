@@ -8,10 +8,33 @@ import time
 import numpy as np
 import pytest
 
-from train_deploy.export.edge import ConversionError, convert_to_onnx, external_data, quantize_int8
+from train_deploy.export.edge import (
+    ConversionError,
+    convert_to_onnx,
+    external_data,
+    quantize_int8,
+    unsupported_operators,
+)
 from train_deploy.export.runtime import OnnxRuntimeBackend
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def portable_prefix(tmp_path_factory, tiny_checkpoint):
+    """The tiny checkpoint's portable graphs (the ones its ONNX models are converted from); the prefill's prefix."""
+    from train_deploy.export.graph import load_inference_model, save_server_model
+
+    return save_server_model(load_inference_model(tiny_checkpoint), tmp_path_factory.mktemp("portable"), portable=True)
+
+
+def test_the_server_graphs_use_fused_kernels_and_onnx_is_made_from_portable_ones(tiny_bundle, portable_prefix):
+    from train_deploy.export.graph import DECODE_MODEL, operator_names
+
+    for name in ("model", DECODE_MODEL):
+        assert {"pd_op.fused_rms_norm_quant", "pd_op.swiglu"} <= operator_names(tiny_bundle / "server" / name)
+        assert "pd_op.swiglu" in unsupported_operators(tiny_bundle / "server" / name)  # no paddle2onnx converter
+        assert unsupported_operators(portable_prefix.with_name(name)) == []
 
 
 def test_an_operator_paddle2onnx_cannot_convert_is_named(tmp_path):
@@ -49,32 +72,34 @@ def test_models_with_external_weights_quantise_and_run(tmp_path, tiny_bundle):
     assert int8.shape == inline.shape and np.abs(int8 - inline).max() < 1.0
 
 
-def test_paddle2onnx_s_own_reason_is_kept_when_it_aborts(tmp_path, tiny_bundle):
-    prefix = tiny_bundle / "server" / "model"
+def test_paddle2onnx_s_own_reason_is_kept_when_it_aborts(tmp_path, portable_prefix):
+    prefix = portable_prefix
     with pytest.raises(ConversionError, match=r"model.json: paddle2onnx failed \(exit -6\): .*"
-                                              r"Please set the opset_version to 11"):
+                                              r"Please set the opset_version to 13"):
         convert_to_onnx(prefix, tmp_path / "model.onnx", opset=9)  # below what the config allows
     assert not (tmp_path / "model.onnx").exists()
 
 
-@pytest.mark.parametrize("opset", [11, 21])
-def test_both_ends_of_the_allowed_opset_range_convert_and_compute_the_same_logits(tmp_path, tiny_bundle, opset):
+@pytest.mark.parametrize("opset", [13, 21])
+def test_both_ends_of_the_allowed_opset_range_convert_and_compute_the_same_logits(tmp_path, tiny_bundle,
+                                                                                  portable_prefix, opset):
     from train_deploy.export.config import ServerConfig
     from train_deploy.export.runtime import PaddleInferenceBackend
 
-    prefix = tiny_bundle / "server" / "model"
+    prefix = tiny_bundle / "server" / "model"  # the fused graph; ONNX is converted from the portable one
     ids = np.random.default_rng(opset).integers(3, 100, size=(2, 9))
     mask = np.ones_like(ids)
     mask[1, :3] = 0
     expected = PaddleInferenceBackend(prefix, ServerConfig())(ids, mask)
-    got = OnnxRuntimeBackend(convert_to_onnx(prefix, tmp_path / "model.onnx", opset=opset), threads=1)(ids, mask)
+    got = OnnxRuntimeBackend(convert_to_onnx(portable_prefix, tmp_path / "model.onnx", opset=opset), threads=1)(ids,
+                                                                                                           mask)
     np.testing.assert_allclose(got[:, 3:], expected[:, 3:], atol=1e-4)
 
 
-def test_a_conversion_running_past_its_timeout_is_killed_and_names_the_model(tmp_path, tiny_bundle):
+def test_a_conversion_running_past_its_timeout_is_killed_and_names_the_model(tmp_path, portable_prefix):
     import psutil
 
-    prefix = tiny_bundle / "server" / "model"
+    prefix = portable_prefix
     started = time.monotonic()
     with pytest.raises(ConversionError) as exc:
         convert_to_onnx(prefix, tmp_path / "model.onnx", opset=17, timeout=0.2)  # less than the child's imports

@@ -35,11 +35,13 @@ def reference_llama(seed: int, **overrides):
 @pytest.mark.parametrize("overrides", [{}, {"num_key_value_heads": 2}, {"num_key_value_heads": 1},
                                        {"tie_word_embeddings": True}, {"rope_theta": 500000.0}],
                          ids=["mha", "gqa-2", "mqa", "tied", "rope-theta"])
-def test_compact_graph_equals_paddlenlp_llama_with_padding(overrides):
+@pytest.mark.parametrize("portable", [False, True], ids=["fused", "portable"])
+def test_compact_graph_equals_paddlenlp_llama_with_padding(overrides, portable):
     import paddle
 
     reference = reference_llama(len(overrides), **overrides)
     compact = compact_model(reference)
+    compact.portable = portable  # Paddle's fused kernels (server/) or the operators ONNX is converted from
     ids = np.random.default_rng(1).integers(3, SHAPE["vocab_size"], size=(3, 20))
     mask = np.ones_like(ids)
     mask[1, :7] = 0  # left padding: positions count from the first token, as for the prompt alone
@@ -49,10 +51,11 @@ def test_compact_graph_equals_paddlenlp_llama_with_padding(overrides):
         expected = reference(input_ids=paddle.to_tensor(ids), attention_mask=paddle.to_tensor(mask),
                              position_ids=paddle.to_tensor(positions), use_cache=False, return_dict=False)[0].numpy()
         alone = reference(input_ids=paddle.to_tensor(ids[1:2, 7:]), use_cache=False, return_dict=False)[0].numpy()
-        got, keys, values = (t.numpy() for t in compact(paddle.to_tensor(ids), paddle.to_tensor(mask)))
+        got, *cache = (t.numpy() for t in compact(paddle.to_tensor(ids), paddle.to_tensor(mask)))
     assert got.shape == expected.shape == (3, 20, SHAPE["vocab_size"])
     kv_heads = overrides.get("num_key_value_heads", SHAPE["num_attention_heads"])
-    assert keys.shape == values.shape == (2, 3, kv_heads, 20, SHAPE["hidden_size"] // SHAPE["num_attention_heads"])
+    head_dim = SHAPE["hidden_size"] // SHAPE["num_attention_heads"]
+    assert [c.shape for c in cache] == [(3, kv_heads, 20, head_dim)] * 4  # keys then values of both layers
     keep = mask.astype(bool)  # padded rows attend to nothing; their logits are never read
     np.testing.assert_allclose(got[keep], expected[keep], rtol=0, atol=2e-5)
     np.testing.assert_allclose(got[1, 7:], alone[0], rtol=0, atol=2e-5)

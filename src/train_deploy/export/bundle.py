@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +68,9 @@ logger = logging.getLogger(__name__)
 
 PRETRAINED_DIR = "pretrained"
 
-FORMAT = 6  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json,
-# 5: pretrained/, 6: prefill and decode graphs with a KV cache (LanguageModel refuses older bundles: re-export)
+FORMAT = 7  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json,
+# 5: pretrained/, 6: prefill and decode graphs with a KV cache, 7: a cache input and output per layer, Paddle's fused
+# kernels in server/ (LanguageModel refuses older bundles: re-export)
 
 
 def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManifest, config: ExportConfig,
@@ -89,15 +91,9 @@ def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManif
     check_tokenizer(tokenizer, state, checkpoint)
     version = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H.%M.%S.%fZ")
     model = load_inference_model(checkpoint)
-    prefix = save_server_model(model, folder / "server")
+    save_server_model(model, folder / "server")
+    _save_edge_models(model, folder / "edge", config)
     del model
-    (folder / "edge").mkdir()
-    for graph in (prefix, prefix.with_name(DECODE_MODEL)):
-        name = ONNX_FILE.replace("model", graph.name, 1)
-        onnx_file = convert_to_onnx(graph, folder / "edge" / name, config.edge.opset, config.edge.convert_timeout)
-        if config.edge.int8:
-            quantize_int8(onnx_file, folder / "edge" / INT8_FILE.replace("model", graph.name, 1),
-                          config.edge.per_channel)
     _copy_tokenizer(tokenizer, folder / "tokenizer")
     save_pretrained_folder(checkpoint, tokenizer, folder / PRETRAINED_DIR)
     meta = _bundle_meta(state, checkpoint, tokenizer, config, bundle_fingerprint(checkpoint, tokenizer, config,
@@ -119,6 +115,18 @@ def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManif
     (folder / CARD_FILE).write_text(card, encoding="utf-8")
     logger.info("Exported %s", checkpoint)
     return Bundle(path=str(folder), meta=meta, parity=parity, latency=latency, card=card)
+
+
+def _save_edge_models(model, edge: Path, config: ExportConfig) -> None:
+    """The ONNX models (fp32, and int8 when configured) of ``model``'s portable graphs (``graph.py``)."""
+    edge.mkdir()
+    with tempfile.TemporaryDirectory(prefix="train_deploy-onnx-source-") as source:
+        prefix = save_server_model(model, Path(source), portable=True)
+        for graph in (prefix, prefix.with_name(DECODE_MODEL)):
+            onnx_file = convert_to_onnx(graph, edge / ONNX_FILE.replace("model", graph.name, 1), config.edge.opset,
+                                        config.edge.convert_timeout)
+            if config.edge.int8:
+                quantize_int8(onnx_file, edge / INT8_FILE.replace("model", graph.name, 1), config.edge.per_channel)
 
 
 def check_tokenizer(tokenizer: TokenizerInfo, state: dict[str, Any], checkpoint: Path) -> None:

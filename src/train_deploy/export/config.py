@@ -60,7 +60,7 @@ class EdgeConfig:
     """ONNX for edge devices: paddle2onnx, then onnxruntime's dynamic int8 quantisation."""
 
     opset: int = 17
-    """ONNX opset of the conversion, 11 to 21."""
+    """ONNX opset of the conversion, 13 to 21 (paddle2onnx converts the graphs' sums only from opset 13)."""
     int8: bool = True
     """Also write an int8 model (dynamic quantisation of the weights) beside the fp32 ONNX model."""
     per_channel: bool = False
@@ -127,8 +127,8 @@ class ExportConfig:
 
     def __post_init__(self) -> None:
         server, edge, parity, latency = self.server, self.edge, self.parity, self.latency
-        check(11 <= edge.opset <= 21, "export.edge.opset",
-              f"{edge.opset} is outside 11..21 (the export graph needs opset 11 or newer)")
+        check(13 <= edge.opset <= 21, "export.edge.opset",
+              f"{edge.opset} is outside 13..21 (the export graph needs opset 13 or newer)")
         check_range("export.edge.threads", edge.threads, 1, _MAX_THREADS)
         check_range("export.edge.convert_timeout", edge.convert_timeout, 0, open_low=True, note="seconds")
         check_range("export.server.cpu_threads", server.cpu_threads, 1, _MAX_THREADS)

@@ -15,7 +15,7 @@ records none (saved before the record, or a tokenizer loaded from elsewhere) tak
 so in the log when loaded.
 Generation prefills the prompts once and decodes one token per step with the bundle's KV cache
 (``graph.py``): linear, not quadratic, in the output length; ``generate_stream`` yields the tokens as they come.
-Bundles exported before the cache (format < 6) are refused with a line saying to re-export them.
+Bundles exported before the current graphs (format < 7) are refused with a line saying to re-export them.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,7 +36,7 @@ import numpy as np
 
 from train_deploy.export.config import ServerConfig
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE
-from train_deploy.export.graph import DECODE_MODEL, SERVER_MODEL
+from train_deploy.export.graph import DECODE_MODEL, SERVER_MODEL, cache_names
 from train_deploy.handoffs import BUNDLE_FILE, TokenizerInfo, from_json
 
 logger = logging.getLogger(__name__)
@@ -44,7 +45,38 @@ logger = logging.getLogger(__name__)
 FORM_FILES = {"paddle_inference": f"server/{SERVER_MODEL}.pdiparams", "onnx_fp32": f"edge/{ONNX_FILE}",
               "onnx_int8": f"edge/{INT8_FILE}"}
 Logits = Callable[[np.ndarray, np.ndarray], np.ndarray]
-OLDEST_FORMAT = 6  # bundle.json "format" this runtime reads: 6 added the KV-cache graphs (graph.py)
+OLDEST_FORMAT = 7  # bundle.json "format" this runtime reads: 6 added the KV-cache graphs (graph.py), 7 one cache
+# input and output per layer and Paddle's fused kernels in server/
+
+
+def prefer_mkl_avx2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """On an AMD CPU with AVX2, set ``MKL_DEBUG_CPU_TYPE=5`` unless the environment sets it; True if set now.
+
+    Paddle's CPU wheel does its matrix products with the MKL it ships (``paddle/libs/libmklml_intel.so``), which
+    takes its generic SSE kernels on CPUs that are not Intel's unless this variable asks for AVX2: Paddle
+    Inference's products then run 4-6x faster on an AMD EPYC (docs/benchmarks.md). MKL reads it when Paddle makes
+    its first product in the process, so this runs when ``train_deploy.export`` is imported; it changes nothing
+    after that, on Intel CPUs (their own kernels are already chosen) or on CPUs without AVX2 (it would crash them).
+    """
+    if "MKL_DEBUG_CPU_TYPE" in os.environ:
+        return False
+    first: dict[str, str] = {}  # the first processor's block
+    try:
+        with cpuinfo.open(encoding="ascii", errors="replace") as file:
+            for line in file:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                first[key.strip()] = value.strip()
+    except OSError:
+        return False
+    if first.get("vendor_id") != "AuthenticAMD" or "avx2" not in first.get("flags", "").split():
+        return False
+    os.environ["MKL_DEBUG_CPU_TYPE"] = "5"
+    return True
+
+
+prefer_mkl_avx2()
 
 
 class BundleError(ValueError):
@@ -55,6 +87,13 @@ class PaddleInferenceBackend:
     """The bundle's two graphs (``graph.py``) on Paddle Inference predictors: ``(input_ids, attention_mask) ->
     logits`` when called, :meth:`prefill` and :meth:`decode` with the KV cache for generation.
 
+    Predictors are run with Paddle tensors (``predictor.run(tensors)``): the caches a pass returns stay Paddle
+    tensors and are fed to the next step as they are, never copied out and back in; only logits become numpy.
+    A predictor keeps each output's buffer and writes the next run's output into it when it is large enough,
+    even while that buffer is an input of the run (after a larger batch, a decode step's concat would overwrite
+    the keys it reads). So after every run each output is pointed at a one-element placeholder
+    (``share_external_data``): the next run allocates its outputs afresh and every returned step stays valid.
+
     On GPU it computes in float32 with TF32 off (:func:`disable_tf32`), in fp16 through Paddle Inference's
     mixed-precision pass, or with TensorRT engines in the program that :func:`tensorrt_program` converts
     when the model is loaded (``server.form_precision`` says which; the decode graph, whose cache inputs the
@@ -62,11 +101,16 @@ class PaddleInferenceBackend:
     """
 
     def __init__(self, prefix: Path, server: ServerConfig, context: int = 2048) -> None:
+        import paddle
+
+        self._paddle = paddle
         self._converted: tempfile.TemporaryDirectory | None = None  # the TensorRT program, while the predictor lives
         self._full = self._predictor(prefix, server, context)
         decode = prefix.with_name(DECODE_MODEL)
         self._decode = self._predictor(decode, dataclasses.replace(server, tensorrt=False), context) \
             if decode.with_suffix(".json").is_file() else None
+        self._place = paddle.CPUPlace() if server.device == "cpu" else paddle.CUDAPlace(0)  # the predictors' device
+        self._placeholder = paddle.to_tensor(np.zeros(1, np.float32), place=self._place)
 
     def _predictor(self, prefix: Path, server: ServerConfig, context: int):
         import paddle
@@ -93,29 +137,35 @@ class PaddleInferenceBackend:
         config.disable_glog_info()
         paddle.set_flags({"FLAGS_eager_delete_tensor_gb": server.gc_batch_mb / 1024})  # read at the first run
         predictor = inference.create_predictor(config)
-        inputs = {name: predictor.get_input_handle(name) for name in predictor.get_input_names()}
-        return predictor, inputs, [predictor.get_output_handle(name) for name in predictor.get_output_names()]
+        outputs = [predictor.get_output_handle(name) for name in predictor.get_output_names()]
+        return predictor, predictor.get_input_names(), outputs
 
-    @staticmethod
-    def _run(graph, feed: dict[str, np.ndarray], outputs: int = 3) -> list[np.ndarray]:
-        predictor, inputs, handles = graph
-        for name, value in feed.items():
-            inputs[name].reshape(value.shape)
-            inputs[name].copy_from_cpu(np.ascontiguousarray(value))
-        predictor.run()
-        return [handle.copy_to_cpu() for handle in handles[:outputs]]
+    def _run(self, graph, feed: dict[str, Any]) -> list:
+        """The graph's outputs (Paddle tensors) for ``feed`` (numpy arrays or Paddle tensors by input name)."""
+        predictor, names, outputs = graph
+        result = predictor.run([self._tensor(feed[name]) for name in names])
+        for handle in outputs:  # the next run must not write into a buffer returned now (class docstring)
+            handle.share_external_data(self._placeholder)
+        return result
+
+    def _tensor(self, value):
+        if not isinstance(value, self._paddle.Tensor):
+            return self._paddle.to_tensor(np.ascontiguousarray(value), place=self._place)
+        # a predictor reads a tensor's buffer as dense: a view (a slice of the cache) must be made contiguous
+        return value if value.is_contiguous() else value.contiguous()
 
     def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        return self._run(self._full, _ids(input_ids, attention_mask), outputs=1)[0]
+        return self._run(self._full, _ids(input_ids, attention_mask))[0].numpy()
 
     def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Step:
-        return Step(*self._run(self._full, _ids(input_ids, attention_mask)))
+        return _step(self._run(self._full, _ids(input_ids, attention_mask)), lambda logits: logits.numpy())
 
-    def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, keys: np.ndarray,
-               values: np.ndarray) -> Step:
+    def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Sequence[Any],
+               values: Sequence[Any]) -> Step:
         if self._decode is None:
             raise BundleError("server/: no decode graph (decode.json); re-export the bundle")
-        return Step(*self._run(self._decode, {**_ids(input_ids, attention_mask), "keys": keys, "values": values}))
+        return _step(self._run(self._decode, _cache_feed(input_ids, attention_mask, keys, values)),
+                     lambda logits: logits.numpy())
 
 
 def _ids(input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
@@ -123,14 +173,27 @@ def _ids(input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndar
                                                                                             dtype=np.int64)}
 
 
+def _cache_feed(input_ids: np.ndarray, attention_mask: np.ndarray, keys: Sequence[Any],
+                values: Sequence[Any]) -> dict[str, Any]:
+    """A decode step's inputs by name (``graph.cache_names``)."""
+    return {**_ids(input_ids, attention_mask), **dict(zip(cache_names(len(keys)), [*keys, *values], strict=True))}
+
+
+def _step(outputs: Sequence[Any], logits: Callable[[Any], np.ndarray] = np.asarray) -> Step:
+    """A pass's outputs ``(logits, keys…, values…)`` as a :class:`Step`."""
+    layers = (len(outputs) - 1) // 2
+    return Step(logits(outputs[0]), list(outputs[1:1 + layers]), list(outputs[1 + layers:]))
+
+
 @dataclass(frozen=True, slots=True)
 class Step:
-    """What a prefill or decode pass returns: logits ``[batch, seq, vocab]`` and the caches
-    ``[layers, batch, kv_heads, cached positions, head_dim]``."""
+    """What a prefill or decode pass returns: logits ``[batch, seq, vocab]`` and each layer's cache ``[batch,
+    kv_heads, cached positions, head_dim]`` (numpy arrays, or Paddle tensors on Paddle Inference), fed back as
+    they are to the next decode step."""
 
     logits: np.ndarray
-    keys: np.ndarray
-    values: np.ndarray
+    keys: list[Any]
+    values: list[Any]
 
 
 def _configure_gpu(config, server: ServerConfig) -> None:
@@ -225,14 +288,14 @@ class OnnxRuntimeBackend:
 
     def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Step:
         session, outputs = self._full
-        return Step(*session.run(outputs, _ids(input_ids, attention_mask)))
+        return _step(session.run(outputs, _ids(input_ids, attention_mask)))
 
-    def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, keys: np.ndarray,
-               values: np.ndarray) -> Step:
+    def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Sequence[np.ndarray],
+               values: Sequence[np.ndarray]) -> Step:
         if self._decode is None:
             raise BundleError("edge/: no decode graph (decode.onnx); re-export the bundle")
         session, outputs = self._decode
-        return Step(*session.run(outputs, {**_ids(input_ids, attention_mask), "keys": keys, "values": values}))
+        return _step(session.run(outputs, _cache_feed(input_ids, attention_mask, keys, values)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,8 +364,9 @@ class LanguageModel:
         folder = Path(bundle)
         meta = read_bundle(folder)
         if meta.get("format", 0) < OLDEST_FORMAT:
-            raise BundleError(f"{folder / BUNDLE_FILE}: bundle format {meta.get('format')} has no KV-cache graphs "
-                              f"(format {OLDEST_FORMAT}); re-export it (kedro run --pipelines export)")
+            raise BundleError(f"{folder / BUNDLE_FILE}: bundle format {meta.get('format')} is older than the graphs "
+                              f"this runtime runs (format {OLDEST_FORMAT}); re-export it "
+                              "(kedro run --pipelines export)")
         if backend == "paddle":
             if int8:
                 raise BundleError("int8: the int8 model is ONNX; load it with backend='onnx'")
@@ -458,13 +522,14 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
 
 
-def _keep_rows(mask: np.ndarray, step: Step, rows: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The cache of ``rows`` only, without the leading columns that are padding in all of them."""
+def _keep_rows(mask: np.ndarray, step: Step, rows: list[int]) -> tuple[np.ndarray, list[Any], list[Any]]:
+    """The cache of ``rows`` only, without the leading columns that are padding in all of them (numpy arrays
+    or Paddle tensors alike)."""
     if len(rows) == len(mask):  # no copy of the cache on the common step (list indexing always copies)
         return mask, step.keys, step.values
     mask = mask[rows]
     lead = int((np.cumsum(mask, axis=1) == 0).sum(axis=1).min())
-    return mask[:, lead:], step.keys[:, rows, :, lead:], step.values[:, rows, :, lead:]
+    return mask[:, lead:], *([cache[rows][:, :, lead:] for cache in caches] for caches in (step.keys, step.values))
 
 
 def _sample(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Generator, top_p: float = 1.0) -> int:
