@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -124,3 +126,24 @@ def test_gpu_only_server_settings_on_cpu_are_refused(tiny_bundle):
     for server in (ServerConfig(precision="fp16"), ServerConfig(tensorrt=True)):
         with pytest.raises(BundleError, match=r"^export.server: tensorrt and precision fp16 need device: gpu$"):
             LanguageModel.load(tiny_bundle, server=server)
+
+
+@pytest.mark.parametrize(("vendor", "flags", "preset", "expected"), [
+    ("AuthenticAMD", "fpu sse2 avx avx2 fma", None, "5"),  # AMD with AVX2: MKL asked for its AVX2 kernels
+    ("GenuineIntel", "fpu sse2 avx avx2 avx512f", None, None),  # Intel: MKL picks its own best kernels
+    ("AuthenticAMD", "fpu sse2 avx", None, None),  # no AVX2: forcing it would crash
+    ("AuthenticAMD", "fpu sse2 avx avx2", "0", "0"),  # the user's setting wins
+], ids=["amd-avx2", "intel", "amd-no-avx2", "user-set"])
+def test_mkl_is_asked_for_avx2_only_on_amd_cpus_that_have_it(tmp_path, monkeypatch, vendor, flags, preset, expected):
+    from train_deploy.export.runtime import prefer_mkl_avx2
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: {flags}\n\nprocessor\t: 1\n"
+                       "vendor_id\t: AuthenticAMD\nflags\t\t: avx2\n")
+    monkeypatch.delenv("MKL_DEBUG_CPU_TYPE", raising=False)
+    if preset is not None:
+        monkeypatch.setenv("MKL_DEBUG_CPU_TYPE", preset)
+    assert prefer_mkl_avx2(cpuinfo) == (preset is None and expected is not None)
+    assert os.environ.get("MKL_DEBUG_CPU_TYPE") == expected
+    monkeypatch.delenv("MKL_DEBUG_CPU_TYPE", raising=False)
+    assert prefer_mkl_avx2(tmp_path / "missing") is False
