@@ -196,11 +196,12 @@ def _folder_files(folder: Path) -> dict[str, bytes]:
 
 
 def _materialise(tokenizer: TokenizerInfo, files: dict[str, bytes]) -> Path:
-    """The tokenizer's files in this node's temporary folder, written once per node (named by their hash)."""
-    folder = Path(tempfile.gettempdir()) / f"train_deploy-tokenizer-{tokenizer.hash}"
+    """The tokenizer's files in this node's Ray session folder (removed with Ray's other files of the session),
+    written once per node and named by their hash."""
+    folder = _session_folder() / f"train_deploy-tokenizer-{tokenizer.hash}"
     if folder.is_dir():
         return folder
-    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-"))
+    staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
     for name, data in files.items():
         (staging / name).parent.mkdir(parents=True, exist_ok=True)
         (staging / name).write_bytes(data)
@@ -209,6 +210,16 @@ def _materialise(tokenizer: TokenizerInfo, files: dict[str, bytes]) -> Path:
     except OSError:  # another worker of this node was first
         shutil.rmtree(staging, ignore_errors=True)
     return folder
+
+
+def _session_folder() -> Path:
+    """This node's Ray session folder (Ray has no public call for it), else the temporary folder."""
+    try:
+        from ray._private.worker import global_worker
+
+        return Path(global_worker.node.get_session_dir_path())
+    except (ImportError, AttributeError):
+        return Path(tempfile.gettempdir())
 
 
 class _ChunkBar:
