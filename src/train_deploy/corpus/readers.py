@@ -29,6 +29,7 @@ from typing import IO
 from xml.etree import ElementTree
 
 from train_deploy.corpus.config import ReaderConfig
+from train_deploy.corpus.errors import CorpusError
 from train_deploy.corpus.html import PageError, decode_page, main_text
 from train_deploy.corpus.people_daily import strip_pos_tag_bytes, strip_pos_tags
 from train_deploy.corpus.wiki import iter_pages, strip_wiki_markup
@@ -47,10 +48,6 @@ _BZ2_STREAM = re.compile(rb"BZh[1-9](?:1AY&SY|\x17rE8P\x90)")
 _XML_PAGE = re.compile(rb"<page>")
 # WikiExtractor's output: every article between a `<doc id=… url=… title=…>` line and a `</doc>` line.
 WIKI_EXTRACTOR_SEPARATOR = r"\s*</?doc(?:\s[^>]*)?>\s*"
-
-
-class CorpusError(ValueError):
-    """Bad corpus input; the message names the file (and line where it applies)."""
 
 
 @dataclass(frozen=True, slots=True)

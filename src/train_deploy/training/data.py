@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from train_deploy.corpus.readers import CorpusError
+from train_deploy.corpus.errors import CorpusError
 
 
 class TokenWindows:
