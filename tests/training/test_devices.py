@@ -69,26 +69,29 @@ def test_the_training_node_never_imports_paddle(tmp_path):
                           cwd=tmp_path).stdout.split()[-1] == "False"
 
 
-@pytest.mark.parametrize(("vendor", "expected"), [("AuthenticAMD", "5"), ("GenuineIntel", None), ("", None)])
-def test_cpu_workers_on_amd_get_mkls_avx2_kernels(monkeypatch, vendor, expected):
-    """MKL takes its SSE path on CPUs not made by Intel unless MKL_DEBUG_CPU_TYPE=5; a user's own value stays."""
+@pytest.mark.parametrize(("cpu", "expected"), [({"vendor_id": "AuthenticAMD", "flags": "fpu avx avx2 fma"}, "5"),
+                                             ({"vendor_id": "AuthenticAMD", "flags": "fpu avx"}, None),
+                                             ({"vendor_id": "GenuineIntel", "flags": "fpu avx2"}, None), ({}, None)])
+def test_cpu_workers_on_amd_get_mkls_avx2_kernels(monkeypatch, cpu, expected):
+    """MKL takes its SSE path on CPUs not made by Intel unless MKL_DEBUG_CPU_TYPE=5 (only where AVX2 exists);
+    a user's own value stays."""
     from train_deploy.training import launch
 
     monkeypatch.delenv("MKL_DEBUG_CPU_TYPE", raising=False)
-    monkeypatch.setattr(launch, "cpu_vendor", lambda: vendor)
-    cpu = TrainingConfig.from_params({"device": {"type": "cpu"}})
-    assert worker_environment(cpu).get("MKL_DEBUG_CPU_TYPE") == expected
+    monkeypatch.setattr(launch, "first_cpu", lambda: cpu)
+    config = TrainingConfig.from_params({"device": {"type": "cpu"}})
+    assert worker_environment(config).get("MKL_DEBUG_CPU_TYPE") == expected
     assert "MKL_DEBUG_CPU_TYPE" not in worker_environment(TrainingConfig.from_params({"device": {"type": "gpu"}}))
     monkeypatch.setenv("MKL_DEBUG_CPU_TYPE", "4")
-    assert worker_environment(cpu)["MKL_DEBUG_CPU_TYPE"] == "4"
+    assert worker_environment(config)["MKL_DEBUG_CPU_TYPE"] == "4"
 
 
-def test_cpu_vendor_reads_this_machines_cpuinfo():
+def test_first_cpu_reads_this_machines_cpuinfo():
     from pathlib import Path
 
-    from train_deploy.training.launch import cpu_vendor
+    from train_deploy.training.launch import first_cpu
 
     info = Path("/proc/cpuinfo")
-    text = info.read_text(encoding="utf-8") if info.exists() else ""
-    assert cpu_vendor() == next((line.partition(":")[2].strip() for line in text.splitlines()
-                                 if line.startswith("vendor_id")), "")
+    block = info.read_text(encoding="ascii", errors="replace").split("\n\n")[0] if info.exists() else ""
+    vendor = next((line.partition(":")[2].strip() for line in block.splitlines() if line.startswith("vendor_id")), None)
+    assert first_cpu().get("vendor_id") == vendor

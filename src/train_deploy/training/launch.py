@@ -139,26 +139,30 @@ def worker_environment(config: TrainingConfig) -> dict[str, str]:
         share = max(1, (os.cpu_count() or 1) // config.launch.nproc_per_node)
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env.setdefault(var, str(share))
-        if cpu_vendor() == "AuthenticAMD":
-            # The MKL inside Paddle's wheel takes its slowest (SSE) path on any CPU not made by Intel; 5 makes it use
-            # its AVX2 kernels, ~2x the float32 matmul rate and ~1.6x a training step here (docs/benchmarks.md).
+        cpu = first_cpu()
+        if cpu.get("vendor_id") == "AuthenticAMD" and "avx2" in cpu.get("flags", "").split():
+            # The MKL inside Paddle's wheel takes its SSE kernels on CPUs not made by Intel; 5 asks for its AVX2 ones
+            # (a CPU without AVX2 would crash on them): ~2x the float32 matmul rate here (docs/benchmarks.md).
             env.setdefault("MKL_DEBUG_CPU_TYPE", "5")
     env.setdefault("GLOG_minloglevel", "2")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 
-def cpu_vendor() -> str:
-    """The ``vendor_id`` of this machine's first CPU (``GenuineIntel``, ``AuthenticAMD``, ...), "" where Linux's
-    ``/proc/cpuinfo`` does not say."""
+def first_cpu() -> dict[str, str]:
+    """The fields of this machine's first processor in Linux's ``/proc/cpuinfo`` (``vendor_id``, ``flags``, ...);
+    empty where there is none."""
+    fields: dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
             for line in cpuinfo:
-                if line.startswith("vendor_id"):
-                    return line.partition(":")[2].strip()
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
     except OSError:
         pass
-    return ""
+    return fields
 
 
 def is_secret(name: str, value: str) -> bool:
