@@ -37,6 +37,7 @@ BASE: dict[str, dict[str, Any]] = {
 
 # The probes a key accepts; every other probe of every numeric key must be refused naming the key.
 ACCEPTED: dict[str, tuple] = {
+    "training.launch.cpu_threads": (0,),  # 0 = cores ÷ nproc_per_node
     "corpus.reader.lines_per_document": (HUGE,),
     "corpus.reader.max_bytes": (HUGE,),
     "corpus.reader.max_line_bytes": (HUGE,),

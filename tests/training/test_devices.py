@@ -95,3 +95,17 @@ def test_first_cpu_reads_this_machines_cpuinfo():
     block = info.read_text(encoding="ascii", errors="replace").split("\n\n")[0] if info.exists() else ""
     vendor = next((line.partition(":")[2].strip() for line in block.splitlines() if line.startswith("vendor_id")), None)
     assert first_cpu().get("vendor_id") == vendor
+
+
+@pytest.mark.parametrize(("threads", "nproc", "expected"), [(1, 1, "1"), (3, 2, "3"), (0, 1, None)])
+def test_cpu_workers_get_launch_cpu_threads_or_their_share_of_the_cores(monkeypatch, threads, nproc, expected):
+    import os
+
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)
+    config = TrainingConfig.from_params({"launch": {"cpu_threads": threads, "nproc_per_node": nproc}})
+    env = worker_environment(config)
+    share = expected or str(max(1, (os.cpu_count() or 1) // nproc))
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == env["OPENBLAS_NUM_THREADS"] == share
+    monkeypatch.setenv("OMP_NUM_THREADS", "7")
+    assert worker_environment(config)["OMP_NUM_THREADS"] == "7"  # the user's choice

@@ -61,7 +61,7 @@ class ParallelConfig:
 
 @dataclass(kw_only=True, slots=True)
 class BatchConfig:
-    micro_batch_size: int = 4
+    micro_batch_size: int = 8
     """Sequences per data-parallel rank per forward/backward."""
     global_batch_size: int = 8
     """Sequences per optimizer step: micro_batch_size × dp × gradient-accumulation steps."""
@@ -146,8 +146,11 @@ class DeviceConfig:
 
 @dataclass(kw_only=True, slots=True)
 class LaunchConfig:
-    nproc_per_node: int = 2
+    nproc_per_node: int = 1
     """Worker processes per node (one per GPU on gpu); the world size is nproc_per_node × nnodes."""
+    cpu_threads: int = 1
+    """OpenMP/MKL threads of each CPU worker (OMP/MKL/OPENBLAS_NUM_THREADS unless the environment sets them); 0 =
+    the node's cores ÷ nproc_per_node. The CPU demo's one worker runs faster with one thread than with two."""
     nnodes: int = 1
     """Machines in the job; more than 1 needs master."""
     master: str | None = None
@@ -169,6 +172,7 @@ class LaunchConfig:
     while the tracking server was down; past it, it warns (every metric stays in metrics.jsonl)."""
 
     def __post_init__(self) -> None:
+        check_range("training.launch.cpu_threads", self.cpu_threads, 0, 1024, note="0 = cores ÷ nproc_per_node")
         check(self.stall_timeout > 0, "training.launch.stall_timeout",
               f"must be a positive number of seconds (got {self.stall_timeout!r})")
         check(self.metrics_timeout >= 0, "training.launch.metrics_timeout",

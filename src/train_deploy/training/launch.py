@@ -135,8 +135,8 @@ def worker_environment(config: TrainingConfig) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items() if not is_secret(name, value)}
     if config.device.type == "cpu":
         env["PADDLE_DISTRI_BACKEND"] = "gloo"  # the GPU wheel's default is NCCL, which cannot reduce CPU tensors
-        # One BLAS/OpenMP pool per worker sized to its share of the cores, unless the user chose.
-        share = max(1, (os.cpu_count() or 1) // config.launch.nproc_per_node)
+        # One BLAS/OpenMP pool per worker: launch.cpu_threads, or its share of the cores, unless the user chose.
+        share = config.launch.cpu_threads or max(1, (os.cpu_count() or 1) // config.launch.nproc_per_node)
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env.setdefault(var, str(share))
         cpu = first_cpu()
