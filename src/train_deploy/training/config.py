@@ -12,7 +12,7 @@ from train_deploy.config import ConfigError, check, check_range, from_mapping, t
 PRESETS: dict[str, dict[str, int]] = {
     "tiny": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
              "num_key_value_heads": 4, "max_position_embeddings": 128},
-    # small: the CPU demo `make run` trains in about 6 minutes on 2 cores (conf/base/parameters_training.yml says
+    # small: the CPU demo `make run` trains in about 6.5 minutes on 2 cores (conf/base/parameters_training.yml says
     # why this shape); until issue 16 it was hidden 256 / intermediate 704, which learnt less in the same time.
     "small": {"hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 4, "num_attention_heads": 4,
               "num_key_value_heads": 4, "max_position_embeddings": 256},
