@@ -55,6 +55,8 @@ ACCEPTED: dict[str, tuple] = {
     "corpus.encoding.validation_fraction": (0.0,),
     "corpus.encoding.split_seed": (0, -1, HUGE),  # a salt: any integer
     "corpus.encoding.batch_documents": (HUGE,),
+    "corpus.encoding.num_cpus": (1.0,),  # (0, 1024] per Ray task
+    "corpus.encoding.max_retries": (0,),  # 0 to 100
     "training.parallel.dp": (-1, HUGE),  # -1 = inferred; the world size is resolve_layout's
     "training.parallel.mp": (HUGE,),
     "training.parallel.sharding_stage": (0,),

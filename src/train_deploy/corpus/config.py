@@ -166,9 +166,10 @@ class EncodingConfig:
     node's `host:port`; null starts a private Ray instance on this machine with `workers` CPUs, stopped at the end.
     A process that already called `ray.init` uses its own connection."""
     num_cpus: float = 1.0
-    """`ray` only: CPUs each chunk's task reserves (its encoder uses one core: 1)."""
+    """`ray` only: CPUs each chunk's task reserves (its encoder uses one core: 1), at most 1024."""
     max_retries: int = 3
-    """`ray` only: times Ray runs a chunk again when its worker process or node dies; bad input is never retried."""
+    """`ray` only: times Ray runs a chunk again when its worker process or node dies (0 to 100); bad input is
+    never retried."""
     shards: Literal["shared_folder", "object_store"] = "shared_folder"
     """`ray` only: how a chunk's shards reach the merge: written beside the output folder, which every node must
     see at the same path (a driver's probe file is read by a task on every node at start, else it stops), or
@@ -224,8 +225,9 @@ class CorpusConfig:
         check_range("corpus.encoding.workers", e.workers, 0, note="0 = all cores")
         check_range("corpus.encoding.validation_fraction", e.validation_fraction, 0, 1, open_high=True)
         check_range("corpus.encoding.batch_documents", e.batch_documents, 1)
-        check_range("corpus.encoding.num_cpus", e.num_cpus, 0, open_low=True)
-        check_range("corpus.encoding.max_retries", e.max_retries, 0)
+        check_range("corpus.encoding.num_cpus", e.num_cpus, 0, 1024, open_low=True,
+                    note="more CPUs than any node has leaves the task waiting for ever")
+        check_range("corpus.encoding.max_retries", e.max_retries, 0, 100)
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> CorpusConfig:
