@@ -27,10 +27,10 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 from bench_train import prepare_tokens  # noqa: E402
 
-from train_deploy.training.launch import first_cpu  # noqa: E402
+from train_deploy.environment import first_cpu, mkl_cpu_type  # noqa: E402
 
-if first_cpu().get("vendor_id") == "AuthenticAMD" and "avx2" in first_cpu().get("flags", "").split():
-    os.environ.setdefault("MKL_DEBUG_CPU_TYPE", "5")  # read when MKL loads, with Paddle below
+if mkl_cpu_type(first_cpu()):
+    os.environ.setdefault("MKL_DEBUG_CPU_TYPE", mkl_cpu_type(first_cpu()))  # read when MKL loads, with Paddle below
 
 
 def main() -> None:

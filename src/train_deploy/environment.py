@@ -1,10 +1,12 @@
-"""Environment variables set for the length of a block, then put back as they were."""
+"""Environment variables: set for the length of a block, then put back as they were; and the one this CPU's
+MKL needs (``MKL_DEBUG_CPU_TYPE``)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 
 
 @contextlib.contextmanager
@@ -24,3 +26,31 @@ def scoped_environment(variables: Mapping[str, str], *, keep_set: bool = False) 
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def first_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """The fields of the machine's first processor in Linux's ``cpuinfo`` (``vendor_id``, ``flags``, ...); empty
+    where there is none."""
+    fields: dict[str, str] = {}
+    try:
+        with Path(cpuinfo).open(encoding="ascii", errors="replace") as file:
+            for line in file:
+                if not line.strip():
+                    break
+                key, _, value = line.partition(":")
+                fields[key.strip()] = value.strip()
+    except OSError:
+        pass
+    return fields
+
+
+def mkl_cpu_type(cpu: Mapping[str, str]) -> str | None:
+    """``MKL_DEBUG_CPU_TYPE`` for the processor ``cpu`` (:func:`first_cpu`): "5" on an AMD CPU with AVX2, else None.
+
+    The MKL in Paddle's CPU wheel (``paddle/libs/libmklml_intel.so``) takes its generic SSE kernels on CPUs that
+    are not Intel's unless this variable asks for AVX2: 2-6x the float32 matrix-product rate on an AMD EPYC
+    (docs/benchmarks.md). Intel CPUs get their best kernels anyway; a CPU without AVX2 would crash on them. MKL
+    reads it once, at the first product of a process.
+    """
+    amd_avx2 = cpu.get("vendor_id") == "AuthenticAMD" and "avx2" in cpu.get("flags", "").split()
+    return "5" if amd_avx2 else None

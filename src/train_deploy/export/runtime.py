@@ -34,6 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from train_deploy.environment import first_cpu, mkl_cpu_type
 from train_deploy.export.config import ServerConfig
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE
 from train_deploy.export.graph import DECODE_MODEL, SERVER_MODEL, cache_names
@@ -50,29 +51,13 @@ OLDEST_FORMAT = 7  # bundle.json "format" this runtime reads: 6 added the KV-cac
 
 
 def prefer_mkl_avx2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """On an AMD CPU with AVX2, set ``MKL_DEBUG_CPU_TYPE=5`` unless the environment sets it; True if set now.
-
-    Paddle's CPU wheel does its matrix products with the MKL it ships (``paddle/libs/libmklml_intel.so``), which
-    takes its generic SSE kernels on CPUs that are not Intel's unless this variable asks for AVX2: Paddle
-    Inference's products then run 4-6x faster on an AMD EPYC (docs/benchmarks.md). MKL reads it when Paddle makes
-    its first product in the process, so this runs when ``train_deploy.export`` is imported; it changes nothing
-    after that, on Intel CPUs (their own kernels are already chosen) or on CPUs without AVX2 (it would crash them).
-    """
-    if "MKL_DEBUG_CPU_TYPE" in os.environ:
+    """Set ``MKL_DEBUG_CPU_TYPE`` where this CPU's MKL needs it (:func:`~train_deploy.environment.mkl_cpu_type`)
+    unless the environment sets it; True if set now. Run when ``train_deploy.export`` is imported, before Paddle
+    Inference makes its first product (4-6x faster products on an AMD EPYC); it changes nothing after that."""
+    cpu_type = mkl_cpu_type(first_cpu(cpuinfo))
+    if "MKL_DEBUG_CPU_TYPE" in os.environ or cpu_type is None:
         return False
-    first: dict[str, str] = {}  # the first processor's block
-    try:
-        with cpuinfo.open(encoding="ascii", errors="replace") as file:
-            for line in file:
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                first[key.strip()] = value.strip()
-    except OSError:
-        return False
-    if first.get("vendor_id") != "AuthenticAMD" or "avx2" not in first.get("flags", "").split():
-        return False
-    os.environ["MKL_DEBUG_CPU_TYPE"] = "5"
+    os.environ["MKL_DEBUG_CPU_TYPE"] = cpu_type
     return True
 
 

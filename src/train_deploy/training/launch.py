@@ -42,6 +42,7 @@ from typing import IO
 import psutil
 
 from train_deploy.config import ConfigError
+from train_deploy.environment import first_cpu, mkl_cpu_type
 from train_deploy.handoffs import DescriptionError, RunSpec, TrainingResult, read_json, write_json
 from train_deploy.training import worker
 from train_deploy.training.config import TrainingConfig
@@ -139,30 +140,12 @@ def worker_environment(config: TrainingConfig) -> dict[str, str]:
         share = config.launch.cpu_threads or max(1, (os.cpu_count() or 1) // config.launch.nproc_per_node)
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
             env.setdefault(var, str(share))
-        cpu = first_cpu()
-        if cpu.get("vendor_id") == "AuthenticAMD" and "avx2" in cpu.get("flags", "").split():
-            # The MKL inside Paddle's wheel takes its SSE kernels on CPUs not made by Intel; 5 asks for its AVX2 ones
-            # (a CPU without AVX2 would crash on them): ~2x the float32 matmul rate here (docs/benchmarks.md).
-            env.setdefault("MKL_DEBUG_CPU_TYPE", "5")
+        cpu_type = mkl_cpu_type(first_cpu())  # MKL's AVX2 kernels on AMD: ~2x the matmul rate here
+        if cpu_type is not None:
+            env.setdefault("MKL_DEBUG_CPU_TYPE", cpu_type)
     env.setdefault("GLOG_minloglevel", "2")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
-
-
-def first_cpu() -> dict[str, str]:
-    """The fields of this machine's first processor in Linux's ``/proc/cpuinfo`` (``vendor_id``, ``flags``, ...);
-    empty where there is none."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as cpuinfo:
-            for line in cpuinfo:
-                if not line.strip():
-                    break
-                key, _, value = line.partition(":")
-                fields[key.strip()] = value.strip()
-    except OSError:
-        pass
-    return fields
 
 
 def is_secret(name: str, value: str) -> bool:
