@@ -129,3 +129,19 @@ def test_with_max_restart_the_launcher_restarts_workers_and_they_resume(tmp_path
     assert not thread.is_alive()
     assert outcome["result"].finished and outcome["result"].step == 40
     assert "Resumed from" in (tmp_path / "logs" / "node0" / "workerlog.0").read_text()
+
+
+def test_a_killed_worker_is_named_from_the_launcher_log_when_its_peers_were_stopped_before_noticing(tmp_path):
+    from train_deploy.training.launch import _failure_message
+
+    for rank in (0, 1):  # neither log has an error: rank 0 was stopped (SIGTERM) while it waited in a collective
+        (tmp_path / f"workerlog.{rank}").write_text(f"step 2  loss 7.6\nrank {rank} last line\n")
+    (tmp_path / "launcher.log").write_text(
+        "LAUNCH ERROR 2026-12-01 21:07:19,994 Container failed !!!\nContainer rank 1 status failed cmd ['python', "
+        "'-u', 'worker.py'] code -9 log /logs/workerlog.1\nLAUNCH INFO Exit code -15\n")
+    assert _failure_message(tmp_path, 241) == (
+        "training worker rank 1 died without an error (killed by SIGKILL: out of memory, or a kill; launcher exit "
+        f"code 241); the launcher stopped the other ranks. {tmp_path / 'workerlog.1'}: step 2  loss 7.6 | rank 1 "
+        "last line")
+    (tmp_path / "launcher.log").write_text("LAUNCH INFO Exit code 1\n")  # no container named: the logs alone
+    assert _failure_message(tmp_path, 1).startswith("training failed (launcher exit code 1); logs in")

@@ -25,7 +25,8 @@ pytest_plugins = ["tests.mlflow_server"]
 pytestmark = pytest.mark.slow
 
 OUTAGE_S = 3.0  # between the server's stop and its restart (which takes some seconds more)
-STEPS = 60  # ~12 s of tiny steps on 2 busy cores: the server stops (~1 s after the first metrics) mid-training
+STEPS = 240  # tiny steps, ~10 s on 2 quiet cores with MKL's AVX2 kernels (60 could end before the server stopped):
+# the server stops (~1 s after the first metrics) mid-training
 
 
 @pytest.fixture

@@ -365,13 +365,17 @@ class _LogFollower:
 
 
 _COMMUNICATION = re.compile(r"gloo|IoException|Connection reset|NCCL|Broken pipe|socket", re.IGNORECASE)
+# Paddle's launcher names the first worker that failed: "Container rank 1 status failed cmd [...] code -9 log ...";
+# a negative code is the signal that ended it (its peers may be stopped before they notice the lost connection).
+_KILLED_CONTAINER = re.compile(r"Container rank (?P<rank>\d+) status failed .*? code (?P<code>-\d+) ")
 
 
 def _failure_message(log_dir: Path, code: int) -> str:
     """Name the worker that failed first, with the last lines of its log.
 
     A worker that raised has a traceback that is not about lost connections; a worker that was killed
-    (SIGKILL, out of memory) leaves no error at all while its peers report the broken connection.
+    (SIGKILL, out of memory) leaves no error at all while its peers report the broken connection; when the
+    launcher stopped them before they noticed, its log names the first worker that ended and the signal.
     """
     logs = {int(p.suffix[1:]): p.read_text(encoding="utf-8", errors="replace")
             for p in log_dir.glob("workerlog.*") if p.suffix[1:].isdigit()}
@@ -385,7 +389,14 @@ def _failure_message(log_dir: Path, code: int) -> str:
         return (f"training worker rank {silent[0]} died without an error (killed, out of memory or crashed; "
                 f"launcher exit code {code}); the other ranks lost their connection to it. "
                 f"{log_dir / f'workerlog.{silent[0]}'}: {_tail(logs[silent[0]])}")
-    launcher = (log_dir / "launcher.log").read_text(encoding="utf-8", errors="replace")
+    launcher = (log_dir / "launcher.log").read_text(encoding="utf-8", errors="replace") \
+        if (log_dir / "launcher.log").is_file() else ""
+    if (killed := _KILLED_CONTAINER.search(launcher)) and int(killed["rank"]) in logs:
+        rank, signal_number = int(killed["rank"]), -int(killed["code"])
+        name = signal.Signals(signal_number).name if signal_number in signal.valid_signals() else signal_number
+        return (f"training worker rank {rank} died without an error (killed by {name}: out of memory, or a kill; "
+                f"launcher exit code {code}); the launcher stopped the other ranks. "
+                f"{log_dir / f'workerlog.{rank}'}: {_tail(logs[rank])}")
     return f"training failed (launcher exit code {code}); logs in {log_dir}: {_tail(launcher)}"
 
 
