@@ -48,13 +48,23 @@ def test_the_launcher_environment_leaves_out_credentials(monkeypatch):
         "GOOGLE_APPLICATION_CREDENTIALS": "/keys/sa.json", "github_token": "t", "Db_Password": "p",
         "MLFLOW_TRACKING_URI": "http://user:pw@mlflow:5000", "HTTPS_PROXY": "http://me:pw@proxy:3128",
     }
-    kept = {"MLFLOW_TRACKING_URI_PLAIN": "http://mlflow:5000", "KEYBOARD": "us", "PADDLE_X": "1",
-            "AWS_DEFAULT_REGION": "eu-west-1"}
-    for name, value in {**secret, **kept}.items():
+    kept = {"PADDLE_X": "1", "FLAGS_use_mkldnn": "0", "OMP_PROC_BIND": "close", "LC_ALL": "C.UTF-8",
+            "MY_DATA_ROOT": "/srv/data"}
+    # credentials under names no deny-list knows, and what the workers' software never reads
+    unknown = {"SHOP_DB_PASS": "hunter2", "API_AUTH": "Bearer x", "DEPLOY_PK": "-----BEGIN", "KEYBOARD": "us",
+               "MLFLOW_TRACKING_URI_PLAIN": "http://mlflow:5000", "AWS_DEFAULT_REGION": "eu-west-1"}
+    for name, value in {**secret, **kept, **unknown}.items():
         monkeypatch.setenv(name, value)
-    env = worker_environment(TrainingConfig.from_params({}))
-    assert not set(secret) & set(env)
+    env = worker_environment(TrainingConfig.from_params({"launch": {"environment": ["MY_DATA_*", "*TOKEN*"]}}))
+    assert not (set(secret) | set(unknown)) & set(env)  # listing a credential's pattern does not pass it
     assert {name: env[name] for name in kept} == kept
+    assert env["PATH"] == os.environ["PATH"]
+
+
+def test_launch_environment_takes_names_or_patterns_only():
+    with pytest.raises(ConfigError, match=r"^training\.launch\.environment\[1\]: must be a variable name or a shell "
+                                          r"pattern such as MY_DATA_\* \(got 'A=B'\)$"):
+        TrainingConfig.from_params({"launch": {"environment": ["OK_*", "A=B"]}})
 
 
 def test_stall_timeout_must_be_positive():
@@ -241,7 +251,8 @@ def test_no_credential_reaches_the_run_folders_and_log_folders_are_private(tmp_p
     tracking_uri(f"http://user:{canary}@127.0.0.1:1")  # unreachable
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail at once rather than back off for minutes
     monkeypatch.setenv("TRAIN_DEPLOY_TEST_VISIBLE", "plain")
-    params = training_params(1, launch={"metrics_timeout": 1})  # the server never comes back
+    # the server never comes back; the test's own variable is passed as a user's would be (launch.environment)
+    params = training_params(1, launch={"metrics_timeout": 1, "environment": ["TRAIN_DEPLOY_TEST_*"]})
     with caplog.at_level(logging.INFO):
         result = run_training(TrainingConfig.from_params(params), run_spec(tmp_path, tiny_tokens, params),
                               mlflow_run_id="0" * 32)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -170,6 +171,11 @@ class LaunchConfig:
     metrics_timeout: float = 30.0
     """Seconds the training node keeps trying, after training ends, to send MLflow the metrics it could not send
     while the tracking server was down; past it, it warns (every metric stays in metrics.jsonl)."""
+    environment: list[str] = field(default_factory=list)
+    """Further environment variables the workers get, as names or shell patterns (``MY_DATA_*``): by default
+    they get only what Python, Paddle and the CPU/GPU libraries read (``training/launch.py``,
+    ``WORKER_VARIABLES``), since the launcher writes every variable it gets into its log folder. A variable
+    that holds a credential is never passed, listed or not."""
 
     def __post_init__(self) -> None:
         check_range("training.launch.cpu_threads", self.cpu_threads, 0, 1024, note="0 = cores ÷ nproc_per_node")
@@ -177,6 +183,10 @@ class LaunchConfig:
               f"must be a positive number of seconds (got {self.stall_timeout!r})")
         check(self.metrics_timeout >= 0, "training.launch.metrics_timeout",
               f"must be a number of seconds, at least 0 (got {self.metrics_timeout!r})")
+        for i, pattern in enumerate(self.environment):
+            check(isinstance(pattern, str) and re.fullmatch(r"[A-Za-z0-9_*?]+", pattern) is not None,
+                  f"training.launch.environment[{i}]", f"must be a variable name or a shell pattern such as "
+                  f"MY_DATA_* (got {str(pattern)[:40]!r})")
 
 
 @dataclass(kw_only=True, slots=True)

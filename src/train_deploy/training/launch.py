@@ -16,7 +16,8 @@ Safe to leave unattended:
   :func:`run_launcher` returns or raises, and when rank 0 reports no step for ``launch.stall_timeout``
   seconds; on Linux the kernel also sends the launcher SIGTERM when this process dies, even by SIGKILL;
 - the launcher writes every environment variable it gets into its log folder (``envlog.<rank>``,
-  ``backup_env.<rank>.json``), so it gets this process's environment without credentials
+  ``backup_env.<rank>.json``), so it gets only the variables Python, Paddle and the CPU/GPU libraries read
+  (:data:`WORKER_VARIABLES`) and those ``launch.environment`` lists, never one holding a credential
   (:data:`SECRET_VARIABLES`), and the log folders are readable by their owner only (mode 0700);
 - the workers do not talk to MLflow: rank 0 writes ``metrics.jsonl``, and this process sends its lines to the
   Kedro run's MLflow run (:class:`~train_deploy.training.metrics.MetricsForwarder`).
@@ -56,9 +57,28 @@ POLL_S = 0.5
 STOP_GRACE_S = 10.0
 """Seconds the job's processes get to exit after SIGTERM before SIGKILL."""
 
-# Environment variables the launcher (and so every worker) never gets: it writes all it gets into its log
-# folder. Shell patterns over the upper-cased name; a variable whose value holds a URI with user information
-# (scheme://user:password@host) is left out too. The workers need no credentials: this process talks to MLflow.
+# The environment variables the launcher (and so every worker) gets, as shell patterns over the name: it writes
+# all it gets into its log folder, so an allow-list of what the workers' software reads, not a list of what to
+# hide (a credential under a name nobody thought of stays out). ``launch.environment`` adds the user's own.
+WORKER_VARIABLES = (
+    # the system, the C library and Python
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR", "TEMP", "TMP",
+    "TERM", "LD_LIBRARY_PATH", "LD_PRELOAD", "XDG_CACHE_HOME", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME",
+    "PYTHONHASHSEED", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "PYTHONWARNINGS", "PYTHONFAULTHANDLER",
+    "PYTHONIOENCODING", "PYTHONUTF8",
+    # Paddle, its launcher and collective back-ends
+    "FLAGS_*", "PADDLE_*", "GLOG_*", "POD_*", "GLOO_*", "NCCL_*", "MASTER_ADDR", "MASTER_PORT",
+    # CPU math libraries (OpenMP, MKL, OpenBLAS, oneDNN)
+    "OMP_*", "KMP_*", "GOMP_*", "MKL_*", "OPENBLAS_*", "DNNL_*", "ONEDNN_*",
+    # GPUs
+    "CUDA_*", "NVIDIA_*", "CUDNN_*", "CUBLAS_*", "CUBLASLT_*", "TF_ENABLE_*", "TENSORRT_*",
+    # PaddleNLP's model folder
+    "PPNLP_HOME", "PADDLENLP_*",
+)
+
+# Never passed, allowed or listed: shell patterns over the upper-cased name; a variable whose value holds a URI
+# with user information (scheme://user:password@host) is left out too. The workers need no credentials: this
+# process talks to MLflow.
 SECRET_VARIABLES = (
     "*PASSWORD*", "*PASSWD*", "*TOKEN*", "*SECRET*", "*_KEY", "*CREDENTIALS*", "*CONNECTION_STRING*",
     "AWS_ACCESS_KEY_ID", "MLFLOW_TRACKING_USERNAME",
@@ -132,8 +152,11 @@ def visible_gpus() -> list[str]:
 
 
 def worker_environment(config: TrainingConfig) -> dict[str, str]:
-    """This process's environment without credentials (:data:`SECRET_VARIABLES`), with CPU thread counts."""
-    env = {name: value for name, value in os.environ.items() if not is_secret(name, value)}
+    """The variables of this process's environment that the workers' software reads (:data:`WORKER_VARIABLES`)
+    or ``launch.environment`` lists, without credentials (:data:`SECRET_VARIABLES`), with CPU thread counts."""
+    allowed = (*WORKER_VARIABLES, *config.launch.environment)
+    env = {name: value for name, value in os.environ.items()
+           if any(fnmatch.fnmatchcase(name, pattern) for pattern in allowed) and not is_secret(name, value)}
     if config.device.type == "cpu":
         env["PADDLE_DISTRI_BACKEND"] = "gloo"  # the GPU wheel's default is NCCL, which cannot reduce CPU tensors
         # One BLAS/OpenMP pool per worker: launch.cpu_threads, or its share of the cores, unless the user chose.
