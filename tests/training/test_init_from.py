@@ -158,3 +158,17 @@ def test_sharded_safetensors_load_as_the_whole_file_does(tmp_path, model_folder)
 def test_a_missing_folder_is_refused_naming_the_key(tmp_path):
     with pytest.raises(ConfigError, match="training.init_from is not scratch, champion nor a folder"):
         resolve(tmp_path / "nowhere", tmp_path)
+
+
+@pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/outside.safetensors", "shards/../../x.safetensors",
+                                  "model.bin", 7])
+def test_a_weight_index_naming_a_file_outside_the_folder_is_refused(tmp_path, name):
+    from train_deploy.training.pretrained import weight_files
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (tmp_path / "outside.safetensors").write_bytes(b"not read")
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": name}}))
+    with pytest.raises(ConfigError, match=r"model\.safetensors\.index\.json: names .*, which is not a \.safetensors "
+                                          r"file of the folder itself \(no absolute path, no '\.\.'\); refusing"):
+        weight_files(folder)

@@ -22,7 +22,7 @@ import json
 import logging
 import shutil
 from dataclasses import asdict
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from train_deploy.config import ConfigError
@@ -51,6 +51,10 @@ def weight_files(folder: Path) -> list[Path]:
             names = sorted(set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values()))
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ConfigError(f"{index}: not a safetensors index ({exc!r})") from None
+        outside = [name for name in names if not _inside(name)]
+        if outside:
+            raise ConfigError(f"{index}: names {str(outside[0])[:80]!r}, which is not a .safetensors file of the "
+                              "folder itself (no absolute path, no '..'); refusing to read it (training.init_from)")
         missing = [name for name in names if not (folder / name).is_file()]
         if missing:
             raise ConfigError(f"{index}: names {missing[0]}, which is not in {folder}")
@@ -63,6 +67,15 @@ def weight_files(folder: Path) -> list[Path]:
                           "the model with save_pretrained(folder, safe_serialization=True) (training.init_from)")
     raise ConfigError(f"{folder}: no {WEIGHTS_FILE} nor {WEIGHTS_INDEX}; save the model with "
                       "save_pretrained(folder, safe_serialization=True) (training.init_from)")
+
+
+def _inside(name: object) -> bool:
+    """Whether a weight index's file name stays in its folder: a relative ``.safetensors`` path without ``..``
+    (a shard may sit in a sub-folder; links are followed as the folder's owner laid them out)."""
+    if not isinstance(name, str) or not name.endswith(".safetensors") or "\\" in name or "\0" in name:
+        return False
+    path = PurePosixPath(name)
+    return not path.is_absolute() and ".." not in path.parts and path.parts[:1] != ("",)
 
 
 def model_config(folder: Path) -> dict[str, Any]:
