@@ -91,7 +91,7 @@ ui: $(STAMP)
 test: check-paddle
 	$(BIN)/python -m pytest
 
-# The pipeline picture: a static Kedro-Viz site in build/ (view it with `python -m http.server -d build`).
+# The pipeline picture: a static Kedro-Viz site in build/; the last lines say how to serve and open it.
 # `kedro viz build` exits 0 even when the project fails to load, and draws a dataset it cannot build as a
 # MemoryDataset, so every dataset of the pipeline is built first and the pipeline's page is checked after.
 viz: check-paddle
@@ -100,6 +100,9 @@ viz: check-paddle
 	$(BIN)/kedro viz build
 	test -s build/api/deploy-viz-metadata && test -s build/api/pipelines/$(PIPELINE) \
 		|| { echo "kedro viz build wrote no page for pipeline $(PIPELINE): see its ERROR above" >&2; exit 1; }
+	@echo "The pipeline picture is in build/: serve it with"
+	@echo "  $(BIN)/python -m http.server --bind 127.0.0.1 --directory build 4141"
+	@echo "and open http://127.0.0.1:4141"
 
 bench: check-paddle
 	$(BIN)/python benchmarks/bench_tokenize.py
