@@ -8,7 +8,9 @@ validate their own block: each can also be called alone.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Collection, Mapping
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -40,6 +42,50 @@ def check_run(params: Mapping[str, Any], stages: Collection[str]) -> dict[str, A
     check_validation_split(configs["corpus"], configs["averaging"] if "averaging" in stages else None,
                            configs["export"] if "export" in stages else None)
     return configs
+
+
+class UnwritableLocation(RuntimeError):
+    """A catalog location the run will write cannot be written; the message names the entry and the folder."""
+
+
+def check_writable(catalog, pipeline) -> None:
+    """Every local catalog location the ``pipeline`` writes (its outputs, and the work folders its nodes write
+    into) can be written, or :class:`UnwritableLocation` names the first that cannot: found before the first
+    node, not after hours of training. A location that does not exist yet is checked at the folder it would be
+    made in; each is checked by creating (and removing) a file there, which also catches a read-only mount."""
+    from train_deploy.datasets import WorkFolderDataset
+
+    for name in sorted(pipeline.datasets()):
+        dataset = catalog.get(name) if name in catalog else None
+        if dataset is None or not hasattr(dataset, "_filepath") or getattr(dataset, "_protocol", "file") != "file":
+            continue  # in memory, parameters, or remote storage (its own client reports its errors)
+        if name in pipeline.all_outputs() or isinstance(dataset, WorkFolderDataset):
+            reason = _unwritable(Path(str(dataset._filepath)))
+            if reason:
+                raise UnwritableLocation(f"catalog entry {name!r}: {reason}; make it writable or move the entry "
+                                         "in conf/local/catalog.yml")
+
+
+def _unwritable(location: Path) -> str | None:
+    """Why nothing can be written at ``location`` or beside it (a folder dataset stages its new version beside
+    the entry and renames it into place), or None."""
+    places = [location, location.parent] if location.is_dir() else [location.parent]
+    return next(filter(None, (_unwritable_folder(place, location) for place in places)), None)
+
+
+def _unwritable_folder(folder: Path, location: Path) -> str | None:
+    """Why no file can be made in ``folder`` (or the folder it would be made in), or None."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a folder, so {location} cannot be made"
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".train_deploy-writable-", dir=folder)
+    except OSError as exc:
+        return f"{folder} is not writable ({exc.strerror or type(exc).__name__})"
+    os.close(handle)
+    os.unlink(probe)
+    return None
 
 
 def check_validation_split(corpus: CorpusConfig, averaging: AveragingConfig | None,

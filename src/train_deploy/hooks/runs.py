@@ -14,7 +14,7 @@ from kedro.framework.hooks import hook_impl
 
 from train_deploy.atomic import clean_leftovers, remove_leftovers
 from train_deploy.datasets import ArtifactFolderDataset, WorkFolderDataset
-from train_deploy.preflight import check_run, check_tracking
+from train_deploy.preflight import check_run, check_tracking, check_writable
 from train_deploy.retrain import CHECKED_NODES, OUTCOME_TAG, REASON_TAG, NothingToRetrain, check_for_changes
 from train_deploy.run_lock import RunConfig, RunLock
 
@@ -94,6 +94,7 @@ class CheckConfiguration:
     def before_pipeline_run(self, pipeline, catalog) -> None:
         stages = {name.removeprefix("params:") for name in pipeline.inputs() if name.startswith("params:")}
         check_run(catalog.load("parameters"), stages)
+        check_writable(catalog, pipeline)
 
 
 class OuterRunAware:
