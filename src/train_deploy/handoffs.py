@@ -1,4 +1,4 @@
-"""Typed descriptions that cross stage boundaries, and their JSON form (the only place it is written or read).
+"""Typed descriptions that cross stage boundaries, and their JSON form (:func:`to_json`, :func:`from_json`).
 
 Each stage returns one of these instead of a dict: the corpus stage a :class:`TokenizerInfo` and a
 :class:`TokenManifest`, training a :class:`TrainingResult` (the workers get a :class:`RunSpec`),

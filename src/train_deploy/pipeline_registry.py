@@ -4,7 +4,7 @@ import importlib
 
 from kedro.pipeline import Pipeline
 
-# Stages in the order `train_deploy` runs them; later stages join as they land.
+# Stages in the order `train_deploy` runs them; each is also a pipeline of its own (`--pipelines corpus`).
 STAGES = ("corpus", "training", "averaging", "export", "registry")
 
 
