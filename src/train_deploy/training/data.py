@@ -9,7 +9,6 @@ names the same sequence whatever the parallel layout, which is what makes runs w
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from pathlib import Path
 
@@ -55,8 +54,3 @@ class TokenWindows:
     @lru_cache(maxsize=2)  # noqa: B019 - one sampler per process, a couple of epochs in flight
     def _order(self, epoch: int) -> np.ndarray:
         return np.random.RandomState((self.seed + epoch) % 2**32).permutation(self.num_samples)
-
-
-def token_dtype(manifest_path: Path) -> str:
-    """The id dtype the corpus stage wrote (``uint16`` or ``int32``)."""
-    return json.loads(Path(manifest_path).read_text(encoding="utf-8"))["tokenizer"]["dtype"]
