@@ -19,6 +19,7 @@ import hashlib
 import io
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -49,24 +50,28 @@ def tokenizer_is_current(info: TokenizerInfo, fingerprint: str) -> bool:
 def train_tokenizer(sentences: Iterable[str], config: TokenizerConfig, folder: Path, fingerprint: str, *,
                     normalization: Normalization) -> TokenizerInfo:
     """Train SentencePiece on ``sentences`` (cleaned under ``normalization``) and save it, PaddleNLP-loadable and
-    applying ``normalization`` to new text, into the empty ``folder``."""
+    applying ``normalization`` to new text, into the empty ``folder``.
+
+    The vocabulary is fitted to the corpus both ways, with a warning naming the value used: down to the pieces a
+    small corpus has, and up to the characters ``character_coverage`` must cover when ``vocab_size`` is smaller.
+    The sample is held in memory (SentencePiece holds it too) so that it can be trained on again."""
     model = io.BytesIO()
-    counted = _Counting(sentences)
+    sample = list(sentences)
     with tempfile.TemporaryDirectory(prefix="train_deploy-rules-") as work:
         rules = Path(work) / "rules.tsv"
         if normalization != "none":
             rules.write_text("".join(f"{_hex(source)}\t{_hex(target)}\n"
                                      for source, target in normalization_rules(normalization)), encoding="utf-8")
-        _train_sentencepiece(counted, config, model, rules if normalization != "none" else None)
+        requested = _train_sentencepiece(sample, config, model, rules if normalization != "none" else None)
     sp_file = folder / SP_MODEL_FILE
     sp_file.write_bytes(_recorded(model.getvalue(), normalization))
-    vocab_size = _fitted_vocab_size(model.getvalue(), config.vocab_size)
+    vocab_size = _fitted_vocab_size(model.getvalue(), requested)
     _save_llama_tokenizer(sp_file, folder)
     info = TokenizerInfo(path=str(folder), vocab_size=vocab_size, eos_id=2, hash=_hash_folder(folder),
                          encoder="sentencepiece", fingerprint=fingerprint, source="trained")
     write_json(folder / INFO_FILE, info)
     logger.info("Trained a %s SentencePiece tokenizer (%d pieces, normalisation %s) on %d sentences",
-                config.model_type, vocab_size, normalization, counted.count)
+                config.model_type, vocab_size, normalization, len(sample))
     return info
 
 
@@ -82,43 +87,78 @@ def _fitted_vocab_size(model: bytes, requested: int) -> int:
     return trained
 
 
-def _train_sentencepiece(counted: _Counting, config: TokenizerConfig, model: io.BytesIO, rules: Path | None) -> None:
+# SentencePiece's refusal of a vocabulary smaller than the characters it must cover (with its meta pieces: unk,
+# bos, eos, the user symbols and, with byte_fallback, the 256 byte pieces).
+_TOO_FEW_IDS = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)\.")
+_MAX_VOCAB = 1_000_000  # corpus.config's limit of vocab_size
+
+
+def _train_sentencepiece(sample: list[str], config: TokenizerConfig, model: io.BytesIO, rules: Path | None) -> int:
+    """Train into ``model`` with ``config.vocab_size`` ids, or with as many as the corpus's characters need when
+    that is fewer (with a warning naming the keys); return the vocabulary size trained with."""
+    if not sample:
+        raise _corpus_error("corpus is empty: no document left after cleaning to train the tokenizer on")
+    try:
+        _sentencepiece(sample, config, config.vocab_size, model, rules)
+        return config.vocab_size
+    except RuntimeError as exc:
+        too_few = _TOO_FEW_IDS.search(str(exc))
+        if too_few is None or not config.vocab_size < int(too_few[2]) <= _MAX_VOCAB:
+            raise _training_failed(exc, len(sample)) from None
+        needed = int(too_few[2])
+    logger.warning("corpus.tokenizer.vocab_size: %d ids cannot hold the %d characters and special pieces this corpus "
+                   "needs at corpus.tokenizer.character_coverage %g; the tokenizer (and the model's vocabulary) has "
+                   "%d (set corpus.tokenizer.vocab_size: %d or more to silence this, or lower "
+                   "corpus.tokenizer.character_coverage)", config.vocab_size, needed, config.character_coverage,
+                   needed, needed)
+    model.seek(0)
+    model.truncate()
+    try:
+        _sentencepiece(sample, config, needed, model, rules)
+    except RuntimeError as exc:
+        raise _training_failed(exc, len(sample)) from None
+    return needed
+
+
+def _training_failed(exc: RuntimeError, sentences: int) -> Exception:
+    """SentencePiece's reason in one line, its flags (``--character_coverage``) named as the project's keys."""
+    reason = str(exc).strip().splitlines()[0].split("] ", 1)[-1].strip()  # drop its source location and assertion
+    keys = set(TokenizerConfig.__dataclass_fields__)
+    reason = re.sub(r"--(\w+)( option)?", lambda m: f"corpus.tokenizer.{m[1]}" if m[1] in keys else m[0], reason)
+    return _corpus_error(f"SentencePiece training failed on {sentences} sentences (corpus.tokenizer): {reason}")
+
+
+def _sentencepiece(sample: list[str], config: TokenizerConfig, vocab_size: int, model: io.BytesIO,
+                   rules: Path | None) -> None:
     import sentencepiece as spm
 
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(counted),
-            model_writer=model,
-            vocab_size=config.vocab_size,
-            model_type=config.model_type,
-            character_coverage=config.character_coverage,
-            byte_fallback=config.byte_fallback,
-            add_dummy_prefix=config.add_dummy_prefix,
-            # The sample is already normalised and whitespace-cleaned by the cleaning step; the policy's rules
-            # leave it as it is (decode(encode(doc)) == doc) and fold new text the same way.
-            **({"normalization_rule_tsv": str(rules)} if rules else {"normalization_rule_name": "identity"}),
-            remove_extra_whitespaces=False,
-            user_defined_symbols=["\n"],  # paragraph breaks inside documents: one token, not a byte
-            # The space symbol must be a piece even when the sample has almost no spaces; a byte-encoded
-            # "▁" would decode as "▁", not as a space.
-            required_chars="▁",
-            split_digits=True,
-            allow_whitespace_only_pieces=True,
-            unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-            # A small corpus has fewer pieces than vocab_size asks for: train as many as it has (a warning says
-            # how many) rather than fail; the tokenizer records the size it has.
-            hard_vocab_limit=False,
-            max_sentence_length=config.max_sentence_chars * 4,
-            input_sentence_size=0,
-            num_threads=config.num_threads or os.cpu_count() or 1,
-            minloglevel=2,
-        )
-    except RuntimeError as exc:
-        if counted.count == 0:
-            raise _corpus_error("corpus is empty: no document left after cleaning to train the tokenizer on") from None
-        reason = str(exc).split("] ", 1)[-1].strip()  # drop SentencePiece's source location and assertion
-        raise _corpus_error(f"SentencePiece training failed on {counted.count} sentences (corpus.tokenizer): "
-                          f"{reason}") from None
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sample),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type=config.model_type,
+        character_coverage=config.character_coverage,
+        byte_fallback=config.byte_fallback,
+        add_dummy_prefix=config.add_dummy_prefix,
+        # The sample is already normalised and whitespace-cleaned by the cleaning step; the policy's rules
+        # leave it as it is (decode(encode(doc)) == doc) and fold new text the same way.
+        **({"normalization_rule_tsv": str(rules)} if rules else {"normalization_rule_name": "identity"}),
+        remove_extra_whitespaces=False,
+        user_defined_symbols=["\n"],  # paragraph breaks inside documents: one token, not a byte
+        # The space symbol must be a piece even when the sample has almost no spaces; a byte-encoded
+        # "▁" would decode as "▁", not as a space.
+        required_chars="▁",
+        split_digits=True,
+        allow_whitespace_only_pieces=True,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        # A small corpus has fewer pieces than vocab_size asks for: train as many as it has (a warning says
+        # how many) rather than fail; the tokenizer records the size it has.
+        hard_vocab_limit=False,
+        max_sentence_length=config.max_sentence_chars * 4,
+        input_sentence_size=0,
+        num_threads=config.num_threads or os.cpu_count() or 1,
+        minloglevel=2,
+    )
 
 
 def normalization_rules(policy: Normalization) -> list[tuple[str, str]]:
@@ -271,16 +311,6 @@ def training_sentences(documents: Iterable[str], max_chars: int) -> Iterator[str
 
 
 # --- helpers ---------------------------------------------------------------------------------------
-
-
-class _Counting:
-    def __init__(self, items: Iterable[str]) -> None:
-        self.items, self.count = items, 0
-
-    def __iter__(self) -> Iterator[str]:
-        for item in self.items:
-            self.count += 1
-            yield item
 
 
 def _corpus_error(message: str) -> Exception:
