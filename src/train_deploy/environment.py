@@ -1,9 +1,12 @@
-"""Environment variables: set for the length of a block, then put back as they were; and the one this CPU's
-MKL needs (``MKL_DEBUG_CPU_TYPE``)."""
+"""Environment variables: set for the length of a block, then put back as they were; this machine's CPU as Linux
+describes it (read once per process: :func:`this_cpu`); and the variable this CPU's MKL needs
+(``MKL_DEBUG_CPU_TYPE``)."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import os
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -42,6 +45,19 @@ def first_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
     except OSError:
         pass
     return fields
+
+
+@functools.cache
+def this_cpu() -> dict[str, str]:
+    """:func:`first_cpu` of this machine, read once per process (the kernel probe and the export runtime ask)."""
+    return first_cpu()
+
+
+def cpu_identity(cpu: Mapping[str, str]) -> tuple[str, str]:
+    """``(model name, digest of the flags)`` of the processor ``cpu`` (:func:`first_cpu`): what a result measured
+    on one CPU is filed under. The flags say what it can run; the model name is for people reading the file."""
+    flags = " ".join(sorted(cpu.get("flags", "").split()))
+    return cpu.get("model name", "unknown CPU"), hashlib.blake2b(flags.encode(), digest_size=8).hexdigest()
 
 
 def mkl_cpu_type(cpu: Mapping[str, str]) -> str | None:
