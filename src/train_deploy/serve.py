@@ -1,0 +1,151 @@
+"""``train-deploy serve``: a registered model of the project's MLflow store over HTTP, from any folder.
+
+``mlflow models serve -m models:/train_deploy_lm@champion --env-manager local`` typed as it stands fails three
+ways: ``mlflow`` (and the ``uvicorn`` it starts by name) is not on ``PATH`` outside an activated venv; MLflow 3
+then reads its own default store (a new ``mlflow.db`` in the current folder), not the project's; and the
+project's SQLite store records artifact locations relative to the project folder
+(``hooks.tracking.RelativeArtifactLocation``, so a moved project keeps working), which only resolve from there.
+
+:func:`serve` therefore runs this environment's ``mlflow models serve --env-manager local`` in the project folder,
+with the tracking and registry URIs of the project's ``mlflow.yml`` (``MLFLOW_TRACKING_URI`` wins, as in a run;
+local paths made absolute) and this environment's ``bin`` first on ``PATH``; it replaces the current process, so
+Ctrl-C and SIGTERM reach the server. :func:`serve_line` is the command the end of a run prints.
+
+    .venv/bin/train-deploy serve                           # registry.model_name@champion on 127.0.0.1:5001
+    /path/to/project/.venv/bin/train-deploy serve --model my_lm --port 8080     # from any folder
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import NoReturn
+from urllib.parse import urlsplit
+
+from train_deploy.registry.config import RegistryConfig
+
+CONF_MARKER = Path("conf") / "base" / "mlflow.yml"
+"""What makes a folder this project's: the configuration its runs read."""
+
+
+class ServeError(RuntimeError):
+    """The model cannot be served as asked; the message names the project, store, model or alias."""
+
+
+def _is_project(folder: Path) -> bool:
+    return (folder / CONF_MARKER).is_file() and (folder / "pyproject.toml").is_file()
+
+
+def find_project(project: Path | None = None) -> Path:
+    """The project folder: ``project`` when given, else the current folder when it is one, else the checkout this
+    package is installed from (an editable install)."""
+    if project is not None:
+        if not _is_project(project.resolve()):
+            raise ServeError(f"--project {project}: no {CONF_MARKER} and pyproject.toml there")
+        return project.resolve()
+    for candidate in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        if _is_project(candidate):
+            return candidate
+    raise ServeError(f"{Path.cwd()} is not the project folder and this installation is not a checkout: pass "
+                     "--project with the folder holding conf/base/mlflow.yml")
+
+
+def _config(project: Path, env: str | None):
+    """The project's configuration loader, as a run builds it (the project's Kedro settings)."""
+    from kedro.framework.project import configure_project, settings
+
+    configure_project(__package__)
+    return settings.CONFIG_LOADER_CLASS(conf_source=str(project / "conf"), env=env, **settings.CONFIG_LOADER_ARGS)
+
+
+def absolute_uri(uri: str, project: Path) -> str:
+    """``uri`` with a relative local path (``sqlite:///mlruns.db``, ``file:mlruns``, ``mlruns``) made absolute
+    against ``project``, where the runs resolve it; other URIs as they are."""
+    if uri.startswith("sqlite:///"):
+        path = Path(uri.removeprefix("sqlite:///"))
+        return uri if path.is_absolute() else f"sqlite:///{(project / path).as_posix()}"
+    scheme = urlsplit(uri).scheme
+    if scheme in ("", "file") and not Path(uri.removeprefix("file:")).is_absolute():
+        return (project / uri.removeprefix("file:")).as_uri()
+    return uri
+
+
+def store_uris(project: Path, env: str | None = None) -> tuple[str, str]:
+    """The tracking and registry URIs the project's runs use (``conf/<env>/mlflow.yml``; ``MLFLOW_TRACKING_URI``
+    wins through its ``oc.env`` resolver), local paths absolute."""
+    server = _config(project, env)["mlflow"]["server"]
+    tracking = absolute_uri(str(server["mlflow_tracking_uri"]), project)
+    registry = server.get("mlflow_registry_uri")
+    return tracking, absolute_uri(str(registry), project) if registry else tracking
+
+
+def default_model_name(project: Path, env: str | None = None) -> str:
+    """``registry.model_name`` as the project's runs read it (conf/base, then conf/<env>)."""
+    return RegistryConfig.from_params(_config(project, env)["parameters"].get("registry")).model_name
+
+
+def check_servable(tracking: str, registry: str, model_name: str, alias: str) -> str:
+    """The version ``models:/<model_name>@<alias>`` (or ``/<version>``) names; raises :class:`ServeError` in one
+    line when the store, the model or the alias is missing."""
+    if tracking.startswith("sqlite:///") and not Path(tracking.removeprefix("sqlite:///")).is_file():
+        raise ServeError(f"no MLflow store at {tracking.removeprefix('sqlite:///')}: run the pipeline first "
+                         "(make run), or set MLFLOW_TRACKING_URI to the store that holds the model")
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=tracking, registry_uri=registry)
+    try:
+        found = (client.get_model_version(model_name, alias) if alias.isdigit() else
+                 client.get_model_version_by_alias(model_name, alias))
+    except MlflowException as exc:
+        raise ServeError(f"{_shown(registry)}: registered model {model_name} has no "
+                         f"{'version' if alias.isdigit() else 'alias'} {alias} ({exc.message.splitlines()[0]})"
+                         ) from None
+    return str(found.version)
+
+
+def _shown(uri: str) -> str:
+    from train_deploy.training.metrics import redact_uri
+
+    return redact_uri(uri)
+
+
+def server_command(model_uri: str, host: str, port: int, workers: int) -> list[str]:
+    """This environment's ``mlflow models serve`` of ``model_uri`` in this Python environment."""
+    mlflow = Path(sys.executable).parent / "mlflow"
+    return [str(mlflow), "models", "serve", "-m", model_uri, "--env-manager", "local", "-h", host, "-p", str(port),
+            "--workers", str(workers)]
+
+
+def server_environment(tracking: str, registry: str) -> dict[str, str]:
+    """The server's environment: the project's store as tracking and registry URI, this environment's ``bin``
+    first on ``PATH`` (the CLI starts ``uvicorn`` by name)."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return {**os.environ, "MLFLOW_TRACKING_URI": tracking, "MLFLOW_REGISTRY_URI": registry, "PATH": path}
+
+
+def serve(*, project: Path | None = None, env: str | None = None, model_name: str | None = None,
+          alias: str = "champion", host: str = "127.0.0.1", port: int = 5001, workers: int = 1) -> NoReturn:
+    """Check the model is there, then become ``mlflow models serve`` of it in the project folder (see the module)."""
+    folder = find_project(project)
+    tracking, registry = store_uris(folder, env)
+    name = model_name or default_model_name(folder, env)
+    version = check_servable(tracking, registry, name, alias)
+    model_uri = f"models:/{name}/{alias}" if alias.isdigit() else f"models:/{name}@{alias}"
+    sys.stderr.write(f"Serving {model_uri} (version {version}) of {_shown(tracking)} on http://{host}:{port} "
+                     f"(POST /invocations); Ctrl-C stops it\n")
+    sys.stderr.flush()
+    os.chdir(folder)  # the store's relative artifact locations resolve from the project folder
+    command = server_command(model_uri, host, port, workers)
+    os.execve(command[0], command, server_environment(tracking, registry))
+
+
+def serve_line(model_name: str, project: Path) -> str:
+    """The command that serves ``model_name``'s champion from any folder: this environment's ``train-deploy
+    serve``, naming the project when it is not the checkout the command finds by itself."""
+    command = [str(Path(sys.executable).parent / "train-deploy"), "serve", "--model", model_name]
+    if Path(project).resolve() != Path(__file__).resolve().parents[2]:
+        command += ["--project", str(Path(project).resolve())]
+    return shlex.join(command)
