@@ -40,9 +40,12 @@ def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, An
         f"global batch {batch.get('global_batch_size', '?')}, {schedule.get('max_steps', '?')} steps, AdamW at "
         f"learning rate {optimizer.get('learning_rate', '?')} "
         f"(reference batch {optimizer.get('reference_batch_size', '?')}).",
-        f"- Parallel layout of the run: {state.get('layout', {})}.",
-        f"- Validation loss {_num(source.get('val_loss'))} (perplexity {_num(parity['perplexity'].get('trained'))} "
-        f"on the {parity['samples']} parity windows of {parity['seq_length']} tokens).",
+        f"- Parallel layout of the run: {state['layout']}." if state.get("layout") else None,  # none when averaged
+        f"- Validation loss {_num(source.get('val_loss'))} nats/token on the "
+        + (f"{source['val_baselines']['windows']} " if source.get("val_baselines") else "")
+        + "evaluation windows of the validation split.",
+        f"- Perplexity {_num(parity['perplexity'].get('trained'))} on the {parity['samples']} parity windows of "
+        f"{parity['seq_length']} tokens (another set: the windows the export compares its forms on).",
         *_baseline_lines(source, parity),
         *_training_curves_section(meta),
         "",

@@ -68,6 +68,19 @@ class BundleError(ValueError):
     """A bundle or a request to it is unusable; the message names the file or the value."""
 
 
+class TooLongError(BundleError):
+    """A text longer than the context (``too_long: raise``): ``what`` holds ``tokens`` tokens, ``context`` fit; the
+    served model words its own fix from these (its clients cannot load with ``too_long``)."""
+
+    def __init__(self, what: str, tokens: int, context: int) -> None:
+        super().__init__(f"{what}: {tokens} tokens exceed the model's context of {context} (plus the document "
+                         "separator); shorten it or load with too_long='truncate'")
+        self.what, self.tokens, self.context = what, tokens, context
+
+    def __reduce__(self):  # pickled (another process) with its fields, not its message
+        return type(self), (self.what, self.tokens, self.context)
+
+
 class PaddleInferenceBackend:
     """The bundle's two graphs (``graph.py``) on Paddle Inference predictors: ``(input_ids, attention_mask) ->
     logits`` when called, :meth:`prefill` and :meth:`decode` with the KV cache for generation.
@@ -481,8 +494,7 @@ class LanguageModel:
             return ids
         if self.too_long == "truncate":
             return [self.eos_id, *ids[-(self.context - 1) :]]
-        raise BundleError(f"{what}: {len(ids) - 1} tokens exceed the model's context of {self.context - 1} "
-                          "(plus the document separator); shorten it or load with too_long='truncate'")
+        raise TooLongError(what, len(ids) - 1, self.context - 1)
 
 
 def read_bundle(folder: Path) -> dict[str, Any]:

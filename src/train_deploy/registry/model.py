@@ -37,7 +37,7 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
 import train_deploy
-from train_deploy.export.runtime import BundleError, LanguageModel, read_bundle
+from train_deploy.export.runtime import BundleError, LanguageModel, TooLongError, read_bundle
 
 TASKS, BACKENDS = ("score", "generate"), ("paddle", "onnx")
 PARAMS: dict[str, tuple[str, Any]] = {
@@ -68,9 +68,23 @@ mlflow.models.set_model(BundleModel())
 '''
 
 
+class BadRequest(MlflowException):
+    """A request the caller can fix (HTTP 400), whose message stays as written: MLflow's scoring server puts
+    ``Failed to predict data '<the whole input>'`` before a model's error, which would echo every text sent."""
+
+    @property
+    def message(self) -> str:
+        return self._reason
+
+    @message.setter
+    def message(self, value: str) -> None:
+        if not hasattr(self, "_reason"):  # set once, by MlflowException's constructor
+            self._reason = value
+
+
 def bad_request(message: str) -> MlflowException:
-    """The error a caller can fix; ``mlflow models serve`` answers it with HTTP 400 and ``message``."""
-    return MlflowException(message, error_code=INVALID_PARAMETER_VALUE)
+    """The error a caller can fix; ``mlflow models serve`` answers it with HTTP 400 and ``message`` alone."""
+    return BadRequest(message, error_code=INVALID_PARAMETER_VALUE)
 
 
 class BundleModel(mlflow.pyfunc.PythonModel):
@@ -101,7 +115,10 @@ class BundleModel(mlflow.pyfunc.PythonModel):
                 return pd.DataFrame({"prompt": texts, "generated": model.generate(
                     texts, settings["max_new_tokens"], settings["temperature"], settings["top_k"], settings["seed"],
                     top_p=settings["top_p"])})
-            except BundleError as exc:  # a too-long text, a negative max_new_tokens, a form the bundle lacks
+            except TooLongError as exc:  # the client cannot load the model with too_long: it can send less
+                raise bad_request(f"{exc.what}: {exc.tokens} tokens exceed the model's context of {exc.context}; "
+                                  "send a shorter text") from None
+            except BundleError as exc:  # a negative max_new_tokens, a form the bundle lacks
                 raise bad_request(str(exc)) from None
 
     def _model(self, backend: str, int8: bool) -> LanguageModel:
