@@ -207,3 +207,45 @@ def test_helpers_start_without_importing_the_parents_main_module(monkeypatch):
         data = get_preparation_data("helper")
         assert "init_main_from_path" not in data and "init_main_from_name" not in data
     assert main.__file__ == "/venv/bin/kedro" and main.__spec__.name == "kedro"
+
+
+def test_token_files_that_cannot_fill_one_training_window_are_refused_built_or_kept(tmp_path, tiny_tokenizer):
+    from kedro.io import DatasetError
+
+    def publish_checked(fraction: float, training: dict) -> TokenManifest:
+        config, plan = plan_inputs(corpus_params(encoding={"validation_fraction": fraction}))
+        return publish(encode_tokens(config, plan, tiny_tokenizer, training), tmp_path / "tokens", TokenManifest,
+                       by_fingerprint=True)
+
+    with pytest.raises(DatasetError) as refused:  # built: 1 validation document of 87 tokens, not 129
+        publish_checked(0.002, {})
+    assert type(refused.value.__cause__).__name__ == "CorpusError"  # the one line the project's CLI prints
+    assert str(refused.value).startswith("corpus.encoding.validation_fraction: 0.002 of the ")
+    assert "fewer tokens than one evaluation window of training.batch.seq_length + 1 = 129; set it to " \
+        in str(refused.value)
+    assert not (tmp_path / "tokens").exists()  # nothing published
+    kept = publish_checked(0.005, {})  # 4 documents, 221 tokens: one window of 129
+    assert kept.splits["valid"].tokens >= 129
+    with pytest.raises(DatasetError, match=r"validation split, fewer tokens than one evaluation window of "
+                                          r"training\.batch\.seq_length \+ 1 = 257; "):
+        publish_checked(0.005, {"batch": {"seq_length": 256}})  # kept: the same files, a longer window
+    assert TokenManifest.read_folder(tmp_path / "tokens").fingerprint == kept.fingerprint  # still published
+
+
+def test_a_training_split_shorter_than_one_window_and_no_validation_asked_for(tiny_token_files):
+    import dataclasses
+
+    from train_deploy.corpus.build import check_splits
+    from train_deploy.corpus.errors import CorpusError
+
+    assert check_splits(tiny_token_files, 129, 0.05) is tiny_token_files
+    empty = dataclasses.replace(tiny_token_files.splits["valid"], documents=0, tokens=0)
+    assert check_splits(dataclasses.replace(tiny_token_files, splits={**tiny_token_files.splits, "valid": empty}),
+                        129, 0.0)  # validation_fraction 0: none asked for (preflight refuses it with averaging)
+    with pytest.raises(CorpusError) as refused:
+        check_splits(tiny_token_files, tiny_token_files.splits["train"].tokens + 1, 0.05)
+    assert str(refused.value) == (f"corpus: the training split holds {tiny_token_files.splits['train'].tokens} "
+                                  f"tokens ({tiny_token_files.splits['train'].documents} documents), fewer than one "
+                                  f"window of training.batch.seq_length + 1 = "
+                                  f"{tiny_token_files.splits['train'].tokens + 1}; give more text or set a shorter "
+                                  "training.batch.seq_length")

@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import multiprocessing as mp
 import os
 import pickle
@@ -103,6 +104,31 @@ def token_files_are_current(manifest: TokenManifest, fingerprint: str) -> bool:
             if not file.is_file() or file.stat().st_size != size:
                 return False
     return True
+
+
+def check_splits(manifest: TokenManifest, window: int, validation_fraction: float) -> TokenManifest:
+    """Return ``manifest`` if its training split, and its validation split unless ``validation_fraction`` is 0 (none
+    asked for), each hold one window of ``window`` tokens (``training.batch.seq_length + 1``: what training samples
+    and what evaluation, averaging and export's parity score); else raise ``CorpusError``, one line naming the key
+    to change. Checked when the corpus stage ends, so that a corpus too small is refused before training starts."""
+    train, valid = manifest.splits["train"], manifest.splits["valid"]
+    documents, tokens = train.documents + valid.documents, train.tokens + valid.tokens
+    if train.tokens < window:
+        raise CorpusError(f"corpus: the training split holds {train.tokens} tokens ({train.documents} documents), "
+                          f"fewer than one window of training.batch.seq_length + 1 = {window}; give more text or set "
+                          "a shorter training.batch.seq_length")
+    if validation_fraction == 0 or valid.tokens >= window:
+        return manifest
+    # The split takes whole documents by a hash of their text: enough that a split holding none (1 - f)^n is
+    # unlikely (5%), and three windows' worth of tokens.
+    wanted = max(1 - 0.05 ** (1 / max(documents, 1)), 3 * window / max(tokens, 1), 2 * validation_fraction)
+    advice = (f"set it to {math.ceil(wanted * 100) / 100:g} (--params corpus.encoding.validation_fraction="
+              f"{math.ceil(wanted * 100) / 100:g}) or give more text" if wanted <= 0.5 else
+              "give more text (or a shorter training.batch.seq_length)")
+    raise CorpusError(f"corpus.encoding.validation_fraction: {validation_fraction:g} of the {documents} documents put "
+                      f"{valid.documents} document{'' if valid.documents == 1 else 's'} ({valid.tokens} tokens) in the "
+                      f"validation split, fewer tokens than one "
+                      f"evaluation window of training.batch.seq_length + 1 = {window}; {advice}")
 
 
 def encode_corpus(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, folder: Path) -> TokenManifest:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from train_deploy.corpus.build import (
+    check_splits,
     corpus_fingerprint,
     encode_corpus,
     sample_documents,
@@ -69,13 +71,31 @@ def prepare_tokenizer(corpus_config: CorpusConfig, corpus_plan: CorpusPlan,
                       fingerprint=fingerprint)
 
 
-def encode_tokens(corpus_config: CorpusConfig, corpus_plan: CorpusPlan,
-                  tokenizer: TokenizerInfo) -> FolderWork[TokenManifest]:
-    """Return how to fill the token folder: encode the corpus in parallel (kept when its fingerprint is unchanged)."""
+def encode_tokens(corpus_config: CorpusConfig, corpus_plan: CorpusPlan, tokenizer: TokenizerInfo,
+                  training: dict[str, Any] | None = None) -> FolderWork[TokenManifest]:
+    """Return how to fill the token folder: encode the corpus in parallel (kept when its fingerprint is unchanged),
+    refusing token files that cannot fill one window of ``training``'s ``seq_length`` in each split
+    (:func:`~train_deploy.corpus.build.check_splits`), encoded or kept, before the training stage starts."""
     fingerprint = corpus_fingerprint(corpus_config, corpus_plan, tokenizer)
     keep = partial(token_files_are_current, fingerprint=fingerprint) if corpus_config.encoding.reuse else None
-    return FolderWork(build=partial(encode_corpus, corpus_config, corpus_plan, tokenizer), keep=keep,
-                      what="token files", fingerprint=fingerprint)
+    build = partial(encode_corpus, corpus_config, corpus_plan, tokenizer)
+    if training is not None:
+        check = partial(check_splits, window=TrainingConfig.from_params(training).batch.seq_length + 1,
+                        validation_fraction=corpus_config.encoding.validation_fraction)
+        build, keep = _checked(build, keep, check)
+    return FolderWork(build=build, keep=keep, what="token files", fingerprint=fingerprint)
+
+
+def _checked(build: Callable[[Path], TokenManifest], keep: Callable[[TokenManifest], bool] | None,
+             check: Callable[[TokenManifest], TokenManifest]):
+    """``build`` and ``keep`` with ``check`` applied to the token files built, or kept, before they are used."""
+    def checked_build(folder: Path) -> TokenManifest:
+        return check(build(folder))
+
+    def checked_keep(current: TokenManifest) -> bool:
+        return bool(keep(current) and check(current))
+
+    return checked_build, (checked_keep if keep is not None else None)
 
 
 def report_corpus(token_files: TokenManifest) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:

@@ -1,5 +1,6 @@
 """Corpus → tokens: plan the inputs, resolve where training starts (``training.init_from``: its tokenizer), prepare
-the tokenizer, encode into `.bin/.idx` with a manifest, and report what the cleaning kept and dropped."""
+the tokenizer, encode into `.bin/.idx` with a manifest (refused when a split cannot fill one window of training's
+``seq_length``), and report what the cleaning kept and dropped."""
 
 from kedro.pipeline import Node, Pipeline
 
@@ -14,7 +15,8 @@ def create_pipeline(**kwargs) -> Pipeline:
                  name="resolve_init_source"),
             Node(prepare_tokenizer, ["corpus_config", "corpus_plan", "init_source"], "tokenizer",
                  name="prepare_tokenizer"),
-            Node(encode_tokens, ["corpus_config", "corpus_plan", "tokenizer"], "token_files", name="encode_corpus"),
+            Node(encode_tokens, ["corpus_config", "corpus_plan", "tokenizer", "params:training"], "token_files",
+                 name="encode_corpus"),
             Node(report_corpus, "token_files", ["corpus_metrics", "token_manifest"], name="report_corpus"),
             Node(report_corpus_quality, "token_files", ["corpus_report", "corpus_examples"],
                  name="report_corpus_quality"),
