@@ -26,21 +26,33 @@ pytestmark = pytest.mark.slow
 
 def test_bundle_holds_server_edge_tokenizer_proofs_and_card(tiny_bundle):
     meta = json.loads((tiny_bundle / "bundle.json").read_text(encoding="utf-8"))
-    for name in ("server/model.json", "server/model.pdiparams", "edge/model.onnx", "edge/model.int8.onnx",
-                 "tokenizer/sentencepiece.bpe.model", "parity.json", "latency.json"):
+    for name in ("server/model.json", "server/model.pdiparams", "server/decode.json", "server_portable/model.json",
+                 "server_portable/model.pdiparams", "server_portable/decode.pdiparams", "edge/model.onnx",
+                 "edge/model.int8.onnx", "tokenizer/sentencepiece.bpe.model", "parity.json", "latency.json"):
         assert meta["files"][name] == (tiny_bundle / name).stat().st_size > 0
-    assert meta["model"]["context"] == 128 and meta["source"]["step"] == 6
+    assert meta["model"]["context"] == 128 and meta["source"]["step"] == 6 and meta["format"] == 8
+    # this CPU runs the fused kernels: both graphs shipped, each with what it needs
+    assert meta["graphs"] == {"server_portable": {"kernels": [], "needs": []},
+                              "server": {"kernels": ["swiglu", "fused_rms_norm"],
+                                         "needs": ["probe:swiglu", "probe:fused_rms_norm"]}}
+    assert meta["kernel_probe"]["runs"]
     parity = json.loads((tiny_bundle / "parity.json").read_text(encoding="utf-8"))
-    assert parity["passed"] and parity["samples"] == 4 and parity["seq_length"] == 32
-    assert parity["max_abs_logit_diff"]["paddle_inference"] <= 1e-4
-    assert parity["max_abs_logit_diff"]["onnx_fp32"] <= 1e-4
+    assert parity["passed"] and parity["samples"] == 4 and parity["seq_length"] == 32 and "not_shipped" not in parity
+    for form in ("paddle_inference", "paddle_portable", "onnx_fp32"):  # every graph shipped is proven
+        assert parity["max_abs_logit_diff"][form] <= 1e-4 and parity["kv_cache"]["max_abs_logit_diff"][form] <= 1e-4
     assert parity["int8_perplexity_increase"] <= 0.03
     assert abs(parity["perplexity"]["onnx_fp32"] / parity["perplexity"]["trained"] - 1) < 1e-5
     latency = json.loads((tiny_bundle / "latency.json").read_text(encoding="utf-8"))
-    assert set(latency["forms"]) == {"paddle_eager", "paddle_inference", "onnx_fp32", "onnx_int8"}
+    assert set(latency["forms"]) == {"paddle_eager", "paddle_inference", "paddle_portable", "onnx_fp32", "onnx_int8"}
     assert all(row["batch_2"]["p50"] > 0 for row in latency["forms"].values())
+    generation = latency["generation"]
+    assert generation["new_tokens"] == 32 and generation["prompt_tokens"] == 16
+    assert set(generation["forms"]) == {"paddle_inference", "paddle_portable", "onnx_fp32", "onnx_int8"}
+    assert all(row["ms_per_token"] > 0 for row in generation["forms"].values())
     card = (tiny_bundle / "MODEL_CARD.md").read_text(encoding="utf-8")
     assert "| onnx_int8 | `edge/model.int8.onnx` |" in card and "Selected because: last: test." in card
+    assert "| paddle_portable | `server_portable/model.pdiparams` |" in card
+    assert "- `server/`: Paddle's fused kernels (swiglu, fused_rms_norm)" in card and "- `server_portable/`" in card
     assert "## Intended use and limits" in card
 
 
@@ -168,3 +180,38 @@ def test_a_checkpoint_trained_with_flash_attention_exports_with_portable_kernels
                          edge={"int8": False}, latency={"batch_sizes": [1]})
     assert bundle.parity["passed"] and bundle.parity["max_abs_logit_diff"]["paddle_inference"] <= 1e-4
     assert "flash" not in json.dumps(bundle.meta) and "flash" not in bundle.card
+
+
+def test_where_the_fused_kernels_cannot_run_the_export_ships_the_portable_graph_alone_and_says_why(
+        tmp_path, tiny_checkpoint, tiny_tokenizer, tiny_token_files, monkeypatch):
+    """As on a CPU without AVX-512 (the probe's verdict forced): the export does not die, the fused graph it could
+    not prove is not shipped, parity.json and the card say why, and the bundle loads on its portable graph."""
+    from tests.export.conftest import NO_CURVES
+    from train_deploy.export import LanguageModel, probe
+    from train_deploy.export.bundle import bundle_fingerprint
+    from train_deploy.export.config import ExportConfig
+
+    config = ExportConfig.from_params(export_params())
+    fingerprints = {}
+    try:
+        for setting in ("on", "off"):
+            monkeypatch.setenv("TRAIN_DEPLOY_FUSED_KERNELS", setting)
+            probe._verdict.cache_clear()
+            fingerprints[setting] = bundle_fingerprint(tiny_checkpoint, tiny_tokenizer, config, NO_CURVES)
+        bundle = export_into(tmp_path / "out" / "bundle", tiny_checkpoint, tiny_tokenizer, tiny_token_files,
+                             edge={"int8": False}, latency={"batch_sizes": [1], "generate_tokens": 4})
+        model = LanguageModel.load(bundle.path, "paddle")
+    finally:
+        probe._verdict.cache_clear()
+    # a bundle without the fused graph is another bundle: never reused where the fused kernels run
+    assert fingerprints["on"] != fingerprints["off"]
+    folder = Path(bundle.path)
+    assert not (folder / "server").exists() and (folder / "server_portable" / "decode.pdiparams").is_file()
+    assert bundle.meta["graphs"] == {"server_portable": {"kernels": [], "needs": []}}
+    assert bundle.meta["kernel_probe"] == {"runs": False, "reason": "TRAIN_DEPLOY_FUSED_KERNELS=off"}
+    assert bundle.parity["passed"] and set(bundle.parity["max_abs_logit_diff"]) == {"paddle_portable", "onnx_fp32"}
+    why = "the fused graph could not be checked on the exporting machine: TRAIN_DEPLOY_FUSED_KERNELS=off"
+    assert bundle.parity["not_shipped"] == {"server": why}
+    assert f"- `server/` not shipped: {why}." in bundle.card
+    assert set(bundle.latency["generation"]["forms"]) == {"paddle_portable", "onnx_fp32"}
+    assert model.engine == "paddle_portable"

@@ -40,7 +40,8 @@ def gqa_forms(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def models(tiny_bundle) -> dict[str, LanguageModel]:
-    return {"paddle": LanguageModel.load(tiny_bundle), "onnx": LanguageModel.load(tiny_bundle, backend="onnx")}
+    return {"paddle": LanguageModel.load(tiny_bundle, backend="paddle"),
+            "onnx": LanguageModel.load(tiny_bundle, backend="onnx")}
 
 
 @pytest.mark.parametrize("batch", [1, 3])
@@ -111,8 +112,9 @@ def test_the_bundle_records_cache_parity_for_every_form(tiny_bundle):
     cache = parity["kv_cache"]
     assert cache["passed"] and parity["passed"] and cache["decode_steps"] > 0
     assert len(set(cache["prompt_lengths"])) > 1  # left padding: prompts of different lengths in one batch
-    assert set(cache["max_abs_logit_diff"]) == {"paddle_inference", "onnx_fp32", "onnx_int8"}
-    assert max(cache["max_abs_logit_diff"][form] for form in ("paddle_inference", "onnx_fp32")) <= 1e-4
+    assert set(cache["max_abs_logit_diff"]) == {"paddle_inference", "paddle_portable", "onnx_fp32", "onnx_int8"}
+    assert max(cache["max_abs_logit_diff"][form] for form in ("paddle_inference", "paddle_portable",
+                                                               "onnx_fp32")) <= 1e-4
     assert (tiny_bundle / "server" / "decode.json").is_file() and (tiny_bundle / "edge" / "decode.onnx").is_file()
     card = (tiny_bundle / "MODEL_CARD.md").read_text(encoding="utf-8")
     assert f"KV cache: {len(cache['prompt_lengths'])} left-padded prompts of " in card

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
 
 import numpy as np
 import pytest
 
-from train_deploy.export import LanguageModel
+from train_deploy.export import LanguageModel, probe
 from train_deploy.export.runtime import BundleError, log_softmax
 
 pytestmark = pytest.mark.slow
@@ -17,8 +20,21 @@ TEXTS = ["今天天气很好，我们去公园散步。", "中国人民", "经�
 
 @pytest.fixture(scope="module")
 def models(tiny_bundle) -> dict[str, LanguageModel]:
-    return {"paddle": LanguageModel.load(tiny_bundle), "onnx": LanguageModel.load(tiny_bundle, backend="onnx"),
+    with pytest.MonkeyPatch.context() as patch:  # as on a CPU without the fused kernels
+        patch.setenv("TRAIN_DEPLOY_FUSED_KERNELS", "off")
+        portable = LanguageModel.load(tiny_bundle, backend="paddle")
+    return {"paddle": LanguageModel.load(tiny_bundle, backend="paddle"), "portable": portable,
+            "onnx": LanguageModel.load(tiny_bundle, backend="onnx"),
             "int8": LanguageModel.load(tiny_bundle, backend="onnx", int8=True)}
+
+
+@pytest.fixture
+def no_fused_kernels(monkeypatch):
+    """This host as one whose CPU cannot run the fused kernels (``TRAIN_DEPLOY_FUSED_KERNELS=off``)."""
+    monkeypatch.setenv("TRAIN_DEPLOY_FUSED_KERNELS", "off")
+    probe._verdict.cache_clear()
+    yield
+    probe._verdict.cache_clear()
 
 
 def test_scores_are_the_trained_models_log_probabilities(models, tiny_checkpoint):
@@ -36,13 +52,40 @@ def test_scores_are_the_trained_models_log_probabilities(models, tiny_checkpoint
 
 
 def test_every_backend_scores_alike_and_greedy_generation_is_identical(models):
+    assert (models["paddle"].engine, models["portable"].engine) == ("paddle_inference", "paddle_portable")
     reference = models["paddle"].score(TEXTS)
-    for name in ("onnx", "int8"):
+    for name in ("portable", "onnx", "int8"):
         for ours, theirs in zip(models[name].score(TEXTS), reference, strict=True):
             assert ours.tokens == theirs.tokens
-            assert ours.perplexity == pytest.approx(theirs.perplexity, rel=1e-4 if name == "onnx" else 0.05)
+            assert ours.perplexity == pytest.approx(theirs.perplexity, rel=1e-4 if name != "int8" else 0.05)
     greedy = {name: model.generate("中国", max_new_tokens=12, temperature=0) for name, model in models.items()}
-    assert greedy["paddle"] == greedy["onnx"] and len(greedy["paddle"]) > 0
+    assert greedy["paddle"] == greedy["portable"] == greedy["onnx"] and len(greedy["paddle"]) > 0
+
+
+def test_unpinned_the_load_takes_the_fastest_engine_of_the_exports_figures_and_says_so(tiny_bundle, caplog):
+    generation = json.loads((tiny_bundle / "latency.json").read_text(encoding="utf-8"))["generation"]["forms"]
+    fastest = min(("paddle_inference", "onnx_fp32"), key=lambda name: generation[name]["ms_per_token"])
+    with caplog.at_level(logging.INFO, logger="train_deploy.export.runtime"):
+        model = LanguageModel.load(tiny_bundle)
+    assert model.engine == fastest
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Loaded")]
+    assert line.startswith(f"Loaded {tiny_bundle}: ") and "the fastest this host runs at export's figures" in line
+
+
+def test_a_format_7_bundle_where_the_fused_kernels_cannot_run_is_refused_in_one_line(tmp_path, tiny_bundle,
+                                                                                    no_fused_kernels):
+    old = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle, old, ignore=shutil.ignore_patterns("server_portable"))
+    meta = json.loads((old / "bundle.json").read_text(encoding="utf-8"))
+    del meta["graphs"]
+    (old / "bundle.json").write_text(json.dumps({**meta, "format": 7}), encoding="utf-8")
+    with pytest.raises(BundleError) as refused:
+        LanguageModel.load(old, backend="paddle")
+    assert str(refused.value) == (f"{old}/bundle.json: format 7 bundle has only the fused server graph, which this "
+                                  "CPU cannot run (TRAIN_DEPLOY_FUSED_KERNELS=off); re-export it with kedro run "
+                                  "--pipelines export")
+    unpinned = LanguageModel.load(old)  # not pinned: ONNX Runtime serves it
+    assert unpinned.engine == "onnx_fp32" and unpinned.generate("中国", max_new_tokens=3, temperature=0)
 
 
 def test_sampling_with_a_seed_is_deterministic(models):
@@ -69,7 +112,7 @@ def test_bad_bundle_and_backend_requests_are_named(tmp_path, tiny_bundle):
         LanguageModel.load(tmp_path)
     with pytest.raises(BundleError, match="int8: the int8 model is ONNX; load it with backend='onnx'"):
         LanguageModel.load(tiny_bundle, int8=True)
-    with pytest.raises(BundleError, match="backend: 'tensorrt' is not one of 'paddle', 'onnx'"):
+    with pytest.raises(BundleError, match="backend: 'tensorrt' is not one of 'auto', 'paddle', 'onnx'"):
         LanguageModel.load(tiny_bundle, backend="tensorrt")
 
 
@@ -86,7 +129,8 @@ def test_server_settings_reach_the_predictor_and_give_the_same_logits(tiny_bundl
 
     from train_deploy.export.config import ServerConfig
 
-    model = LanguageModel.load(tiny_bundle, server=ServerConfig(onednn=onednn, gc_batch_mb=4, cpu_threads=1))
+    model = LanguageModel.load(tiny_bundle, "paddle", server=ServerConfig(onednn=onednn, gc_batch_mb=4,
+                                                                          cpu_threads=1))
     assert paddle.get_flags("FLAGS_eager_delete_tensor_gb")["FLAGS_eager_delete_tensor_gb"] == 4 / 1024
     for ours, theirs in zip(model.score(TEXTS), models["paddle"].score(TEXTS), strict=True):
         np.testing.assert_allclose(ours.log_probs, theirs.log_probs, atol=1e-5)
@@ -125,7 +169,7 @@ def test_gpu_only_server_settings_on_cpu_are_refused(tiny_bundle):
 
     for server in (ServerConfig(precision="fp16"), ServerConfig(tensorrt=True)):
         with pytest.raises(BundleError, match=r"^export.server: tensorrt and precision fp16 need device: gpu$"):
-            LanguageModel.load(tiny_bundle, server=server)
+            LanguageModel.load(tiny_bundle, "paddle", server=server)
 
 
 @pytest.mark.parametrize(("vendor", "flags", "preset", "expected"), [

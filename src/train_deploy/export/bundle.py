@@ -2,21 +2,32 @@
 
 A bundle is one folder (the catalog's versioned ``export_bundle``: ``<path>/<version>/bundle/``)::
 
-    bundle.json      what it is: source checkpoint, model shape, tokenizer, runtime settings, files
-    server/          Paddle Inference: the prefill/full pass (model.json + model.pdiparams) and the one-token
-                     decode step with the KV cache (decode.json + decode.pdiparams), see graph.py
-    edge/            ONNX fp32 (model.onnx, decode.onnx) and int8 (model.int8.onnx, decode.int8.onnx)
+    bundle.json      what it is: source checkpoint, model shape, tokenizer, runtime settings, the server graphs
+                     (``graphs``: each one's fused kernels and what it needs, engines.py), files
+    server/          Paddle Inference, the fused graph (Paddle's fused CPU kernels): the prefill/full pass
+                     (model.json + model.pdiparams) and the one-token decode step with the KV cache
+                     (decode.json + decode.pdiparams), see graph.py
+    server_portable/ Paddle Inference, the portable graph (the same files): runs on every CPU
+    edge/            ONNX fp32 (model.onnx, decode.onnx) and int8 (model.int8.onnx, decode.int8.onnx), converted
+                     from the portable graph
     tokenizer/       the PaddleNLP tokenizer folder the model was trained with
     pretrained/      PaddleNLP's save_pretrained layout (config.json, float32 model.safetensors, the tokenizer):
                      LlamaForCausalLM.from_pretrained(folder) loads it; training.init_from: champion starts here
     parity.json      logits of every form against the trained model on fixed validation windows, and
                      (kv_cache) generation with the cache against full recomputation at every step
-    latency.json     p50/p95 of one forward pass per form
+    latency.json     p50/p95 of one forward pass per form, and (``generation``) milliseconds per token of a
+                     short greedy generation per form: what LanguageModel.load compares to pick the fastest
     plots/           training.png (curves of the run up to the exported step, when its metrics are known)
                      and latency.png (by form and batch)
     MODEL_CARD.md    generated from all of the above, embedding the plots
 
 The catalog gives an empty staging folder and publishes it only when this module returned (parity passed).
+
+Every graph the bundle ships is proven here (parity and latency), the fused one too: so the fused graph is
+shipped only when this machine can run it (on GPU, or on a CPU where the kernel probe passes, ``probe.py``).
+Exported on a CPU where a fused kernel crashes (no AVX-512), the bundle ships the portable graph alone, and
+``parity.json`` (``not_shipped``) and the model card say why: a graph no one has checked would be served
+unproven on the machines that can run it. Export where the fused kernels run (or on GPU) to ship both.
 """
 
 from __future__ import annotations
@@ -27,7 +38,6 @@ import hashlib
 import json
 import logging
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +46,24 @@ from train_deploy.export.checks import (
     add_cache_parity,
     cache_parity_report,
     check_parity,
+    generation_report,
     latency_report,
     parity_report,
 )
 from train_deploy.export.config import ExportConfig
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE, convert_to_onnx, quantize_int8
-from train_deploy.export.graph import DECODE_MODEL, eager_logits, load_inference_model, save_server_model
+from train_deploy.export.engines import GRAPH_FORMS, graph_record
+from train_deploy.export.graph import (
+    DECODE_MODEL,
+    FUSED_DIR,
+    PORTABLE_DIR,
+    SERVER_MODEL,
+    eager_logits,
+    load_inference_model,
+    save_server_model,
+)
 from train_deploy.export.plots import TrainingCurves, write_plots
+from train_deploy.export.probe import fused_kernels
 from train_deploy.export.runtime import OnnxRuntimeBackend, PaddleInferenceBackend, disable_tf32
 from train_deploy.handoffs import (
     BUNDLE_FILE,
@@ -68,9 +89,10 @@ logger = logging.getLogger(__name__)
 
 PRETRAINED_DIR = "pretrained"
 
-FORMAT = 7  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json,
+FORMAT = 8  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json,
 # 5: pretrained/, 6: prefill and decode graphs with a KV cache, 7: a cache input and output per layer, Paddle's fused
-# kernels in server/ (LanguageModel refuses older bundles: re-export)
+# kernels in server/, 8: the portable graph in server_portable/ and bundle.json's graphs (LanguageModel refuses
+# bundles older than 7: re-export)
 
 
 def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManifest, config: ExportConfig,
@@ -91,15 +113,22 @@ def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManif
     check_tokenizer(tokenizer, state, checkpoint)
     version = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H.%M.%S.%fZ")
     model = load_inference_model(checkpoint)
-    save_server_model(model, folder / "server")
-    _save_edge_models(model, folder / "edge", config)
+    probe = fused_kernels(config.server.device)
+    graphs = {PORTABLE_DIR: graph_record(False)} | ({FUSED_DIR: graph_record(True)} if probe.runs else {})
+    for name in graphs:
+        save_server_model(model, folder / name, portable=name == PORTABLE_DIR)
     del model
+    _save_edge_models(folder / PORTABLE_DIR / SERVER_MODEL, folder / "edge", config)
     _copy_tokenizer(tokenizer, folder / "tokenizer")
     save_pretrained_folder(checkpoint, tokenizer, folder / PRETRAINED_DIR)
     meta = _bundle_meta(state, checkpoint, tokenizer, config, bundle_fingerprint(checkpoint, tokenizer, config,
                                                                                  curves), version, provenance)
+    meta["graphs"], meta["kernel_probe"] = graphs, {"runs": probe.runs, "reason": probe.reason}
     write_json(folder / BUNDLE_FILE, meta)
     parity, latency = _prove(folder, checkpoint, state, meta, config, tokens)
+    if not probe.runs:
+        parity["not_shipped"] = {FUSED_DIR: f"the fused graph could not be checked on the exporting machine: "
+                                            f"{probe.reason}"}
     write_json(folder / PARITY_FILE, parity)
     if not parity["passed"]:  # kept for inspection; the bundle itself is never published
         write_json(folder.parent / f"parity-failed-{version}.json", parity)
@@ -117,16 +146,14 @@ def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManif
     return Bundle(path=str(folder), meta=meta, parity=parity, latency=latency, card=card)
 
 
-def _save_edge_models(model, edge: Path, config: ExportConfig) -> None:
-    """The ONNX models (fp32, and int8 when configured) of ``model``'s portable graphs (``graph.py``)."""
+def _save_edge_models(prefix: Path, edge: Path, config: ExportConfig) -> None:
+    """The ONNX models (fp32, and int8 when configured) of the portable graphs saved at ``prefix`` (``graph.py``)."""
     edge.mkdir()
-    with tempfile.TemporaryDirectory(prefix="train_deploy-onnx-source-") as source:
-        prefix = save_server_model(model, Path(source), portable=True)
-        for graph in (prefix, prefix.with_name(DECODE_MODEL)):
-            onnx_file = convert_to_onnx(graph, edge / ONNX_FILE.replace("model", graph.name, 1), config.edge.opset,
-                                        config.edge.convert_timeout)
-            if config.edge.int8:
-                quantize_int8(onnx_file, edge / INT8_FILE.replace("model", graph.name, 1), config.edge.per_channel)
+    for graph in (prefix, prefix.with_name(DECODE_MODEL)):
+        onnx_file = convert_to_onnx(graph, edge / ONNX_FILE.replace("model", graph.name, 1), config.edge.opset,
+                                    config.edge.convert_timeout)
+        if config.edge.int8:
+            quantize_int8(onnx_file, edge / INT8_FILE.replace("model", graph.name, 1), config.edge.per_channel)
 
 
 def check_tokenizer(tokenizer: TokenizerInfo, state: dict[str, Any], checkpoint: Path) -> None:
@@ -144,7 +171,8 @@ def check_tokenizer(tokenizer: TokenizerInfo, state: dict[str, Any], checkpoint:
 
 def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str, Any], config: ExportConfig,
            tokens: TokenManifest) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Parity and latency of every form, the trained model (Paddle eager) as reference."""
+    """Parity and latency of every form (each server graph the bundle ships, ONNX), the trained model (Paddle
+    eager) as reference; latency with each form's generation speed."""
     import paddle
 
     from train_deploy.baselines import baselines_for
@@ -153,23 +181,24 @@ def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str
     paddle.base.core.set_num_threads(config.server.cpu_threads)  # the eager reference gets the same threads
     disable_tf32()  # the reference is float32 on a GPU wheel's default device too
     trained = load_model(checkpoint)
-    forms = {"paddle_inference": PaddleInferenceBackend(folder / "server" / "model", config.server,
-                                                        meta["model"]["context"]),
-             "onnx_fp32": OnnxRuntimeBackend(folder / "edge" / ONNX_FILE, config.edge.threads)}
+    forms: dict[str, Any] = {GRAPH_FORMS[name]: PaddleInferenceBackend(folder / name / SERVER_MODEL, config.server,
+                                                                        meta["model"]["context"])
+                             for name in sorted(meta["graphs"])}  # server (fused) before server_portable
+    forms["onnx_fp32"] = OnnxRuntimeBackend(folder / "edge" / ONNX_FILE, config.edge.threads)
     if config.edge.int8:
         forms["onnx_int8"] = OnnxRuntimeBackend(folder / "edge" / INT8_FILE, config.edge.threads)
     context, vocab = meta["model"]["context"], meta["model"]["vocab_size"]
     seq = min(config.parity.seq_length or state["training"]["batch"]["seq_length"], context)
     windows = validation_windows(tokens.prefix("valid"), tokens.dtype, seq, config.parity.samples)
+    precisions = {GRAPH_FORMS[name]: config.server.form_precision for name in meta["graphs"]}
     parity = parity_report(windows, lambda ids, mask: eager_logits(trained, ids), forms, vocab, config.parity,
-                           precisions={"paddle_inference": config.server.form_precision},
-                           baselines=baselines_for(tokens, windows))
+                           precisions=precisions, baselines=baselines_for(tokens, windows))
     parity = add_cache_parity(parity, cache_parity_report(
-        windows, lambda ids, mask: eager_logits(trained, ids), forms, config.parity,
-        precisions={"paddle_inference": config.server.form_precision}))
+        windows, lambda ids, mask: eager_logits(trained, ids), forms, config.parity, precisions=precisions))
     latency = latency_report({"paddle_eager": lambda ids, mask: eager_logits(trained, ids), **forms}, vocab,
                              context, config.latency)
-    return parity, latency
+    generation = generation_report(forms, vocab, context, meta["model"]["eos_id"], config.latency)
+    return parity, latency | ({"generation": generation} if generation else {})
 
 
 def _bundle_meta(state: dict[str, Any], checkpoint: Path, tokenizer: TokenizerInfo, config: ExportConfig,
@@ -227,5 +256,6 @@ def bundle_fingerprint(checkpoint: Path, tokenizer: TokenizerInfo, config: Expor
     payload = {"checkpoint": str(Path(checkpoint).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
                "state": (Path(checkpoint) / STATE_FILE).read_text(encoding="utf-8"), "tokenizer": tokenizer.hash,
                "config": {k: v for k, v in config.to_dict().items() if k != "reuse"}, "format": FORMAT,
-               "training_curves": curves.digest}
+               "training_curves": curves.digest,
+               "fused_graph": fused_kernels(config.server.device).runs}  # a bundle without it is another bundle
     return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()

@@ -66,6 +66,7 @@ def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, An
         lines += ["", f"int8 perplexity vs ONNX fp32: {parity['int8_perplexity_increase']:+.2%} "
                   f"(limit {parity['limits']['max_int8_perplexity_increase']:+.0%})."]
     lines += _cache_lines(parity)
+    lines += _graph_lines(meta, parity)
     lines += _latency_section(latency, meta.get("plots", {}))
     lines += [
         "",
@@ -81,17 +82,44 @@ def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, An
         + ("rejected" if meta["too_long"] == "raise" else "cut to their last tokens") + " (`too_long`).",
         "- Generation uses a KV cache (a prefill and a one-token decode graph): its cost grows linearly with the "
         "output length; `parity.json` (`kv_cache`) proves every decode step equals full recomputation.",
+    ] + _load_lines()
+    return "\n".join(line for line in lines if line is not None)
+
+
+def _load_lines() -> list[str]:
+    return [
         "",
         "## Load it",
         "```python",
         "from train_deploy.export import LanguageModel",
-        "model = LanguageModel.load(\"<this folder>\")                          # Paddle Inference",
+        "model = LanguageModel.load(\"<this folder>\")                          # the fastest engine here",
+        "paddle = LanguageModel.load(\"<this folder>\", backend=\"paddle\")     # Paddle Inference",
         "edge = LanguageModel.load(\"<this folder>\", backend=\"onnx\", int8=True)  # ONNX Runtime int8",
         "print(model.generate(\"中国\", max_new_tokens=20, temperature=0))",
         "```",
         "",
     ]
-    return "\n".join(line for line in lines if line is not None)
+
+
+def _graph_lines(meta: dict[str, Any], parity: dict[str, Any]) -> list[str]:
+    """The Paddle Inference graphs shipped, what each needs, and the one not shipped (bundles of format 8 on)."""
+    graphs = meta.get("graphs")
+    if not graphs:
+        return []
+    lines = ["", "## Server graphs (Paddle Inference)", ""]
+    for name, graph in graphs.items():
+        if graph["kernels"]:
+            lines.append(f"- `{name}/`: Paddle's fused kernels ({', '.join(graph['kernels'])}); runs on GPU and on a "
+                         "CPU where they run in a probe (`probe.py`; Paddle 3.3.1's CPU `fused_rms_norm` needs "
+                         "AVX-512): needs " + ", ".join(f"`{need}`" for need in graph["needs"]) + ".")
+        else:
+            lines.append(f"- `{name}/`: portable operators only; runs on every CPU Paddle supports. The ONNX models "
+                         "are converted from it.")
+    for name, why in parity.get("not_shipped", {}).items():
+        lines.append(f"- `{name}/` not shipped: {why}.")
+    lines.append("- `LanguageModel.load` and the served model take the fused graph where it runs, else the portable "
+                 "one; unpinned, the fastest engine the host runs by the generation figures below.")
+    return lines
 
 
 def _cache_lines(parity: dict[str, Any]) -> list[str]:
@@ -165,6 +193,13 @@ def _latency_section(latency: dict[str, Any], plots: dict[str, str]) -> list[str
     for name, rows in latency["forms"].items():
         cells = (f"{rows[b]['p50']:.1f} / {rows[b]['p95']:.1f}" for b in batches)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    generation = latency.get("generation")
+    if generation:
+        lines += ["", f"Greedy generation, batch 1, {generation['prompt_tokens']}-token prompt, "
+                      f"{generation['new_tokens']} new tokens (prefill included):", "",
+                  "| form | ms per new token | tokens/s |", "|---|---:|---:|"]
+        lines += [f"| {name} | {row['ms_per_token']:.2f} | {row['tokens_per_s']:.0f} |"
+                  for name, row in generation["forms"].items()]
     return lines
 
 

@@ -71,7 +71,8 @@ def parity_report(windows: np.ndarray, reference: Logits, forms: dict[str, Logit
 def baseline_report(baselines: Baselines, model_loss: float) -> dict[str, Any]:
     """The n-gram baselines of the parity windows beside the trained model's loss on them (nats/token)."""
     return {**dataclasses.asdict(baselines), "model_loss": model_loss,
-            "model_beats_bigram": baselines.beaten_by(model_loss)}
+            "model_beats_bigram": model_loss < baselines.bigram_loss,
+            "model_beats_strongest": baselines.beaten_by(model_loss)}
 
 
 def _judge(report: dict[str, Any], config: ParityConfig) -> tuple[list[str], list[str]]:
@@ -192,6 +193,41 @@ def latency_report(forms: dict[str, Logits], vocab_size: int, context: int, conf
             report["forms"].setdefault(name, {})[f"batch_{batch}"] = {
                 "p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95))}
     return report
+
+
+def generation_report(forms: dict[str, Any], vocab_size: int, context: int, eos_id: int, config: LatencyConfig,
+                      seed: int = 0) -> dict[str, Any]:
+    """Milliseconds per new token of a greedy generation with each form's KV cache (``prefill``/``decode``): batch
+    1, a random prompt of ``config.seq_length`` tokens (capped so the output fits the context), then
+    ``config.generate_tokens`` new tokens (end of document never chosen), prefill included; the median of
+    ``config.rounds`` interleaved rounds. Empty when ``generate_tokens`` is 0."""
+    from train_deploy.export.runtime import LanguageModel
+
+    new = config.generate_tokens
+    if new == 0:
+        return {}
+    prompt_tokens = max(1, min(config.seq_length, context - new))
+    rng = np.random.default_rng(seed)
+    prompt = [[eos_id, *rng.integers(3, vocab_size, prompt_tokens - 1).tolist()]]
+
+    def greedy(row: int, logits: np.ndarray) -> int:
+        logits[eos_id] = -np.inf
+        return int(np.argmax(logits))
+
+    models = {name: LanguageModel(form, None, context=context, eos_id=eos_id) for name, form in forms.items()}
+    for model in models.values():  # warm-up: the first runs allocate and pick kernels
+        sum(1 for _ in model.stream_ids(prompt, 2, greedy))
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(config.rounds):
+        for name, model in models.items():
+            time.sleep(_SETTLE_S)
+            start = time.perf_counter()
+            made = sum(1 for _ in model.stream_ids(prompt, new, greedy))
+            times[name].append((time.perf_counter() - start) * 1000 / made)
+    return {"batch": 1, "prompt_tokens": prompt_tokens, "new_tokens": new, "rounds": config.rounds,
+            "unit": "ms per new token", "forms": {name: {"ms_per_token": float(np.median(values)),
+                                                         "tokens_per_s": 1000 / float(np.median(values))}
+                                                  for name, values in times.items()}}
 
 
 def time_calls(call: Callable[..., Any], args: tuple, repeats: int) -> list[float]:

@@ -108,6 +108,10 @@ class LatencyConfig:
     """Timed calls per form and batch size."""
     rounds: int = 2
     """The repeats are split into this many rounds, each timing every form in turn (fair under drift)."""
+    generate_tokens: int = 32
+    """New tokens of a greedy generation at batch 1 (a ``seq_length`` prompt, the KV cache) timed per form, as
+    milliseconds per new token: the figure ``LanguageModel.load`` compares when no backend is pinned, to run
+    the fastest engine the host can run (0: not measured; the forward pass's p50 is compared instead)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -151,6 +155,7 @@ class ExportConfig:
         check_range("export.latency.warmup", latency.warmup, 0)
         check_range("export.latency.repeats", latency.repeats, 1)
         check_range("export.latency.rounds", latency.rounds, 1)
+        check_range("export.latency.generate_tokens", latency.generate_tokens, 0, note="0 = not measured")
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> ExportConfig:

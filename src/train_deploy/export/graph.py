@@ -21,10 +21,13 @@ kernels are ~25× slower when they broadcast over a middle axis than on equal sh
   into the attention layout, without transposes;
 * each layer's cache is its own input and output, so a step neither slices nor stacks the whole cache.
 
-Two variants of the same computation are traced (``CompactLlama.portable``): for Paddle Inference
-(``server/``), Paddle's fused CPU kernels: RMSNorm with the residual add in one operator
-(``fused_rms_norm``) and ``swiglu``; for ONNX (``portable``), the operators paddle2onnx 2.1 converts
-(it has no converter for either): ``x * rsqrt(mean(x * x) + eps)`` and ``swish(gate) * up``. The
+Two variants of the same computation are traced (``CompactLlama.portable``): the fused graph
+(:data:`FUSED_DIR`), with Paddle's fused CPU kernels: RMSNorm with the residual add in one operator
+(``fused_rms_norm``) and ``swiglu``; and the portable graph (:data:`PORTABLE_DIR`), with the operators
+paddle2onnx 2.1 converts (it has no converter for either) and every CPU runs: ``x * rsqrt(mean(x * x) +
+eps)`` and ``swish(gate) * up``. Both are saved for Paddle Inference, and the ONNX models are converted
+from the portable one: Paddle 3.3.1's CPU ``fused_rms_norm`` runs AVX-512 instructions on any CPU, so the
+fused graph only runs where ``probe.py`` finds that it does (or on GPU). The
 embedding is stored halved and added to itself by the first norm (exact), since the fused norm needs a
 residual. Both variants have the same two graphs (int64 ids and masks, dynamic batch and
 sequence):
@@ -54,10 +57,13 @@ from typing import Any
 import numpy as np
 
 from train_deploy.evaluation import load_model
+from train_deploy.export.probe import KERNELS
 from train_deploy.training.checkpoint import STATE_FILE, CheckpointError, read_state
 
 SERVER_MODEL = "model"  # Paddle Inference writes model.json + model.pdiparams: the prefill (full) pass
 DECODE_MODEL = "decode"  # decode.json + decode.pdiparams: one token with the cache
+FUSED_DIR, PORTABLE_DIR = "server", "server_portable"  # a bundle's folders of the two variants
+FUSED_KERNELS = tuple(KERNELS)  # the fused CPU kernels the fused graph calls: what probe.py tries
 _MASKED = float(np.finfo(np.float32).min)  # additive bias of a masked key, as PaddleNLP's
 _SUPPORTED = {"alibi": False, "rope_scaling_type": None, "use_long_sequence_strategies": False,
               "hidden_act": "silu", "fuse_attention_qkv": False, "fuse_attention_ffn": False}

@@ -85,16 +85,17 @@ class KernelProbe:
     ``not run`` (a kernel before it failed)."""
 
 
-def fused_kernels(device: str = "cpu") -> KernelProbe:
+def fused_kernels(device: str = "cpu", *, kernels: Mapping[str, str] = KERNELS) -> KernelProbe:
     """Can this process run the fused server graph on ``device`` (``cpu`` or ``gpu``)? Decided once per process
-    (module docstring); the first negative verdict is logged as a warning."""
+    (module docstring); a negative verdict is logged once, as a warning. ``kernels``: the snippets the child
+    runs (:data:`KERNELS`; a test passes others, such as one whose process dies of a signal)."""
     setting = os.environ.get("TRAIN_DEPLOY_FUSED_KERNELS", "probe").strip().lower()
     launcher = os.environ.get("TRAIN_DEPLOY_PROBE_LAUNCHER", "")
-    return _verdict(device, setting, launcher, str(cache_dir()))
+    return _verdict(device, setting, launcher, str(cache_dir()), tuple(kernels.items()))
 
 
 @functools.cache
-def _verdict(device: str, setting: str, launcher: str, cache: str) -> KernelProbe:
+def _verdict(device: str, setting: str, launcher: str, cache: str, kernels: tuple[tuple[str, str], ...]) -> KernelProbe:
     if device == "gpu":
         return KernelProbe(True, "GPU: the fused graph runs Paddle's GPU kernels", "device")
     if setting in ("on", "off"):
@@ -102,32 +103,35 @@ def _verdict(device: str, setting: str, launcher: str, cache: str) -> KernelProb
     elif setting != "probe":
         raise ValueError(f"TRAIN_DEPLOY_FUSED_KERNELS: {setting!r} is not one of probe, on, off")
     else:
-        verdict = _probed(shlex.split(launcher), os.path.join(cache, CACHE_FILE))
+        verdict = _probed(dict(kernels), shlex.split(launcher), Path(cache) / CACHE_FILE)
     if not verdict.runs:
         logger.warning("%s: using the portable graph", verdict.reason)
     return verdict
 
 
-def _probed(launcher: list[str], path: str) -> KernelProbe:
-    """The cached verdict of this CPU, wheel and launcher, or a new probe's (kept when definitive)."""
+def _probed(kernels: dict[str, str], launcher: list[str], path: Path) -> KernelProbe:
+    """The cached verdict of this CPU, wheel, launcher and kernels, or a new probe's (kept when definitive)."""
     model, flags = cpu_identity(this_cpu())
-    key = hashlib.blake2b(json.dumps([model, flags, paddle_version(), launcher]).encode(), digest_size=8).hexdigest()
+    key = hashlib.blake2b(json.dumps([model, flags, paddle_version(), launcher, kernels]).encode(),
+                          digest_size=8).hexdigest()
     entries = _read_cache(path)
     if key in entries:
-        return _judge(entries[key]["kernels"], model, "cache")
-    outcomes = probe_kernels(KERNELS, launcher=launcher)
-    verdict = _judge(outcomes, model, "probe")
+        return judge(entries[key]["kernels"], model, "cache")
+    outcomes = probe_kernels(kernels, launcher=launcher)
+    verdict = judge(outcomes, model, "probe")
     if verdict.runs or any(outcome in {s.name for s in _CACHED_SIGNALS} for outcome in outcomes.values()):
         entries[key] = {"cpu": model, "flags_digest": flags, "paddle": paddle_version(), "launcher": launcher,
                         "kernels": outcomes, "probed_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
         try:
-            write_json(Path(path), entries)
+            write_json(path, entries)
         except OSError as exc:  # an unwritable cache only costs the next process a probe
             logger.debug("kernel probe not cached in %s: %s", path, exc)
     return verdict
 
 
-def _judge(outcomes: Mapping[str, str], model: str, source: Literal["probe", "cache"]) -> KernelProbe:
+def judge(outcomes: Mapping[str, str], model: str, source: Literal["probe", "cache"]) -> KernelProbe:
+    """The verdict of a probe's ``outcomes`` (:func:`probe_kernels`) on the CPU ``model``: the first kernel that
+    did not run names the reason."""
     failed = [(name, outcome) for name, outcome in outcomes.items() if outcome != "ok"]
     if not failed:
         return KernelProbe(True, f"the fused CPU kernels ran in a probe on this CPU ({model})", source, dict(outcomes))
@@ -137,14 +141,16 @@ def _judge(outcomes: Mapping[str, str], model: str, source: Literal["probe", "ca
     return KernelProbe(False, f"{name} {what} in a probe on this CPU ({model})", source, dict(outcomes))
 
 
-def probe_kernels(kernels: Mapping[str, str], timeout: float = TIMEOUT_S,
+def probe_kernels(kernels: Mapping[str, str], timeout: float | None = None,
                   launcher: Sequence[str] = ()) -> dict[str, str]:
     """Run each snippet of ``kernels`` (Python with ``paddle`` imported, by name, in order) in one child process
-    started as ``[*launcher, sys.executable, "-c", …]``; return each one's outcome (:class:`KernelProbe`)."""
+    started as ``[*launcher, sys.executable, "-c", …]`` (killed after ``timeout`` seconds, :data:`TIMEOUT_S` by
+    default); return each one's outcome (:class:`KernelProbe`)."""
     command = [*launcher, sys.executable, "-c", _CHILD, json.dumps(dict(kernels))]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOG_minloglevel": "3", "PYTHONWARNINGS": "ignore"}
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout or TIMEOUT_S, env=env,
+                              check=False)
         stdout, stderr, code = done.stdout, done.stderr, done.returncode
     except subprocess.TimeoutExpired as exc:
         stdout, stderr, code = _text(exc.stdout), "", None
@@ -153,7 +159,7 @@ def probe_kernels(kernels: Mapping[str, str], timeout: float = TIMEOUT_S,
     lines = stdout.splitlines()
     outcomes = {name: "ok" if f"ok {name}" in lines else "not run" for name in kernels}
     running = next((name for name in kernels if f"start {name}" in lines and outcomes[name] != "ok"), None)
-    if running is None and code not in (0, None):  # died before the first kernel (importing Paddle)
+    if running is None and code != 0:  # died or timed out before the first kernel (importing Paddle)
         running = next(iter(kernels))
     if running is not None:
         outcomes[running] = ("timeout" if code is None else _signal_name(-code) if code < 0

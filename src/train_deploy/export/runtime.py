@@ -1,7 +1,8 @@
 """Load an exported bundle and use it: ``score(texts)`` and ``generate(prompt, …)``.
 
 >>> from train_deploy.export import LanguageModel
->>> model = LanguageModel.load("data/07_model_output/bundle/<version>/bundle")           # Paddle Inference
+>>> model = LanguageModel.load("data/07_model_output/bundle/<version>/bundle")           # the fastest engine here
+>>> paddle = LanguageModel.load("…/<version>/bundle", backend="paddle")                  # Paddle Inference
 >>> edge = LanguageModel.load("…/<version>", backend="onnx", int8=True)                   # ONNX Runtime, int8
 >>> model.score(["今天天气很好。"])[0].perplexity
 >>> model.generate("中国", max_new_tokens=20, temperature=0)                               # greedy
@@ -16,6 +17,12 @@ so in the log when loaded.
 Generation prefills the prompts once and decodes one token per step with the bundle's KV cache
 (``graph.py``): linear, not quadratic, in the output length; ``generate_stream`` yields the tokens as they come.
 Bundles exported before the current graphs (format < 7) are refused with a line saying to re-export them.
+
+The engine and graph are chosen from the host (``engines.py``): Paddle Inference runs the fused graph on GPU
+and on a CPU where the kernel probe passes (``probe.py``), else the portable graph; with no backend pinned,
+the fastest engine the host can run at the export's measured figures. A format 7 bundle (the fused graph
+only) on a CPU that cannot run it is refused in one line for ``backend="paddle"``; unpinned, it runs on ONNX
+Runtime. The load logs what it took and why; :attr:`LanguageModel.engine` says it too.
 """
 
 from __future__ import annotations
@@ -37,17 +44,19 @@ import numpy as np
 from train_deploy.environment import first_cpu, mkl_cpu_type
 from train_deploy.export.config import ServerConfig
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE
-from train_deploy.export.graph import DECODE_MODEL, SERVER_MODEL, cache_names
+from train_deploy.export.engines import BACKENDS, choose_engine, server_prefix
+from train_deploy.export.graph import DECODE_MODEL, FUSED_DIR, PORTABLE_DIR, SERVER_MODEL, cache_names
 from train_deploy.handoffs import BUNDLE_FILE, TokenizerInfo, from_json
 
 logger = logging.getLogger(__name__)
 
 # The weights file of each exported form, relative to the bundle.
-FORM_FILES = {"paddle_inference": f"server/{SERVER_MODEL}.pdiparams", "onnx_fp32": f"edge/{ONNX_FILE}",
+FORM_FILES = {"paddle_inference": f"{FUSED_DIR}/{SERVER_MODEL}.pdiparams",
+              "paddle_portable": f"{PORTABLE_DIR}/{SERVER_MODEL}.pdiparams", "onnx_fp32": f"edge/{ONNX_FILE}",
               "onnx_int8": f"edge/{INT8_FILE}"}
 Logits = Callable[[np.ndarray, np.ndarray], np.ndarray]
 OLDEST_FORMAT = 7  # bundle.json "format" this runtime reads: 6 added the KV-cache graphs (graph.py), 7 one cache
-# input and output per layer and Paddle's fused kernels in server/
+# input and output per layer and Paddle's fused kernels in server/, 8 the portable graph beside it (engines.py)
 
 
 def prefer_mkl_avx2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
@@ -344,6 +353,9 @@ class LanguageModel:
         self.last_stats: GenerationStats | None = None
         """Size, time and tokens/s of the last finished generation."""
         self.context, self.eos_id, self.too_long = context, eos_id, too_long
+        self.engine: str | None = None
+        """The form :meth:`load` chose (parity.json's name: ``paddle_inference``, ``paddle_portable``,
+        ``onnx_fp32``, ``onnx_int8``); None when built from a form directly."""
         self.normalization = getattr(tokenizer, "normalization", None)
         """The tokenizer's recorded normalisation policy, applied to every input (None: texts as given)."""
 
@@ -354,31 +366,37 @@ class LanguageModel:
         return text if self.normalization is None else normalize(text, self.normalization)
 
     @classmethod
-    def load(cls, bundle: str | Path, backend: Literal["paddle", "onnx"] = "paddle", *, int8: bool = False,
+    def load(cls, bundle: str | Path, backend: Literal["auto", "paddle", "onnx"] | None = None, *, int8: bool = False,
              server: ServerConfig | None = None, threads: int | None = None,
              too_long: Literal["raise", "truncate"] | None = None) -> LanguageModel:
-        """Open ``bundle`` with ``backend``; ``int8`` picks the quantised ONNX model; ``server`` and ``threads``
-        override the settings recorded at export."""
+        """Open ``bundle`` with ``backend`` (None or ``"auto"``: the fastest engine this host runs, module
+        docstring); ``int8`` picks the quantised ONNX model; ``server`` and ``threads`` override the settings
+        recorded at export."""
         folder = Path(bundle)
         meta = read_bundle(folder)
         if meta.get("format", 0) < OLDEST_FORMAT:
             raise BundleError(f"{folder / BUNDLE_FILE}: bundle format {meta.get('format')} is older than the graphs "
                               f"this runtime runs (format {OLDEST_FORMAT}); re-export it "
                               "(kedro run --pipelines export)")
-        if backend == "paddle":
-            if int8:
-                raise BundleError("int8: the int8 model is ONNX; load it with backend='onnx'")
-            server = server or ServerConfig(**meta["server"])
-            if threads is not None:
-                server = dataclasses.replace(server, cpu_threads=threads)
-            form: Any = PaddleInferenceBackend(folder / "server" / SERVER_MODEL, server, meta["model"]["context"])
-        elif backend == "onnx":
-            form = OnnxRuntimeBackend(folder / "edge" / (INT8_FILE if int8 else ONNX_FILE),
-                                        threads or meta["edge"]["threads"])
+        if backend not in (None, *BACKENDS):
+            raise BundleError(f"backend: {backend!r} is not one of {', '.join(map(repr, BACKENDS))}")
+        if int8 and backend != "onnx":
+            raise BundleError("int8: the int8 model is ONNX; load it with backend='onnx'")
+        server = server or ServerConfig(**meta["server"])
+        if threads is not None:
+            server = dataclasses.replace(server, cpu_threads=threads)
+        choice = choose_engine(folder, meta, backend, server.device)
+        if choice.refusal:
+            raise BundleError(choice.refusal)
+        if choice.backend == "paddle":
+            form: Any = PaddleInferenceBackend(server_prefix(folder, choice), server, meta["model"]["context"])
         else:
-            raise BundleError(f"backend: {backend!r} is not one of 'paddle', 'onnx'")
+            form = OnnxRuntimeBackend(folder / "edge" / (INT8_FILE if int8 else ONNX_FILE),
+                                      threads or meta["edge"]["threads"])
         model = cls(form, bundle_tokenizer(folder, meta), context=meta["model"]["context"],
                     eos_id=meta["model"]["eos_id"], too_long=too_long or meta["too_long"])
+        model.engine = "onnx_int8" if int8 else choice.form
+        logger.info("Loaded %s: %s", folder, "ONNX Runtime int8 (asked for)" if int8 else choice.why)
         if model.normalization is None:
             logger.info("%s: the tokenizer records no normalisation policy (saved before train_deploy recorded one, "
                         "or not trained by train_deploy): texts are tokenized as given", folder)

@@ -39,7 +39,7 @@ from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 import train_deploy
 from train_deploy.export.runtime import BundleError, LanguageModel, TooLongError, read_bundle
 
-TASKS, BACKENDS = ("score", "generate"), ("paddle", "onnx")
+TASKS, BACKENDS = ("score", "generate"), ("auto", "paddle", "onnx")
 PARAMS: dict[str, tuple[str, Any]] = {
     "task": ("string", "score"),             # score | generate
     "max_new_tokens": ("long", 32),          # generate: tokens to add at most
@@ -47,7 +47,7 @@ PARAMS: dict[str, tuple[str, Any]] = {
     "top_k": ("long", 50),                   # generate: sample among the k likeliest tokens (1: greedy)
     "top_p": ("double", 1.0),                # generate: ... whose probabilities add up to top_p (0 < p <= 1)
     "seed": ("long", 0),                     # generate: the sampler's seed, per prompt
-    "backend": ("string", "paddle"),         # paddle (Paddle Inference) | onnx (ONNX Runtime)
+    "backend": ("string", "auto"),           # auto (the fastest engine this host runs) | paddle | onnx
     "int8": ("boolean", False),              # onnx only: the int8-quantised model
 }
 """Request parameters: MLflow type and default (the signature's ``ParamSchema``)."""
@@ -90,8 +90,9 @@ def bad_request(message: str) -> MlflowException:
 class BundleModel(mlflow.pyfunc.PythonModel):
     """The export bundle as an MLflow model: load_context opens context.artifacts["bundle"] with LanguageModel.
 
-    Paddle Inference is opened when the model loads (a broken bundle fails there, not at the first request);
-    ONNX Runtime fp32 and int8 when a request first asks for them. Opened models are kept, and requests run
+    The engine ``LanguageModel.load`` picks for this host (backend ``auto``: the graph the CPU can run, the
+    fastest engine) is opened when the model loads (a broken bundle fails there, not at the first request);
+    a pinned backend and int8 when a request first asks for them. Opened models are kept, and requests run
     one at a time (the scoring server calls ``predict`` from several threads; a predictor is not thread-safe).
     """
 
@@ -100,7 +101,7 @@ class BundleModel(mlflow.pyfunc.PythonModel):
         self._max_batch = int((context.model_config or {}).get("max_batch", 64))
         self._models: dict[tuple[str, bool], LanguageModel] = {}
         self._lock = threading.Lock()
-        self._model("paddle", False)
+        self._model("auto", False)
 
     def predict(self, context, model_input, params: dict[str, Any] | None = None) -> pd.DataFrame:
         """Score or continue each text; raises :func:`bad_request` errors for what the caller must change."""

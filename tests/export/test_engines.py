@@ -1,0 +1,105 @@
+"""The engine and graph a host runs a bundle on: the graph the CPU can run, the fastest engine when none is pinned,
+and a format 7 bundle on a CPU that cannot run its only graph refused in one line (bundle folders with their
+description and figures; the graphs themselves are loaded in test_runtime.py and test_emulated.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from train_deploy.export import probe
+from train_deploy.export.engines import bundle_graphs, choose_engine, graph_record
+from train_deploy.handoffs import DescriptionError
+
+BOTH = {"server_portable": graph_record(False), "server": graph_record(True)}
+
+
+def bundle_folder(root: Path, graphs: dict | None, generation: dict[str, float] | None = None,
+                  forward: dict[str, float] | None = None) -> tuple[Path, dict]:
+    """A folder with ``bundle.json`` (format 8 with ``graphs``, 7 without), ``latency.json`` of the given
+    figures (ms per token, forward p50 at batch 1) and an ONNX model file."""
+    root.mkdir()
+    meta = {"format": 7 if graphs is None else 8} | ({} if graphs is None else {"graphs": graphs})
+    (root / "bundle.json").write_text(json.dumps(meta), encoding="utf-8")
+    latency = {"forms": {name: {"batch_1": {"p50": ms, "p95": ms}, "batch_8": {"p50": 8 * ms, "p95": 8 * ms}}
+                         for name, ms in (forward or {}).items()}}
+    if generation:
+        latency["generation"] = {"forms": {name: {"ms_per_token": ms} for name, ms in generation.items()}}
+    (root / "latency.json").write_text(json.dumps(latency), encoding="utf-8")
+    (root / "edge").mkdir()
+    (root / "edge" / "model.onnx").write_bytes(b"onnx")
+    return root, meta
+
+
+@pytest.fixture
+def fused(monkeypatch, tmp_path):
+    """``fused(True/False)``: this host runs the fused kernels or not (``TRAIN_DEPLOY_FUSED_KERNELS``)."""
+    monkeypatch.setenv("TRAIN_DEPLOY_CACHE_DIR", str(tmp_path / "cache"))
+
+    def set_to(runs: bool) -> None:
+        monkeypatch.setenv("TRAIN_DEPLOY_FUSED_KERNELS", "on" if runs else "off")
+        probe._verdict.cache_clear()
+
+    yield set_to
+    probe._verdict.cache_clear()
+
+
+def test_paddle_takes_the_fused_graph_where_it_runs_else_the_portable_one(tmp_path, fused):
+    folder, meta = bundle_folder(tmp_path / "b", BOTH)
+    fused(True)
+    choice = choose_engine(folder, meta, "paddle", "cpu")
+    assert (choice.backend, choice.graph, choice.form) == ("paddle", "server", "paddle_inference")
+    fused(False)
+    choice = choose_engine(folder, meta, "paddle", "cpu")
+    assert (choice.backend, choice.graph, choice.form) == ("paddle", "server_portable", "paddle_portable")
+    assert choice.why == ("Paddle Inference, portable graph (server_portable/; not server/: "
+                          "TRAIN_DEPLOY_FUSED_KERNELS=off) (asked for)")
+    assert choose_engine(folder, meta, "paddle", "gpu").graph == "server"  # GPU kernels: no probe
+    assert choose_engine(folder, meta, "onnx", "cpu").backend == "onnx"
+
+
+def test_unpinned_the_fastest_engine_the_host_runs_is_chosen_by_the_exports_figures(tmp_path, fused):
+    # the issue's CPU: the portable Paddle graph 5x slower per token than ONNX Runtime, the fused one faster
+    figures = {"paddle_inference": 4.0, "paddle_portable": 25.0, "onnx_fp32": 5.0}
+    folder, meta = bundle_folder(tmp_path / "b", BOTH, generation=figures)
+    fused(True)
+    assert choose_engine(folder, meta, None, "cpu").form == "paddle_inference"
+    fused(False)
+    choice = choose_engine(folder, meta, "auto", "cpu")
+    assert (choice.backend, choice.form, choice.graph) == ("onnx", "onnx_fp32", None)
+    assert choice.why.startswith("ONNX Runtime fp32: the fastest this host runs at export's figures "
+                                 "(paddle_portable 25 ms/token, onnx_fp32 5 ms/token)")
+    assert choose_engine(folder, meta, "auto", "gpu").form == "paddle_inference"
+    # without generation figures, the forward pass's p50 at the smallest batch
+    folder, meta = bundle_folder(tmp_path / "c", BOTH, forward={"paddle_portable": 3.0, "onnx_fp32": 6.0})
+    choice = choose_engine(folder, meta, None, "cpu")
+    assert choice.form == "paddle_portable" and "ms p50 at batch_1" in choice.why
+    # without figures at all, Paddle Inference when it can run
+    folder, meta = bundle_folder(tmp_path / "d", BOTH)
+    assert choose_engine(folder, meta, None, "cpu").form == "paddle_portable"
+
+
+def test_a_format_7_bundle_on_a_cpu_that_cannot_run_it_is_refused_in_one_line_or_runs_on_onnx(tmp_path, fused):
+    folder, meta = bundle_folder(tmp_path / "old", None, forward={"paddle_inference": 2.0, "onnx_fp32": 3.0})
+    assert set(bundle_graphs(folder, meta)) == {"server"}
+    fused(True)  # where the probe passes, format 7 loads as before
+    assert choose_engine(folder, meta, "paddle", "cpu").graph == "server"
+    assert choose_engine(folder, meta, None, "cpu").form == "paddle_inference"
+    fused(False)
+    refused = choose_engine(folder, meta, "paddle", "cpu").refusal
+    assert refused == (f"{folder}/bundle.json: format 7 bundle has only the fused server graph, which this CPU "
+                       "cannot run (TRAIN_DEPLOY_FUSED_KERNELS=off); re-export it with kedro run --pipelines export")
+    assert "\n" not in refused
+    unpinned = choose_engine(folder, meta, None, "cpu")
+    assert unpinned.form == "onnx_fp32" and unpinned.refusal is None and "no server graph this host can run" \
+        in unpinned.why
+
+
+def test_graphs_of_bundle_json_are_read_typed_and_named(tmp_path):
+    folder, meta = bundle_folder(tmp_path / "b", {"server_portable": {"kernels": "swiglu", "needs": []}})
+    with pytest.raises(DescriptionError, match=r"bundle.json.graphs.server_portable: kernels: .*list"):
+        bundle_graphs(folder, meta)
+    with pytest.raises(DescriptionError, match=r"bundle.json: graphs.server_tiny: unknown graph"):
+        bundle_graphs(folder, {"graphs": {"server_tiny": {}}})
