@@ -64,7 +64,7 @@ def _baseline_line(source: dict, parity: dict) -> str | None:
         base, loss = parity["baselines"], parity["baselines"]["model_loss"]
     else:
         return None
-    return "validation: " + Baselines(**{name: base[name] for name in Baselines.__slots__}).describe(loss)
+    return "validation: " + Baselines.from_report(base).describe(loss)
 
 
 def _validation_sample(folder: str, tokens) -> tuple[str, str | None]:

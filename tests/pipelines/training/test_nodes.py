@@ -19,3 +19,24 @@ def test_an_invalid_layout_fails_before_any_worker_starts(tmp_path, tiny_token_f
         train_model(params, tokens, WorkFolder(path=str(tmp_path / "checkpoints")),
                     WorkFolder(path=str(tmp_path / "logs")))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_resumed_run_that_had_already_finished_logs_its_baselines_without_a_false_alarm(
+        tmp_path, tiny_token_files, tiny_run, caplog):
+    import shutil
+
+    from tests.training.conftest import training_params
+    from train_deploy.pipelines.training.nodes import _run_name
+    from train_deploy.training.config import TrainingConfig
+
+    params = training_params(1)  # tiny_run's: its finished checkpoints are this run's
+    checkpoints = WorkFolder(path=str(tmp_path / "checkpoints"))
+    shutil.copytree(tiny_run.checkpoints, checkpoints.run(_run_name(TrainingConfig.from_params(params),
+                                                                     tiny_token_files)))
+    with caplog.at_level("INFO", logger="train_deploy.pipelines.training.nodes"):
+        result = train_model(params, tiny_token_files, checkpoints, WorkFolder(path=str(tmp_path / "logs")))
+    assert result.step == tiny_run.step and result.val_loss is None  # nothing trained, nothing evaluated
+    records = [r for r in caplog.records if r.name == "train_deploy.pipelines.training.nodes"]
+    assert [r for r in records if r.levelname == "WARNING"] == []
+    assert any(r.getMessage().startswith("Training: no validation loss measured in this run; n-gram baselines")
+               for r in records)

@@ -33,7 +33,7 @@ def average(averaging: dict[str, Any], training_result: TrainingResult) -> Folde
 def evaluate(averaging: dict[str, Any], averaged_checkpoint: CheckpointRef, training_result: TrainingResult,
              token_files: TokenManifest) -> tuple[SelectedCheckpoint, dict[str, Any], Any]:
     """Return the selected checkpoint, the comparison metrics (with the n-gram baselines of the same windows)
-    and a bar plot of both perplexities against the bigram baseline's.
+    and a bar plot of both perplexities against the add-k bigram's and the strongest baseline's.
 
     Both checkpoints must be intact and trained on the corpus of ``token_files``, else it stops naming them.
     """
@@ -53,8 +53,8 @@ def evaluate(averaging: dict[str, Any], averaged_checkpoint: CheckpointRef, trai
               + ("" if config.choose == "better" else f" (averaging.choose: {config.choose})"))
     logger.info("Selected the %s checkpoint: %s", chosen, reason)
     baselines = baselines_for(token_files, windows)
-    (logger.info if baselines.beaten_by(losses[chosen]) else logger.warning)(
-        "Averaging, %s checkpoint: %s", chosen, baselines.describe(losses[chosen]))
+    logger.log(baselines.level(losses[chosen]), "Averaging, %s checkpoint: %s", chosen,
+               baselines.describe(losses[chosen]))
     selected = SelectedCheckpoint(checkpoint=candidates[chosen], which=chosen, reason=reason,
                                   validation_loss=losses[chosen], evaluated_on_windows=len(windows))
     metrics = {f"{name}_{kind}": {"value": value, "step": 0}
@@ -74,6 +74,9 @@ def _plot(losses: dict[str, float], baselines: Baselines):
     names = list(losses)
     axis.bar(names, [perplexity(losses[n]) for n in names], color=["#888888", "#3b7dd8"])
     axis.axhline(perplexity(baselines.bigram_loss), color="#c0392b", linestyle="--", label="add-k bigram")
+    strongest, loss = baselines.strongest()
+    if strongest != "add-k bigram":
+        axis.axhline(perplexity(loss), color="#8e44ad", linestyle=":", label=strongest)
     axis.legend(loc="lower right", fontsize="small")
     axis.set_ylabel("validation perplexity")
     axis.set_title("last vs averaged checkpoint")

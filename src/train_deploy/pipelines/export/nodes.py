@@ -8,7 +8,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from train_deploy.baselines import baselines_for
+from train_deploy.baselines import Baselines, baselines_for
 from train_deploy.datasets import FolderWork
 from train_deploy.evaluation import validation_windows
 from train_deploy.export.bundle import bundle_fingerprint, export_bundle
@@ -85,7 +85,7 @@ def report_export(export_bundle: Bundle) -> dict[str, Any]:
     metrics = {f"max_logit_diff_{name}": value for name, value in parity["max_abs_logit_diff"].items()}
     metrics |= {f"perplexity_{name}": value for name, value in parity["perplexity"].items()}
     if "baselines" in parity:  # bundles before format 4 have none
-        metrics |= {f"baseline_{kind}_loss": parity["baselines"][f"{kind}_loss"] for kind in ("unigram", "bigram")}
+        metrics |= Baselines.from_report(parity["baselines"]).metrics()  # Kneser–Ney from bundles of this code on
         metrics["model_loss"] = parity["baselines"]["model_loss"]
     metrics |= {f"latency_p50_ms_{name}_{batch}": row["p50"] for name, rows in latency["forms"].items()
                 for batch, row in rows.items()}

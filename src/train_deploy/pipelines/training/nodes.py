@@ -47,15 +47,15 @@ def train_model(training: dict[str, Any], token_files: TokenManifest, checkpoint
 
 
 def _report_baselines(result: TrainingResult, token_files: TokenManifest) -> None:
-    """Log the n-gram baselines of the windows the run evaluated beside its validation loss, and send them
-    to MLflow once (``train.baseline_unigram_loss``, ``train.baseline_bigram_loss`` at the last step)."""
+    """Log the n-gram baselines of the windows the run evaluated beside its validation loss (a warning only when
+    a loss measured in this run does not beat the strongest), and send them to MLflow once
+    (``train.baseline_<name>_loss`` at the last step)."""
     if not result.eval_windows:
         return
     windows = validation_windows(token_files.prefix("valid"), token_files.dtype, result.seq_length,
                                  result.eval_windows)
     baselines = baselines_for(token_files, windows)
-    (logger.info if baselines.beaten_by(result.val_loss) else logger.warning)("Training: %s",
-                                                                               baselines.describe(result.val_loss))
+    logger.log(baselines.level(result.val_loss), "Training: %s", baselines.describe(result.val_loss))
     import mlflow
 
     if mlflow.active_run() is not None:
