@@ -34,6 +34,7 @@ from train_deploy.console import quiet_third_party, record_in_log_file  # noqa: 
 
 quiet_third_party()  # Kedro's CLI imports this module before the project's settings
 
+from train_deploy.params import with_project_params  # noqa: E402
 from train_deploy.retrain import NothingToRetrain  # noqa: E402
 
 _PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
@@ -72,7 +73,7 @@ def project_error(error: BaseException) -> BaseException | None:
     return None
 
 
-run = click.Command("run", params=kedro_run.params, callback=_run, help=kedro_run.help,
+run = click.Command("run", params=with_project_params(kedro_run.params), callback=_run, help=kedro_run.help,
                     short_help=kedro_run.short_help)
 """``kedro run`` with the project's one-line errors; Kedro's ``find_run_command`` looks for it here."""
 cli.add_command(run)
