@@ -35,11 +35,16 @@ if mode == "fail":
     sys.exit(3)
 if mode == "long_first" and len(log.read_text().splitlines()) == 1:
     time.sleep(3.3)
-if mode == "hold":  # like kedro run: holds the project's run lock while it works
+if mode in ("hold", "late_hold"):  # like kedro run: takes the project's run lock (after its start-up) and works
     from train_deploy.run_lock import RunConfig, RunLock
+    time.sleep(2 if mode == "late_hold" else 0)
     lock = RunLock(Path("data"))
     lock.acquire(RunConfig(), "stand-in")
-    time.sleep(3)
+    release, deadline = log.parent / "release", time.time() + 60  # "hold": until the test lets go
+    while mode == "hold" and not release.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(1 if mode == "late_hold" else 0)
+    lock.release()
 if mode == "group":  # a run with a training process of its own, in its process group
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     Path(str(log) + ".pids").write_text(f"{os.getpid()} {worker.pid}")
@@ -110,7 +115,7 @@ def test_second_trigger_while_a_run_holds_the_project_is_skipped_naming_the_hold
     project, script = stand_in
     first = _schedule(project, script, "hold", "--once")
     try:
-        _wait_for(lambda: (project / "data" / HOLDER_FILE).exists())
+        _wait_for(lambda: (_holder(project) or {}).get("pipeline") == "stand-in")  # the scheduler's, then the run's
         holder = _runs(project)[0]["pid"]
         second = _schedule(project, script, "hold", "--once", "--retries", "3", "--backoff", "0.1")
         _, err = second.communicate(timeout=20)
@@ -118,10 +123,35 @@ def test_second_trigger_while_a_run_holds_the_project_is_skipped_naming_the_hold
         assert re.search(rf"INFO .*skipped: pid {holder} on .*pipeline stand-in, started .* holds the project", err)
         assert "started:" not in err and "retry" not in err
         assert len(_runs(project)) == 1  # the second trigger started no run
+        (project.parent / "release").touch()
         assert first.wait(20) == 0
     finally:
         first.kill()
         first.communicate()
+
+
+def _holder(project: Path) -> dict | None:
+    try:
+        return json.loads((project / "data" / HOLDER_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def test_two_schedulers_at_once_one_runs_the_other_skips_the_slot(stand_in):
+    """The run takes the lock seconds after it starts (kedro run's start-up): the scheduler holds it meanwhile and
+    hands it over, so the other scheduler skips the slot instead of starting a run that fails on the lock."""
+    project, script = stand_in
+    schedulers = [_schedule(project, script, "late_hold", "--once", "--retries", "2", "--backoff", "0.1")
+                  for _ in range(2)]
+    results = [(s.communicate(timeout=30), s.returncode) for s in schedulers]
+    assert [rc for _, rc in results] == [0, 0], results
+    logs = [err for (_, err), _ in results]
+    ran = [err for err in logs if "finished: rc 0" in err]
+    skipped = [err for err in logs if re.search(r"INFO .*skipped: pid \d+ on .*pipeline train_deploy "
+                                                r"\(train-deploy schedule\), started .* holds the project", err)]
+    assert len(ran) == 1 and len(skipped) == 1, logs
+    assert "started:" not in skipped[0] and "retry" not in "".join(logs)
+    assert len(_runs(project)) == 1 and _holder(project) is None  # one run; the lock given back, undescribed
 
 
 def test_held_run_lock_skips_a_slot_and_the_scheduler_keeps_going(stand_in):
@@ -129,15 +159,19 @@ def test_held_run_lock_skips_a_slot_and_the_scheduler_keeps_going(stand_in):
     lock = RunLock(project / "data")
     lock.acquire(RunConfig(), "manual-run")
     scheduler = _schedule(project, script, "ok", "--cron", "* * * * * *")
+    skipped = []
     try:
-        time.sleep(2.5)  # two or three slots, all skipped
+        while len(skipped) < 2:  # two slots, both skipped
+            line = scheduler.stderr.readline()
+            assert line, "the scheduler ended"
+            skipped += [line] if "skipped:" in line else []
         assert _runs(project) == []
     finally:
         lock.release()
     _wait_for(lambda: len(_runs(project)) >= 1)
     rc, err = _stop(scheduler)
     assert rc == 0, err
-    assert re.search(rf"skipped: pid {os.getpid()} on .*pipeline manual-run, started .* holds the project", err)
+    assert re.search(rf"skipped: pid {os.getpid()} on .*pipeline manual-run, started .* holds the project", skipped[0])
 
 
 def test_sigterm_during_a_run_stops_its_process_group_and_exits_0(stand_in):

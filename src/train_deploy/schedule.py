@@ -1,12 +1,13 @@
 """`train-deploy schedule`: retrain on a cron schedule on one machine, or once for system cron / systemd.
 
 Each run is a child process, ``python -m kedro run --pipeline P [--env E] [--params …]`` in the project
-folder, in its own process group, with ``TRAIN_DEPLOY_TRIGGER=schedule``. A slot whose project is held by
-another run (the run lock, ``train_deploy.run_lock``) is skipped and logged; a failed run is retried with
+folder, in its own process group, with ``TRAIN_DEPLOY_TRIGGER=schedule``, under the project's run lock
+(``train_deploy.run_lock``), which the scheduler takes and hands to the run: a slot whose project is held by
+another run is skipped and logged, never failed by a race with it. A failed run is retried with
 exponential back-off (``backoff``, 2 × ``backoff``, …) up to ``retries`` times, then the scheduler waits for
 the next slot. Missed slots are never caught up: a run that outlasts later slots is followed by at most one
-late run. SIGTERM or SIGINT stops the current run's process group (SIGTERM; the run's own hooks stop its
-training processes), waits for it and exits 0.
+late run. SIGTERM or SIGINT stops the current run and its processes (SIGTERM, SIGKILL to what is left after
+:data:`STOP_GRACE` seconds; the run's own hooks stop its training processes) and exits 0.
 
     train-deploy schedule --cron "0 3 * * *"                  # every night at 03:00, in the foreground
     train-deploy schedule --once --pipeline train_deploy      # one run now (with retries), exit with its code
@@ -27,13 +28,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train_deploy.run_lock import RunLock
+from train_deploy.run_lock import RunConfig, RunLock, RunLockHeld
+from train_deploy.signals import stop_process_tree
 
 logger = logging.getLogger(__name__)
 
 TRIGGER_VARIABLE = "TRAIN_DEPLOY_TRIGGER"
 STOP_GRACE = 30.0
-"""Seconds a stopped run's process group has to end after SIGTERM before it is killed."""
+"""Seconds a stopped run's processes have to end after SIGTERM before they are killed."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -42,6 +44,8 @@ class Schedule:
 
     command: list[str]
     """The run's command line (``kedro run …``)."""
+    pipeline: str = "train_deploy"
+    """The pipeline it runs (named in the run lock's holder description while the scheduler holds the lock)."""
     project: Path
     """The project folder: the run's working directory; its ``data/`` holds the run lock."""
     cron: str | None = None
@@ -54,72 +58,59 @@ class Schedule:
 
 @dataclass(slots=True)
 class _Stop:
-    """The scheduler's stop request, and the run to stop with it."""
+    """The scheduler's stop request (the run in progress is stopped by :func:`_run_once`, which waits on it)."""
 
     event: threading.Event = field(default_factory=threading.Event)
-    child: subprocess.Popen | None = None
 
     def request(self, signum: int, _frame=None) -> None:
         logger.info("%s received: stopping", signal.Signals(signum).name)
         self.event.set()
-        if self.child is not None and self.child.poll() is None:
-            _signal_group(self.child.pid, signal.SIGTERM)
 
 
-def _signal_group(pgid: int, signum: int) -> bool:
-    """Send ``signum`` to a process group; False when the group is gone."""
-    try:
-        os.killpg(pgid, signum)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
-
-
-def _run_once(schedule: Schedule, stop: _Stop) -> int:
-    """One run of the command in its own process group; its exit code."""
+def _run_once(schedule: Schedule, stop: _Stop, lock: RunLock) -> int:
+    """One run of the command in its own process group, under the scheduler's run lock handed to it; its exit
+    code (negative: the signal that killed it)."""
     started = time.monotonic()
     logger.info("started: %s (in %s)", shlex.join(schedule.command), schedule.project)
-    child = subprocess.Popen(schedule.command, cwd=schedule.project, start_new_session=True,
-                             env={**os.environ, TRIGGER_VARIABLE: "schedule"})
-    stop.child = child
-    if stop.event.is_set():  # a signal came between the start and the line above
-        _signal_group(child.pid, signal.SIGTERM)
-    try:
-        rc = child.wait()
-    finally:
-        stop.child = None
-    if stop.event.is_set():
-        _reap_group(child.pid)
-    logger.info("finished: rc %d after %.1f s", rc, time.monotonic() - started)
+    fd, handed = lock.hand_over()
+    child = subprocess.Popen(schedule.command, cwd=schedule.project, start_new_session=True, pass_fds=(fd,),
+                             env={**os.environ, TRIGGER_VARIABLE: "schedule", **handed})
+    while child.poll() is None:
+        if stop.event.wait(0.2):
+            stop_process_tree(child, STOP_GRACE)  # SIGTERM: the run's own hooks stop its training processes
+            break
+    rc = child.wait()
+    ended = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"rc {rc}"
+    logger.info("finished: %s after %.1f s", ended, time.monotonic() - started)
     return rc
 
 
-def _reap_group(pgid: int) -> None:
-    """Wait for what is left of a stopped run's process group, killing it after :data:`STOP_GRACE` seconds."""
-    deadline = time.monotonic() + STOP_GRACE
-    while _signal_group(pgid, 0):
-        if time.monotonic() > deadline:
-            logger.warning("process group %d still running %.0f s after SIGTERM: killing it", pgid, STOP_GRACE)
-            _signal_group(pgid, signal.SIGKILL)
-            return
-        time.sleep(0.1)
-
-
 def run_with_retries(schedule: Schedule, stop: _Stop) -> int:
-    """A run and its retries; the last exit code (0 for a run skipped because the project is held)."""
-    holder = RunLock(schedule.project / "data").held_by()
-    if holder is not None:
-        logger.info("skipped: %s holds the project %s", holder, schedule.project)
+    """A run and its retries; the last exit code (0 for a run skipped because the project is held).
+
+    The scheduler takes the project's run lock first and hands it to each run (``train_deploy.run_lock``): a slot
+    is skipped, never failed, when another run holds it, and no run can start between the check and the run."""
+    lock = RunLock(schedule.project / "data")
+    try:
+        lock.acquire(RunConfig(lock="fail"), f"{schedule.pipeline} (train-deploy schedule)")
+    except RunLockHeld as held:
+        logger.info("skipped: %s holds the project %s", held.holder, schedule.project)
         return 0
-    rc = _run_once(schedule, stop)
-    for attempt in range(1, schedule.retries + 1):
-        if rc == 0 or stop.event.is_set():
-            break
-        delay = schedule.backoff * 2 ** (attempt - 1)
-        logger.warning("run failed (rc %d): retry %d of %d in %g s", rc, attempt, schedule.retries, delay)
-        if stop.event.wait(delay):
-            break
-        rc = _run_once(schedule, stop)
+    died = None
+    try:
+        rc = _run_once(schedule, stop, lock)
+        died = lock.reclaim(died=rc < 0)
+        for attempt in range(1, schedule.retries + 1):
+            if rc == 0 or stop.event.is_set():
+                break
+            delay = schedule.backoff * 2 ** (attempt - 1)
+            logger.warning("run failed (rc %d): retry %d of %d in %g s", rc, attempt, schedule.retries, delay)
+            if stop.event.wait(delay):
+                break
+            rc = _run_once(schedule, stop, lock)
+            died = lock.reclaim(died=rc < 0)
+    finally:
+        lock.release(leave=died)  # a run that died under the lock: the next run reports it
     if rc != 0 and not stop.event.is_set():
         logger.error("run failed (rc %d) after %d retries", rc, schedule.retries)
     return rc
@@ -187,7 +178,8 @@ def _schedule(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sche
     if not (project / "pyproject.toml").is_file():
         parser.error(f"--project {project}: no pyproject.toml there (run from the project folder or name it)")
     command = shlex.split(args.command) if args.command else kedro_command(args.pipeline, args.env, args.params)
-    return Schedule(command=command, project=project, cron=args.cron, retries=args.retries, backoff=args.backoff)
+    return Schedule(command=command, pipeline=args.pipeline, project=project, cron=args.cron, retries=args.retries,
+                    backoff=args.backoff)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -199,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_project()
     parser = _parser()
     schedule = _schedule(parser.parse_args(argv), parser)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # plain lines for a daemon's log, over the rich console handler Kedro's import set (train-deploy's CLI)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     stop = _Stop()
     signal.signal(signal.SIGTERM, stop.request)
     signal.signal(signal.SIGINT, stop.request)
