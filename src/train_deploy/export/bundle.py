@@ -63,6 +63,7 @@ from train_deploy.export.graph import (
     save_server_model,
 )
 from train_deploy.export.plots import TrainingCurves, write_plots
+from train_deploy.export.pretrained import save_pretrained_folder
 from train_deploy.export.probe import fused_kernels
 from train_deploy.export.runtime import OnnxRuntimeBackend, PaddleInferenceBackend, disable_tf32
 from train_deploy.handoffs import (
@@ -231,17 +232,6 @@ def _bundle_meta(state: dict[str, Any], checkpoint: Path, tokenizer: TokenizerIn
 def _copy_tokenizer(tokenizer: TokenizerInfo, target: Path) -> None:
     shutil.copytree(tokenizer.path, target)
     write_json(target / TOKENIZER_FILE, tokenizer)
-
-
-def save_pretrained_folder(checkpoint: Path, tokenizer: TokenizerInfo, target: Path) -> None:
-    """The checkpoint as PaddleNLP's ``save_pretrained`` writes it (``config.json`` with portable kernels,
-    ``model.safetensors`` in float32) with the tokenizer's files: what users load with
-    ``LlamaForCausalLM.from_pretrained`` and ``training.init_from`` starts from."""
-    from train_deploy.evaluation import load_model
-
-    model = load_model(checkpoint)
-    model.save_pretrained(str(target), safe_serialization=True)
-    shutil.copytree(tokenizer.path, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(TOKENIZER_FILE))
 
 
 def bundle_fingerprint(checkpoint: Path, tokenizer: TokenizerInfo, config: ExportConfig,
