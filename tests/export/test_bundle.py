@@ -199,14 +199,14 @@ def test_where_the_fused_kernels_cannot_run_the_export_ships_the_portable_graph_
             monkeypatch.setenv("TRAIN_DEPLOY_FUSED_KERNELS", setting)
             probe._verdict.cache_clear()
             fingerprints[setting] = bundle_fingerprint(tiny_checkpoint, tiny_tokenizer, config, NO_CURVES)
-        bundle = export_into(tmp_path / "out" / "bundle", tiny_checkpoint, tiny_tokenizer, tiny_token_files,
-                             edge={"int8": False}, latency={"batch_sizes": [1], "generate_tokens": 4})
-        model = LanguageModel.load(bundle.path, "paddle")
+        folder = tmp_path / "out" / "bundle"
+        bundle = export_into(folder, tiny_checkpoint, tiny_tokenizer, tiny_token_files, edge={"int8": False},
+                             latency={"batch_sizes": [1], "generate_tokens": 4})
+        model = LanguageModel.load(folder, "paddle")
     finally:
         probe._verdict.cache_clear()
     # a bundle without the fused graph is another bundle: never reused where the fused kernels run
     assert fingerprints["on"] != fingerprints["off"]
-    folder = Path(bundle.path)
     assert not (folder / "server").exists() and (folder / "server_portable" / "decode.pdiparams").is_file()
     assert bundle.meta["graphs"] == {"server_portable": {"kernels": [], "needs": []}}
     assert bundle.meta["kernel_probe"] == {"runs": False, "reason": "TRAIN_DEPLOY_FUSED_KERNELS=off"}
