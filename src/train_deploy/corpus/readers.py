@@ -23,7 +23,7 @@ import re
 import zlib
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 from xml.etree import ElementTree
@@ -31,10 +31,14 @@ from xml.etree import ElementTree
 from train_deploy.corpus.config import ReaderConfig
 from train_deploy.corpus.errors import CorpusError
 from train_deploy.corpus.html import PageError, decode_page, main_text
+from train_deploy.corpus.man import ManPageError, find_renderer, man_text, renderer_version
+from train_deploy.corpus.man import decode_page as decode_man_page
 from train_deploy.corpus.people_daily import strip_pos_tag_bytes, strip_pos_tags
 from train_deploy.corpus.wiki import iter_pages, strip_wiki_markup
 
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".zst")
+MAN_PAGE = re.compile(r"\.(?:\d\w*|man)(?:\.(?:gz|bz2|zst))?$")
+"""What `source: man` takes from a folder: `ls.1`, `passwd.5.gz`, `rpc.3t.gz`, `page.man`."""
 HTML_SUFFIXES = tuple(f"{page}{packed}" for page in (".html", ".htm") for packed in ("", *COMPRESSED_SUFFIXES))
 """What `source: html` takes from a folder (files and globs named in `paths` are taken whatever their name)."""
 _BLOCK = 1 << 20
@@ -120,7 +124,8 @@ def resolve_inputs(reader: ReaderConfig) -> list[Path]:
             files.extend(matches)
         elif path.is_dir():
             matches = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith(".")
-                             and (reader.source != "html" or p.name.lower().endswith(HTML_SUFFIXES)))
+                             and (reader.source != "html" or p.name.lower().endswith(HTML_SUFFIXES))
+                             and (reader.source != "man" or MAN_PAGE.search(p.name) is not None))
             if not matches:
                 raise CorpusError(f"{spec}: folder has no files (corpus.reader.paths)")
             files.extend(matches)
@@ -138,6 +143,8 @@ def plan_corpus(reader: ReaderConfig) -> CorpusPlan:
 
     files = resolve_inputs(reader)
     digest = xxhash.xxh3_128()  # content fingerprint at memory speed (blake2b ran at ~1 GB/s)
+    if reader.source == "man":  # the text depends on the program that renders it
+        digest.update(renderer_version(find_renderer(reader.man_renderer)).encode() + b"\0")
     chunks: list[Chunk] = []
     skipped: dict[str, str] = {}
     budget = reader.max_bytes
@@ -165,7 +172,7 @@ def plan_corpus(reader: ReaderConfig) -> CorpusPlan:
             for start, end in itertools.pairwise([0, *cuts, size]):
                 chunks.append(Chunk(len(chunks), str(path), start, end, streams=compressed))
             continue
-        if compressed or reader.source in ("wiki_xml", "html"):
+        if compressed or reader.source in ("wiki_xml", "html", "man"):
             chunks.append(Chunk(len(chunks), str(path), 0, -1 if compressed else size,
                                 limit=budget if compressed else None))
             budget = None if budget is None else budget - size
@@ -188,6 +195,9 @@ def iter_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iter
         return
     if reader.source == "html":
         yield from _html_documents(chunk, reader, stats)
+        return
+    if reader.source == "man":
+        yield from _man_documents(chunk, reader, stats)
         return
     lines = _iter_lines(chunk, reader, stats)
     if reader.source == "jsonl":
@@ -638,17 +648,26 @@ def _stream_failed(exc: Exception, chunk: Chunk, reader: ReaderConfig, stats: Re
     _bad_input(reader, stats, "truncated_archive", f"{chunk.path}: compressed stream is truncated or corrupt ({exc})")
 
 
-def _html_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterator[str]:
-    """One web page: its main text in its own charset (a page over ``max_line_bytes`` is bad input)."""
+def _read_page(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> bytes | None:
+    """A whole-file document's bytes (a web or manual page), or None when it is bad input (over ``max_line_bytes``,
+    a truncated archive)."""
     try:
         with _open_stream(chunk.path) as f:
             data = f.read(reader.max_line_bytes + 1)
     except Exception as exc:
         _stream_failed(exc, chunk, reader, stats)
-        return
+        return None
     if len(data) > reader.max_line_bytes:
         _bad_input(reader, stats, "page_too_large",
                    f"{chunk.path}: page larger than {reader.max_line_bytes} bytes (corpus.reader.max_line_bytes)")
+        return None
+    return data
+
+
+def _html_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterator[str]:
+    """One web page: its main text in its own charset (a page over ``max_line_bytes`` is bad input)."""
+    data = _read_page(chunk, reader, stats)
+    if data is None:
         return
     try:
         page, _ = decode_page(data)
@@ -658,3 +677,25 @@ def _html_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Ite
     text = main_text(page)
     if text:
         yield text
+
+
+def _man_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterator[str]:
+    """One manual page: the text it prints (``corpus.man``); an alias (``.so``) gives none."""
+    data = _read_page(chunk, reader, stats)
+    if data is None:
+        return
+    try:
+        text = man_text(decode_man_page(data), find_renderer(reader.man_renderer))
+    except ManPageError as exc:
+        _bad_input(reader, stats, "unreadable_man_page", f"{chunk.path}: {exc}")
+        return
+    if text:
+        yield text
+
+
+def resolved(reader: ReaderConfig) -> ReaderConfig:
+    """``reader`` with ``man_renderer: auto`` replaced by the program found here (``strip`` when none), so that every
+    worker, on this machine or another, renders alike (and the fingerprint names it)."""
+    if reader.source != "man" or reader.man_renderer != "auto":
+        return reader
+    return replace(reader, man_renderer=find_renderer("auto") or "strip")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from functools import partial
@@ -17,7 +18,7 @@ from train_deploy.corpus.build import (
     tokenizer_fingerprint,
 )
 from train_deploy.corpus.config import CorpusConfig
-from train_deploy.corpus.readers import CorpusPlan, plan_corpus
+from train_deploy.corpus.readers import CorpusPlan, plan_corpus, resolved
 from train_deploy.corpus.report import CorpusQuality, examples_text, report_figure
 from train_deploy.corpus.tokenizer import load_tokenizer, tokenizer_is_current, train_tokenizer, training_sentences
 from train_deploy.datasets import FolderWork
@@ -32,6 +33,7 @@ logger = logging.getLogger(__name__)
 def plan_inputs(corpus: dict[str, Any]) -> tuple[CorpusConfig, CorpusPlan]:
     """Return the validated configuration and the chunked, fingerprinted input plan."""
     config = CorpusConfig.from_params(corpus)
+    config = dataclasses.replace(config, reader=resolved(config.reader))  # man_renderer: auto → the one found here
     plan = plan_corpus(config.reader)
     logger.info("Corpus: %d file(s), %.1f MB, %d chunk(s), content hash %s", len(plan.files),
                 plan.input_bytes / 1e6, len(plan.chunks), plan.input_hash[:12])
