@@ -40,7 +40,14 @@ from train_deploy.training.checkpoint import (
 )
 from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
 from train_deploy.training.data import TokenWindows
-from train_deploy.training.metrics import MetricsLog, Throughput, calibrated_peak_flops, grad_norm, memory_mb
+from train_deploy.training.metrics import (
+    MetricsLog,
+    Throughput,
+    blas_threads,
+    calibrated_peak_flops,
+    grad_norm,
+    memory_mb,
+)
 from train_deploy.training.model import build_model, flops_per_token
 from train_deploy.training.parallelize import data_rank, parallelize
 
@@ -443,7 +450,14 @@ def _result(job: Job, progress: Progress, size: ModelSize, valid: np.ndarray | N
 def _throughput(job: Job, size: ModelSize) -> Throughput:
     config = job.config
     flops = flops_per_token(config.model.shape(), size.parameters, size.embedding, config.batch.seq_length)
-    peak = config.device.peak_tflops * 1e12 if config.device.peak_tflops else calibrated_peak_flops()
+    if config.device.peak_tflops:
+        peak, source = config.device.peak_tflops * 1e12, "training.device.peak_tflops"
+    else:  # measured here: this worker's BLAS kernels and threads
+        threads = blas_threads()
+        peak = calibrated_peak_flops(config.device.type, threads)
+        source = f"float32 matmul calibrated in the worker, {threads} thread(s)" + (
+            f", MKL_DEBUG_CPU_TYPE={os.environ['MKL_DEBUG_CPU_TYPE']}" if "MKL_DEBUG_CPU_TYPE" in os.environ else "")
+    logger.info("MFU against a peak of %.1f GFLOP/s per worker (%s)", peak / 1e9, source)
     return Throughput(flops_per_token=flops, peak_flops=peak * job.world)
 
 
