@@ -73,3 +73,19 @@ def test_on_a_terminal_log_records_are_written_above_the_bar_not_into_it(mode):
     else:
         assert glued == [], lines
         assert any(line.startswith("training: 100%|") for line in lines), lines  # the bar, on its own line
+
+
+def test_the_end_of_run_line_judges_against_the_strongest_baseline_and_reads_bundles_made_before_it():
+    from train_deploy.hooks.display import _baseline_line
+
+    add_k = {"unigram_loss": 7.5, "bigram_loss": 6.0, "unigram_k": 1.0, "bigram_k": 0.01, "windows": 64,
+             "seq_length": 128, "train_tokens": 1000}
+    kneser_ney = {**add_k, "kn_bigram_loss": 5.8, "kn_bigram_discounts": [1.0, 0.75], "kn_trigram_loss": 5.2,
+                  "kn_trigram_discounts": [1.0, 0.8, 0.85]}
+    line = _baseline_line({"val_baselines": kneser_ney, "val_loss": 5.5}, {})
+    assert line.startswith("validation: validation loss 5.5000 nats/token")
+    assert "NOT below the Kneser-Ney trigram baseline (5.5000 vs 5.2000)" in line  # it beats both bigrams
+    # a bundle exported before the Kneser-Ney baselines (no val_baselines: parity windows, add-k only)
+    old = _baseline_line({"val_loss": None}, {"baselines": {**add_k, "model_loss": 5.9, "model_beats_bigram": True}})
+    assert "below the strongest (add-k bigram)" in old and "NOT" not in old
+    assert _baseline_line({}, {}) is None
