@@ -83,10 +83,13 @@ run: check-paddle
 
 # The MLflow UI on the project's store (conf/base/mlflow.yml, conf/local/mlflow.yml or MLFLOW_TRACKING_URI; a
 # tracking server is opened in the browser instead), at http://127.0.0.1:5000 (`make ui PORT=5001` for another
-# port). kedro-mlflow starts `mlflow` from PATH: the venv's comes first, so nothing needs activating.
+# port). kedro-mlflow starts `mlflow` from PATH: the venv's comes first, so nothing needs activating. The UI's
+# processes (kedro, mlflow ui, its server and workers) run in a process group of their own that stops whole with
+# make: Ctrl-C, a plain `kill` of make or of the wrapper (tools/process_group.py) leaves none of them behind.
 .PHONY: ui
 ui: $(STAMP)
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/kedro mlflow ui $(if $(PORT),--port $(PORT))
+	exec env PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python tools/process_group.py -- \
+		$(BIN)/kedro mlflow ui $(if $(PORT),--port $(PORT))
 
 test: check-paddle
 	$(BIN)/python -m pytest
