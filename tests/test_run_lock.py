@@ -61,6 +61,53 @@ def test_a_held_lock_names_its_holder_and_dies_with_it(tmp_path):
         holder.wait()
 
 
+_ADOPT = """
+import json, sys
+from pathlib import Path
+from train_deploy.run_lock import RunConfig, RunLock, RunLockHeld
+lock = RunLock(Path(sys.argv[1]))
+lock.acquire(RunConfig(lock="fail"), "child")  # adopts the lock its parent handed over
+try:
+    RunLock(Path(sys.argv[1])).acquire(RunConfig(lock="fail"), "another")
+except RunLockHeld as held:
+    print(json.dumps({"refused": held.holder}))
+lock.release()
+"""
+
+
+def test_a_lock_handed_to_a_child_is_adopted_and_stays_with_the_parent_after_it(tmp_path):
+    parent = RunLock(tmp_path)
+    parent.acquire(RunConfig(lock="fail"), "scheduler")
+    try:
+        fd, env = parent.hand_over()
+        child = subprocess.run([sys.executable, "-c", _ADOPT, str(tmp_path)], env={**os.environ, **env},
+                               pass_fds=(fd,), capture_output=True, text=True, timeout=60)
+        assert child.returncode == 0, child.stderr
+        refused = json.loads(child.stdout)["refused"]
+        assert refused.startswith("pid ") and "pipeline child, started " in refused  # the child described itself
+        with pytest.raises(RunLockHeld):  # the parent holds it still
+            RunLock(tmp_path).acquire(RunConfig(lock="fail"), "after the child")
+        assert parent.reclaim(died=False) is None and parent.about()["pipeline"] == "scheduler"
+    finally:
+        parent.release()
+    assert RunLock(tmp_path).held_by() is None
+
+
+def test_a_descriptor_that_is_not_the_lock_is_ignored_with_a_warning(tmp_path, monkeypatch, caplog):
+    other = os.open(tmp_path / "other", os.O_RDWR | os.O_CREAT)
+    monkeypatch.setenv("TRAIN_DEPLOY_RUN_LOCK_FD", str(other))
+    lock = RunLock(tmp_path / "data")
+    try:
+        lock.acquire(RunConfig(lock="fail"), "run")
+        assert f"TRAIN_DEPLOY_RUN_LOCK_FD={other} is not this project's run lock" in caplog.text
+        assert "TRAIN_DEPLOY_RUN_LOCK_FD" not in os.environ  # nothing this process starts believes it either
+        with pytest.raises(RunLockHeld):
+            RunLock(tmp_path / "data").acquire(RunConfig(lock="fail"), "second")
+    finally:
+        lock.release()
+        os.close(other)
+
+
 def test_run_configuration_is_checked():
     with pytest.raises(ConfigError, match=r"^run.lock: 'queue' is not one of 'fail', 'wait'"):
         RunConfig.from_params({"lock": "queue"})

@@ -13,7 +13,8 @@ Kedro configures logging (its rich handler on the root logger) before any projec
   scheduler's log), turns the rich handler's boxes, colours and 80-column wrapping into plain lines; on a
   terminal, records are written above the progress bars (:class:`AboveProgressBars`), not into them.
 
-``train_deploy.cli`` prints the project's own errors as one line that points at the log file.
+``train_deploy.cli`` prints the project's own errors as one line that points at the log file; a fatal signal's
+Python traceback goes into the log file too (``faulthandler``, set up by ``train_deploy.signals``).
 """
 
 from __future__ import annotations
@@ -150,16 +151,26 @@ class ProjectLogFile(RotatingFileHandler):
         self.setLevel(logging.INFO)
 
 
+def _project_log_handler() -> ProjectLogFile | None:
+    return next((h for h in logging.getLogger().handlers if isinstance(h, ProjectLogFile)), None)
+
+
+def project_log_file() -> Path | None:
+    """The project's log file this process writes (None when no run of this process opened one)."""
+    handler = _project_log_handler()
+    return Path(handler.baseFilename) if handler is not None else None
+
+
 def record_in_log_file(error: BaseException, message: str) -> Path | None:
     """Write ``message`` with ``error``'s traceback to the project's log file only; returns the file (None when
     no run of this process opened one)."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, ProjectLogFile):
-            logger = logging.getLogger("train_deploy.cli")
-            handler.handle(logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, (), (
-                type(error), error, error.__traceback__)))
-            return Path(handler.baseFilename)
-    return None
+    handler = _project_log_handler()
+    if handler is None:
+        return None
+    logger = logging.getLogger("train_deploy.cli")
+    handler.handle(logger.makeRecord(logger.name, logging.ERROR, __file__, 0, message, (), (
+        type(error), error, error.__traceback__)))
+    return Path(handler.baseFilename)
 
 
 def plain_console_unless_terminal() -> None:

@@ -13,27 +13,40 @@ import mlflow
 from kedro.framework.hooks import hook_impl
 
 from train_deploy.atomic import clean_leftovers, remove_leftovers
+from train_deploy.console import project_log_file
 from train_deploy.datasets import ArtifactFolderDataset, WorkFolderDataset
 from train_deploy.preflight import check_run, check_tracking, check_writable
 from train_deploy.retrain import CHECKED_NODES, OUTCOME_TAG, REASON_TAG, NothingToRetrain, check_for_changes
 from train_deploy.run_lock import RunConfig, RunLock
+from train_deploy.signals import RunWatch, end_run_failed, install_termination_handler, log_fatal_signals
 
 logger = logging.getLogger(__name__)
 
 
 class ProjectRunLock:
-    """One run at a time per project (``run.lock: fail | wait``, see ``train_deploy.run_lock``).
+    """One run at a time per project (``run.lock: fail | wait``, see ``train_deploy.run_lock``), and what a killed
+    run leaves said (``train_deploy.signals``).
 
     A wrapper around the other ``before_pipeline_run`` hooks: the lock is taken before kedro-mlflow opens a
-    run (a refused run leaves no MLflow run behind) and given back if any of them fails.
+    run (a refused run leaves no MLflow run behind) and given back if any of them fails. Once the run has its
+    MLflow run, the lock's holder record names it, and the node being run as each starts; a
+    :class:`~train_deploy.signals.RunWatch` reports this process's death by a signal from that record, and
+    ``faulthandler`` writes the fatal signal's traceback into the log file. Paddle's signal handlers never
+    replace this process's (:func:`~train_deploy.signals.install_termination_handler`). A record left by a run
+    that died holding the lock is reported by the next run, which ends that MLflow run ``FAILED`` if nobody did.
     """
 
     def __init__(self) -> None:
         self._lock: RunLock | None = None
         self._config = RunConfig()
+        self._watch: RunWatch | None = None
+        self._stages: dict[str, str] = {}
 
     @hook_impl
     def after_context_created(self, context) -> None:
+        install_termination_handler()
+        if (log := project_log_file()) is not None:  # ConsoleLogging (tryfirst) opened it
+            log_fatal_signals(log)
         self._lock = RunLock(Path(context.project_path) / "data")
         self._config = RunConfig.from_params(context.params.get("run"))
 
@@ -41,12 +54,31 @@ class ProjectRunLock:
     def before_pipeline_run(self, run_params, catalog):
         if self._lock is not None:
             self._lock.acquire(self._config, ", ".join(run_params.get("pipeline_names") or ["__default__"]))
+            atexit.register(self._release)  # SystemExit (SIGTERM) skips after_pipeline_run and on_pipeline_error
         try:
+            if self._lock is not None and self._lock.previous:
+                _report_dead_holder(self._lock.previous)
             _report_leftovers(self._lock.folder if self._lock else None, catalog)
-            return (yield)
+            result = yield
+            if self._lock is not None:
+                self._watch_run(self._lock)
+            return result
         except BaseException:
             self._release()
             raise
+
+    def _watch_run(self, lock: RunLock) -> None:
+        run = mlflow.active_run()
+        lock.record(mlflow_run_id=run.info.run_id if run else None)
+        self._stages = _stages_of_nodes()
+        self._watch = RunWatch(lock.holder_path, project_log_file(), mlflow.get_tracking_uri() if run else None)
+
+    @hook_impl
+    def before_node_run(self, node) -> None:
+        if self._lock is not None and self._watch is not None:
+            if (log := project_log_file()) is not None:
+                log_fatal_signals(log)  # the log may have been rotated
+            self._lock.record(node=node.name, stage=self._stages.get(node.name))
 
     @hook_impl
     def after_pipeline_run(self) -> None:
@@ -57,8 +89,35 @@ class ProjectRunLock:
         self._release()
 
     def _release(self) -> None:
+        atexit.unregister(self._release)
+        if self._watch is not None:
+            self._watch.ended()
+            self._watch = None
         if self._lock is not None:
             self._lock.release()
+
+
+def _stages_of_nodes() -> dict[str, str]:
+    """The stage (pipeline of ``pipeline_registry.STAGES``) of each node."""
+    from kedro.framework.project import pipelines
+
+    from train_deploy.pipeline_registry import STAGES
+
+    try:
+        return {node.name: stage for stage in STAGES if stage in pipelines for node in pipelines[stage].nodes}
+    except Exception as exc:  # a stage that cannot be built now failed the run already; never fail it here
+        logger.debug("No stages of nodes: %s", exc)
+        return {}
+
+
+def _report_dead_holder(previous: dict) -> None:
+    """The previous run died holding the lock (a signal, or its machine stopped): say where, and end its MLflow
+    run ``FAILED`` if it is still ``RUNNING``."""
+    where = f", in node {previous['node']}" if previous.get("node") else ""
+    ended = (end_run_failed(previous["mlflow_run_id"], f"died in {previous.get('node') or 'the run'}")
+             if previous.get("mlflow_run_id") else "it had no MLflow run")
+    logger.warning("The previous run (pid %s, pipeline %s, started %s%s) ended without giving the lock back: %s",
+                   previous.get("pid"), previous.get("pipeline"), previous.get("started_at"), where, ended)
 
 
 def _report_leftovers(data: Path | None, catalog) -> None:
@@ -166,7 +225,8 @@ class SkipUnchanged(OuterRunAware):
 class EndStoppedRun(OuterRunAware):
     """A Kedro run that fails in a ``before_pipeline_run`` hook after kedro-mlflow opened its MLflow run ends it
     ``FAILED``; one stopped by SIGTERM or Ctrl-C ends it ``KILLED``. Neither stays ``RUNNING``, nor ends
-    ``FINISHED`` by MLflow's exit handler. (SIGKILL leaves no chance: that run stays ``RUNNING``.)
+    ``FINISHED`` by MLflow's exit handler. (A process killed outright, by SIGKILL or a fatal signal, can do
+    nothing: :class:`ProjectRunLock`'s watch ends that run ``FAILED``.)
 
     While the pipeline runs, SIGTERM (when nobody else handles it) exits with status 143 through ``SystemExit``,
     so ``finally`` blocks and exit handlers run, as Ctrl-C's ``KeyboardInterrupt`` does.

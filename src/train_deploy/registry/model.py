@@ -38,6 +38,7 @@ from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
 import train_deploy
 from train_deploy.export.runtime import BundleError, LanguageModel, TooLongError, read_bundle
+from train_deploy.signals import install_termination_handler
 
 TASKS, BACKENDS = ("score", "generate"), ("auto", "paddle", "onnx")
 PARAMS: dict[str, tuple[str, Any]] = {
@@ -97,6 +98,7 @@ class BundleModel(mlflow.pyfunc.PythonModel):
     """
 
     def load_context(self, context) -> None:
+        install_termination_handler()  # Paddle's import must not take the server's SIGTERM (train_deploy.signals)
         self._bundle = Path(context.artifacts["bundle"])
         self._max_batch = int((context.model_config or {}).get("max_batch", 64))
         self._models: dict[tuple[str, bool], LanguageModel] = {}
