@@ -1,6 +1,7 @@
 """MLflow models of the tiny bundle, in SQLite stores of the test session's own, and fresh processes to use them.
 
-``tiny_bundle`` (and the export fixtures it needs) come from ``tests/export/conftest.py``.
+``tiny_bundle`` (and the export fixtures it needs) come from ``tests/export/conftest.py``; ``step_bundles`` are
+bundles of three qualities; :class:`GateProcess` runs the gate in a process of its own.
 """
 
 from __future__ import annotations
@@ -24,6 +25,24 @@ import pytest
 
 REGISTERED_MODEL = "train_deploy_lm"
 FRESH_TIMEOUT_S = 300
+# The gate as the registry stage runs it, in a process of its own: arguments from a JSON file, the decision as the
+# last line of standard output, INFO logs (the registry lock's waits, MLflow's "Created version") on standard error.
+_GATE_SCRIPT = """
+import json, logging, sys
+import mlflow
+from train_deploy.handoffs import Bundle
+from train_deploy.registry.config import RegistryConfig
+from train_deploy.registry.gate import register_and_gate
+
+logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+args = json.loads(open(sys.argv[1], encoding="utf-8").read())
+mlflow.set_tracking_uri(args["uri"])
+mlflow.set_registry_uri(args["uri"])
+with mlflow.start_run(experiment_id=mlflow.set_experiment("gate-processes").experiment_id):
+    result = register_and_gate(Bundle.read_folder(args["bundle"]), RegistryConfig.from_params(args["registry"]),
+                               args["tags"], lambda: args["texts"])
+print(json.dumps({"version": result.version, "decision": result.decision, "reason": result.reason}))
+"""
 
 
 @dataclass(frozen=True)
@@ -65,6 +84,13 @@ class ModelStore:
         env = {key: value for key, value in os.environ.items() if key not in ("PYTHONPATH", "MLFLOW_REGISTRY_URI")}
         return {**env, "MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_DISABLE_TELEMETRY": "true",
                 "PYTHONUNBUFFERED": "1"}
+
+
+def registry(store: ModelStore, *args: str) -> subprocess.CompletedProcess[str]:
+    """``train-deploy-registry *args``, in its own process, with the store as MLFLOW_TRACKING_URI."""
+    command = Path(sys.executable).parent / "train-deploy-registry"
+    return subprocess.run([str(command), *args], env=store.environment(), capture_output=True, text=True,
+                          timeout=120, check=False)
 
 
 def run_fresh(script: str, store: ModelStore, folder: Path, timeout: float = FRESH_TIMEOUT_S) -> Any:
@@ -153,3 +179,61 @@ class ModelServer:
 
 # No proxies: a proxy from the environment must not answer for a server on the loopback interface.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@pytest.fixture(scope="session")
+def step_bundles(tmp_path_factory, tiny_run, tiny_tokens, tiny_tokenizer, tiny_token_files, tiny_bundle) -> dict:
+    """Bundles of the tiny model after 1, 3 and 6 training steps (``Bundle`` by step): worse, then better, on any
+    held-out text (about 6.276, 6.244 and 6.208 nats per character on the gate tests' set)."""
+    from tests.export.conftest import export_into
+    from tests.training.conftest import launch, training_params
+    from train_deploy.handoffs import Bundle
+
+    one_step = launch(tmp_path_factory.mktemp("one_step"), tiny_tokens,
+                      training_params(1, schedule={"max_steps": 1, "eval_every": 1, "checkpoint_every": 1}))
+    bundles = {6: Bundle.read_folder(tiny_bundle)}
+    for step, checkpoint in ((3, Path(tiny_run.checkpoints) / "step_00000003"), (1, Path(one_step.checkpoint))):
+        folder = tmp_path_factory.mktemp(f"bundle_step{step}") / "bundle"
+        export_into(folder, checkpoint, tiny_tokenizer, tiny_token_files)
+        bundles[step] = Bundle.read_folder(folder)
+    return bundles
+
+
+class GateProcess:
+    """``register_and_gate`` of ``bundle`` against the store at ``uri``, in a new process started in the empty
+    ``folder`` (its log: ``folder/gate.log``)."""
+
+    def __init__(self, folder: Path, uri: str, bundle: Any, registry: dict[str, Any], tags: dict[str, str],
+                 texts: list[str]) -> None:
+        folder.mkdir(parents=True)
+        arguments = folder / "gate.json"
+        arguments.write_text(json.dumps({"uri": uri, "bundle": bundle.path, "registry": registry, "tags": tags,
+                                         "texts": texts}), encoding="utf-8")
+        self.log = folder / "gate.log"
+        env = {key: value for key, value in os.environ.items()
+               if key not in ("PYTHONPATH", "MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")}
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen([sys.executable, "-c", _GATE_SCRIPT, str(arguments)], cwd=folder,
+                                            env={**env, "MLFLOW_DISABLE_TELEMETRY": "true"},
+                                            stdout=subprocess.PIPE, stderr=log, text=True)
+
+    def wait_for(self, text: str, timeout: float = FRESH_TIMEOUT_S) -> None:
+        """Return once the process has logged ``text``; fail if it ends first or is late."""
+        deadline = time.monotonic() + timeout
+        while text not in self.log.read_text(errors="replace"):
+            assert self.process.poll() is None, f"the gate ended before logging {text!r}:\n{self.tail()}"
+            assert time.monotonic() < deadline, f"the gate did not log {text!r}:\n{self.tail()}"
+            time.sleep(0.05)
+
+    def result(self, timeout: float = FRESH_TIMEOUT_S) -> dict[str, str]:
+        """The decision the process printed; fail with its log's tail if it failed."""
+        out, _ = self.process.communicate(timeout=timeout)
+        assert self.process.returncode == 0, f"the gate failed:\n{self.tail()}"
+        return json.loads(out.strip().splitlines()[-1])
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.communicate(timeout=60)
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])

@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from functools import partial
-from pathlib import Path
 
 import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from tests.registry.conftest import ModelStore
+from tests.registry.conftest import ModelStore, registry
 from train_deploy.handoffs import Bundle
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.evalset import validation_texts
@@ -20,13 +17,6 @@ from train_deploy.registry.gate import register_and_gate, version_tags
 from train_deploy.registry.history import MAX_EVENT_CHARS, format_table, read_history, record_event
 
 MODEL = "history_test_lm"
-COMMAND = Path(sys.executable).parent / "train-deploy-registry"
-
-
-def registry(store: ModelStore, *args: str) -> subprocess.CompletedProcess[str]:
-    """The console command, in its own process, with the store as MLFLOW_TRACKING_URI."""
-    return subprocess.run([str(COMMAND), *args], env=store.environment(), capture_output=True, text=True,
-                          timeout=120, check=False)
 
 
 def aliases(client: MlflowClient) -> dict[str, str]:

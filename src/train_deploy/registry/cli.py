@@ -5,7 +5,8 @@
 
 The tracking server is ``--tracking-uri``, else ``MLFLOW_TRACKING_URI`` (credentials, as for MLflow, only from
 ``MLFLOW_TRACKING_USERNAME``/``PASSWORD``/``TOKEN``). Output goes to stdout; an error is one line on stderr and
-exit status 1.
+exit status 1. ``rollback`` takes the model's registry lock (``train_deploy.registry.aliases``): it waits for a
+gate that is moving the aliases, and completes a move an interrupted run recorded before it rolls back.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import sys
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from train_deploy.registry.aliases import AliasMoveError, RollbackError, rollback
 from train_deploy.registry.config import RegistryConfig
-from train_deploy.registry.history import RollbackError, format_table, read_history, rollback
+from train_deploy.registry.history import format_table, read_history
+from train_deploy.registry.retry import RegistryUnreachable, Retrying
 from train_deploy.training.metrics import redact_uri
 
 
@@ -36,9 +39,9 @@ def main(argv: list[str] | None = None) -> int:
             events = read_history(client, args.model)
             sys.stdout.write(format_table(events) if events else f"{args.model}: no history yet\n")
         else:
-            event = rollback(client, args.model)
+            event = rollback(client, args.model, Retrying(RegistryConfig().retries, uri))
             sys.stdout.write(f"{args.model}: {event['reason']}\n")
-    except (MlflowException, RollbackError) as exc:
+    except (MlflowException, RollbackError, AliasMoveError, RegistryUnreachable) as exc:
         message = exc.message if isinstance(exc, MlflowException) else str(exc)
         first = message.strip().splitlines()[0] if message.strip() else repr(exc)
         sys.stderr.write(f"train-deploy-registry {args.command}: {redact_uri(uri)}: {redact_uri(first)}\n")

@@ -1,4 +1,4 @@
-"""The promotion history of a registered model, kept on the model itself, and rolling ``champion`` back.
+"""The promotion history of a registered model, kept on the model itself.
 
 Every gate decision and every rollback is an event: a small JSON object (time, event, decision, version, which
 versions hold ``champion`` and ``previous`` after it, both numbers, the reason). Each is a tag of the registered
@@ -7,9 +7,8 @@ holds it and reads back in time order by its key. MLflow's SQL stores keep a reg
 5000 characters (``registered_model_tags.value``), so an event's reason is shortened to fit. A gate decision's
 event is also in its run, as ``registry/history.jsonl``.
 
-Rollback moves ``champion`` to the version ``previous`` names and ``previous`` to the version that was champion:
-``previous`` always names the version that held ``champion`` just before the current one, and a second
-rollback undoes the first.
+``previous`` always names the version that held ``champion`` just before the current one; how both move (a
+promotion, a rollback) is ``train_deploy.registry.aliases``.
 """
 
 from __future__ import annotations
@@ -30,10 +29,6 @@ MAX_EVENT_CHARS = 5000
 COLUMNS = (("time", "time (UTC)"), ("event", "event"), ("decision", "decision"), ("version", "version"),
            ("champion", "champion"), ("previous", "previous"), ("candidate", "nats/char"),
            ("champion_value", "champion nats/char"), ("reason", "reason"))
-
-
-class RollbackError(RuntimeError):
-    """There is nothing to roll back to; the message names the model."""
 
 
 def alias_version(client: MlflowClient, name: str, alias: str) -> str | None:
@@ -71,24 +66,6 @@ def read_history(client: MlflowClient, name: str) -> list[dict[str, Any]]:
         except ValueError:
             events.append({"time": key.removeprefix(HISTORY_PREFIX), "event": "unreadable", "reason": tags[key][:80]})
     return events
-
-
-def rollback(client: MlflowClient, name: str) -> dict[str, Any]:
-    """``champion`` ← ``previous`` and ``previous`` ← the old champion; records and returns the event."""
-    champion, previous = alias_version(client, name, CHAMPION), alias_version(client, name, PREVIOUS)
-    if previous is None:
-        raise RollbackError(f"registered model {name}: no version has the alias {PREVIOUS!r}, so there is "
-                            "nothing to roll back to")
-    if champion == previous:
-        raise RollbackError(f"registered model {name}: {CHAMPION} and {PREVIOUS} are both version {champion}")
-    event = {"time": dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"), "event": "rollback",
-             "decision": "rollback", "version": previous, "champion": previous, "previous": champion,
-             "reason": f"rolled back by {_who()}: {CHAMPION} from version {champion} to version {previous}"}
-    record_event(client, name, event)  # first: a failure below then leaves a record of the attempt
-    if champion is not None:
-        client.set_registered_model_alias(name, PREVIOUS, champion)
-    client.set_registered_model_alias(name, CHAMPION, previous)
-    return event
 
 
 def format_table(events: Sequence[dict[str, Any]]) -> str:
@@ -129,7 +106,8 @@ def _fitting(event: dict[str, Any]) -> str:
     return value
 
 
-def _who() -> str:
+def who() -> str:
+    """Who runs this process: ``user@host``."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):

@@ -69,3 +69,8 @@ class Retrying:
                                attempt + 1, attempts, self.retries.wait_seconds)
                 time.sleep(self.retries.wait_seconds)
         raise AssertionError("unreachable")  # the loop returns or raises
+
+    def once(self, call: Callable[[], T]) -> T:
+        """``call()`` tried once, MLflow's own retries off too: for a best-effort call after a failure."""
+        with scoped_environment(_ONE_TRY, keep_set=True):
+            return call()
