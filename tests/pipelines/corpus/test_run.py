@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from train_deploy.corpus.people_daily import strip_pos_tags
 from train_deploy.corpus.readers import people_daily_path
@@ -53,3 +57,40 @@ def test_a_validation_split_too_small_to_evaluate_is_refused_before_training_sta
     again = kedro_run(project, tmp_path, "corpus", f"{params},{advised}")  # the advice works
     assert again.returncode == 0, again.stderr[-3000:]
     assert "CorpusError" not in again.stderr
+
+
+def readme_commands(marker: str) -> list[str]:
+    """The commands of README's "Using your own corpus" code blocks that contain ``marker``, lines joined."""
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("### Using your own corpus", 1)[1].split("\n### ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
+    commands = [command for block in blocks for command in block.replace("\\\n", " ").splitlines()]
+    return [command for command in commands if marker in command]
+
+
+def write_fortunes(folder: Path) -> Path:
+    """Two files of short texts between lines holding only %, as fortune's files are."""
+    folder.mkdir(parents=True)
+    texts = paragraphs(400, start=5_000)  # not the web pages' paragraphs
+    for name, part in (("zh", texts[:200]), ("tang", texts[200:])):
+        (folder / name).write_text("\n%\n".join(part) + "\n%\n", encoding="utf-8")
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("marker", "placeholder", "write"), [
+    ("corpus.reader.source=html", "/data/site", lambda tmp: write_site(tmp / "site", 15)),
+    ("corpus.reader.separator=", "/data/fortunes", lambda tmp: write_fortunes(tmp / "fortunes")),
+])
+def test_the_readmes_own_corpus_commands_encode_a_small_corpus_first_time(project, tmp_path, marker, placeholder,
+                                                                          write):
+    [command] = readme_commands(marker)
+    folder = write(tmp_path)
+    words = shlex.split(command.replace(placeholder, str(folder)))
+    assert words[:4] == [".venv/bin/kedro", "run", "--pipelines", "train_deploy"] and words[4] == "--params"
+    # the corpus stage only (its check against training's window included): training is the other tests' part
+    done = kedro_run(project, tmp_path, "corpus", words[5])
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifest = json.loads((project / "data" / "04_feature" / "tokens" / "manifest.json").read_text(encoding="utf-8"))
+    assert manifest["documents"]["kept"] >= 15 and manifest["splits"]["valid"]["tokens"] >= 129
+    assert "Error" not in done.stderr
