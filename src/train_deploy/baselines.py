@@ -131,9 +131,10 @@ class Baselines:
         """One line: the model's loss beside every baseline, and whether it beats the strongest."""
         figures = ", ".join(f"{name} {value:.4f}" + (f" (k={self.bigram_k:g})" if name == "add-k bigram" else "")
                             for name, value in self.losses().items())
-        where = f"on the same {self.windows} windows of {self.seq_length} tokens"
         if loss is None:
-            return f"no validation loss measured in this run; n-gram baselines {where}: {figures}"
+            return (f"no validation loss measured in this run; n-gram baselines of its {self.windows} evaluation "
+                    f"windows of {self.seq_length} tokens: {figures}")
+        where = f"on the same {self.windows} windows of {self.seq_length} tokens"
         name, best = self.strongest()
         verdict = (f"below the strongest ({name})" if self.beaten_by(loss) else
                    f"NOT below the {name} baseline ({loss:.4f} vs {best:.4f}): the model predicts worse than "
