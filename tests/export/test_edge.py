@@ -118,3 +118,29 @@ def test_the_conversion_timeout_is_configured_and_must_be_positive():
     assert ExportConfig.from_params({"edge": {"convert_timeout": 60}}).edge.convert_timeout == 60
     with pytest.raises(ConfigError, match=r"^export\.edge\.convert_timeout: must be positive \(got 0\.0\); seconds$"):
         ExportConfig.from_params({"edge": {"convert_timeout": 0}})
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_int8_weights_are_blocks_of_int8_and_embedding_rows_are_int8(tmp_path, tiny_bundle, per_channel):
+    import onnx
+
+    source = tiny_bundle / "edge" / "model.onnx"
+    fp32 = onnx.load(str(source))
+    constant = {tensor.name for tensor in fp32.graph.initializer if len(tensor.dims) == 2}
+    quantised = onnx.load(str(quantize_int8(source, tmp_path / "model.int8.onnx", per_channel=per_channel)))
+    nodes = quantised.graph.node
+    assert not [n for n in nodes if n.op_type in ("MatMul", "Gather") and set(n.input) & constant]  # all replaced
+    nbits = [n for n in nodes if n.op_type == "MatMulNBits"]
+    assert len(nbits) == sum(n.op_type == "MatMul" and n.input[1] in constant for n in fp32.graph.node) > 0
+    attributes = [{a.name: a.i for a in n.attribute} for n in nbits]
+    assert {(a["bits"], a["accuracy_level"]) for a in attributes} == {(8, 4)}
+    assert all(a["block_size"] >= a["K"] if per_channel else a["block_size"] == 32 for a in attributes)
+    matrices = [t for t in quantised.graph.initializer if len(t.dims) >= 2]
+    assert {t.data_type for t in matrices} <= {onnx.TensorProto.UINT8, onnx.TensorProto.INT8, onnx.TensorProto.FLOAT}
+    weights = sum(np.prod(t.dims) for t in matrices if t.data_type != onnx.TensorProto.FLOAT)
+    assert weights >= sum(np.prod(t.dims) for t in fp32.graph.initializer if t.name in constant)  # all int8
+    ids = np.random.default_rng(0).integers(3, 100, size=(2, 9))
+    mask = np.ones_like(ids)
+    expected = OnnxRuntimeBackend(source, threads=1)(ids, mask)
+    got = OnnxRuntimeBackend(tmp_path / "model.int8.onnx", threads=1)(ids, mask)
+    assert np.abs(got - expected).max() < 0.1 * np.abs(expected).max()
