@@ -1,5 +1,6 @@
-"""The corpus stage's C extension is built for the architecture's baseline whatever CFLAGS asks for: the logged
-MLflow model carries it to other machines, where an AVX instruction would kill the process (SIGILL)."""
+"""setup.py and pyproject: requires-python admits the Python the lock was tested with, and the corpus stage's C
+extension is built for the architecture's baseline whatever CFLAGS asks for (the logged MLflow model carries it to
+other machines, where an AVX instruction would kill the process with SIGILL)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,13 @@ def test_the_c_extension_has_no_instruction_beyond_x86_64_even_with_march_native
     assert sorted(i for i in _instructions(built) if NOT_BASELINE.match(i)) == []
     for installed in (REPO / "src" / "train_deploy" / "corpus").glob("_fast*.so"):  # the one `make venv` built
         assert sorted(i for i in _instructions(installed) if NOT_BASELINE.match(i)) == []
+
+
+def test_requires_python_admits_the_python_the_lock_was_installed_and_tested_with():
+    import tomllib
+
+    from packaging.specifiers import SpecifierSet
+
+    allowed = SpecifierSet(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"])
+    assert platform.python_version() in allowed
+    assert "3.10.14" not in allowed  # onnxruntime 1.32, pandas and scipy of the lock need 3.11
