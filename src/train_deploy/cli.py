@@ -119,7 +119,8 @@ def _schedule_command(context: click.Context) -> None:
 @click.option("--model", "-m", "model_name", help="registered model (default: registry.model_name of the project)")
 @click.option("--alias", default="champion", show_default=True, help="the alias (or version number) to serve")
 @click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", "-p", default=5001, show_default=True, type=int)
+@click.option("--port", "-p", default=5001, show_default=True, type=int, envvar="TRAIN_DEPLOY_SERVE_PORT",
+              show_envvar=True)
 @click.option("--workers", "-w", default=1, show_default=True, type=int)
 @click.option("--project", type=click.Path(file_okay=False, path_type=Path),
               help="the project folder (default: the checkout this command is installed from, else here)")

@@ -12,6 +12,7 @@ from train_deploy.hooks import (  # noqa: E402
     CloseMlflowRun,
     ConsoleLogging,
     EndStoppedRun,
+    GateOnOwnCorpus,
     LineageTags,
     LocalMlflowStore,
     ProjectRunLock,
@@ -32,7 +33,9 @@ def _artifact_location(tracking_uri: str) -> str | None:
 
 # pluggy calls the last registered first: the registry's decision is printed after the bundle, last of a run.
 # Of the two trylast hooks, the one listed first is called first: TagTrigger tags a run SkipUnchanged may end.
-HOOKS = (ConsoleLogging(), ProjectRunLock(), LocalMlflowStore(), RelativeArtifactLocation(), CheckConfiguration(),
+# Of the tryfirst ones, CheckConfiguration (listed after GateOnOwnCorpus) validates the parameters first.
+HOOKS = (ConsoleLogging(), ProjectRunLock(), LocalMlflowStore(), RelativeArtifactLocation(), GateOnOwnCorpus(),
+         CheckConfiguration(),
          CloseMlflowRun(), EndStoppedRun(), TagTrigger(), SkipUnchanged(), LineageTags(), ShowRegistryDecision(),
          ShowBundle())
 

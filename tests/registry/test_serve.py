@@ -75,11 +75,12 @@ BAD_REQUESTS = {
     "null": (lambda b: {"dataframe_records": [{"text": None}]}, r"text 0: missing; every row needs a string"),
     "more than max_batch": (lambda b: {"inputs": ["今天"] * (MAX_BATCH + 1)},
                             rf"input: {MAX_BATCH + 1} texts exceed max_batch {MAX_BATCH}"),
-    "too long": (lambda b: {"inputs": [_too_long(b)]}, r"text 0: \d+ tokens exceed the model's context of \d+"),
+    "too long": (lambda b: {"inputs": [_too_long(b)]},
+                 r"text 0: \d+ tokens exceed the model's context of \d+; send a shorter text"),
     "unknown task": (lambda b: {"inputs": ["今天"], "params": {"task": "translate"}},
                      r"params.task: 'translate' is not one of score, generate"),
     "unknown backend": (lambda b: {"inputs": ["今天"], "params": {"backend": "tensorrt"}},
-                        r"params.backend: 'tensorrt' is not one of paddle, onnx"),
+                        r"params.backend: 'tensorrt' is not one of (auto, )?paddle, onnx"),
     "int8 on paddle": (lambda b: {"inputs": ["今天"], "params": {"int8": True}}, r"params.int8: the int8 model is "
                                                                                   r"ONNX"),
     "mistyped parameter": (lambda b: {"inputs": ["今天"], "params": {"max_new_tokens": "many"}}, r"max_new_tokens"),
@@ -92,7 +93,11 @@ def test_bad_requests_get_400_with_the_message_and_no_traceback(server, tiny_bun
     status, answer = server.post(body(tiny_bundle))
     assert status == 400, answer
     assert answer["error_code"] == "INVALID_PARAMETER_VALUE"
-    assert re.search(message, answer["message"]), answer["message"]
+    assert re.search(message, answer["message"]), answer["message"][:500]
+    if case != "mistyped parameter":  # MLflow checks parameter types itself, and its message quotes the input
+        assert "Failed to predict" not in answer["message"] and "too_long" not in answer["message"]
+        assert all(text not in answer["message"] for text in json.dumps(body(tiny_bundle), ensure_ascii=False)
+                   .split('"') if len(text) > 20)  # no text sent comes back
     assert "Traceback" not in json.dumps(answer) and "stack_trace" not in answer
 
 

@@ -16,8 +16,14 @@ from train_deploy.hooks.runs import (
     SkipUnchanged,
     end_mlflow_runs,
 )
-from train_deploy.hooks.tracking import LineageTags, LocalMlflowStore, RelativeArtifactLocation, TagTrigger
+from train_deploy.hooks.tracking import (
+    GateOnOwnCorpus,
+    LineageTags,
+    LocalMlflowStore,
+    RelativeArtifactLocation,
+    TagTrigger,
+)
 
-__all__ = ["CheckConfiguration", "CloseMlflowRun", "ConsoleLogging", "EndStoppedRun", "LineageTags",
-           "LocalMlflowStore", "OuterRunAware", "ProjectRunLock", "RelativeArtifactLocation", "ShowBundle",
-           "ShowRegistryDecision", "SkipUnchanged", "TagTrigger", "end_mlflow_runs"]
+__all__ = ["CheckConfiguration", "CloseMlflowRun", "ConsoleLogging", "EndStoppedRun", "GateOnOwnCorpus",
+           "LineageTags", "LocalMlflowStore", "OuterRunAware", "ProjectRunLock", "RelativeArtifactLocation",
+           "ShowBundle", "ShowRegistryDecision", "SkipUnchanged", "TagTrigger", "end_mlflow_runs"]

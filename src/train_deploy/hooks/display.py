@@ -93,9 +93,11 @@ class ShowRegistryDecision:
     with the gate's reason (plain text, unwrapped)."""
 
     @hook_impl
-    def after_pipeline_run(self, pipeline, catalog) -> None:
+    def after_pipeline_run(self, run_params, pipeline, catalog) -> None:
         if "registry_decision" not in pipeline.all_outputs():
             return
+        from train_deploy.serve import serve_line  # the command that serves it from any folder
+
         decision = catalog.load("registry_decision")
         verdict = ("became champion" if decision.champion else
                    f"did not become champion (champion stays version {decision.previous_champion})")
@@ -103,5 +105,5 @@ class ShowRegistryDecision:
             f"\nMLflow run: {decision.run_id}\n"
             f"Registered {decision.model_name} version {decision.version}: {verdict} [{decision.decision}]\n"
             f"  reason: {decision.reason}\n"
-            f"  serve the champion: mlflow models serve -m models:/{decision.model_name}@champion --env-manager local\n"
+            f"  serve the champion: {serve_line(decision.model_name, run_params['project_path'])}\n"
             f"  history and rollback: train-deploy-registry history|rollback --model {decision.model_name}\n")

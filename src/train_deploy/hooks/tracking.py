@@ -1,4 +1,5 @@
-"""Hooks for what MLflow records: the local store's mode and artifact location, and the tags of a run."""
+"""Hooks for what MLflow records: the local store's mode and artifact location, the tags of a run, and the corpus a
+registered model is gated on."""
 
 from __future__ import annotations
 
@@ -95,3 +96,34 @@ def _runner_name(recorded: str) -> str:
         return "SequentialRunner"
     instance = re.fullmatch(r"<([\w.]+) object at 0x[0-9a-fA-F]+>", recorded)
     return instance.group(1).rsplit(".", 1)[-1] if instance else recorded
+
+
+class GateOnOwnCorpus:
+    """A run that registers a model is refused before its first node when the model's evaluation set comes from
+    another corpus (``train_deploy.registry.lineage``; ``registry.other_corpus``), and warned at its end when the
+    gate decided on fewer than ``registry.eval_set.min_texts`` texts."""
+
+    @hook_impl(tryfirst=True)  # with CheckConfiguration: before kedro-mlflow opens its run, so a refusal leaves none
+    def before_pipeline_run(self, pipeline, catalog) -> None:
+        if "registry_decision" not in pipeline.all_outputs():
+            return
+        from train_deploy.registry.config import RegistryConfig
+        from train_deploy.registry.lineage import check_same_corpus
+        from train_deploy.registry.retry import Retrying
+
+        params = catalog.load("parameters")
+        config = RegistryConfig.from_params(params.get("registry"))
+        retry = Retrying(config.retries, mlflow.get_tracking_uri())
+        retry("read the evaluation set's corpus",
+              lambda: check_same_corpus(mlflow.MlflowClient(), config, params.get("corpus")))
+
+    @hook_impl
+    def after_pipeline_run(self, pipeline, catalog) -> None:
+        if "registry_decision" not in pipeline.all_outputs():
+            return
+        from train_deploy.registry.config import RegistryConfig
+        from train_deploy.registry.lineage import warn_small_eval_set
+
+        decision = catalog.load("registry_decision")
+        warn_small_eval_set(decision.model_name, decision.eval_texts,
+                            RegistryConfig.from_params(catalog.load("parameters").get("registry")))

@@ -21,6 +21,9 @@ class EvalSetConfig:
     validation split. Read only by the first registration: later runs use the set the model already has."""
     documents: int = 64
     """How many validation documents (or JSONL lines) make the set (1 to 100000)."""
+    min_texts: int = 16
+    """Fewer texts than this are too few for the gate to decide on: each run that gates on such a set warns in one
+    line (1 to 100000; a small corpus's validation split gives few documents)."""
     max_chars: int = 100
     """Each text is cut to at most this many characters, at the last sentence end within them when there is
     one (10 to 100000): the texts must fit the context of every model that will be compared on them."""
@@ -53,6 +56,10 @@ class RegistryConfig:
     """Score with the int8 ONNX model (needs backend onnx)."""
     max_batch: int = 64
     """Most texts one request to the served model may hold (1 to 100000); recorded with the logged model."""
+    other_corpus: Literal["refuse", "compare"] = "refuse"
+    """A run on another corpus than the one the model's evaluation set was made from (``corpus.reader.source`` and
+    ``paths``): ``refuse`` stops it before its first node, saying to name a model of its own; ``compare`` gates it
+    on that set anyway and says so in one line. Sets from ``eval_set.path`` are any corpus's."""
     eval_set: EvalSetConfig = field(default_factory=EvalSetConfig)
     """The fixed evaluation set (`registry.eval_set`)."""
     retries: RetryConfig = field(default_factory=RetryConfig)
@@ -67,6 +74,7 @@ class RegistryConfig:
         check_range("registry.max_batch", self.max_batch, 1, 100_000)
         check_range("registry.eval_set.documents", self.eval_set.documents, 1, 100_000)
         check_range("registry.eval_set.max_chars", self.eval_set.max_chars, 10, 100_000)
+        check_range("registry.eval_set.min_texts", self.eval_set.min_texts, 1, 100_000)
         check(self.eval_set.path is None or bool(self.eval_set.path.strip()), "registry.eval_set.path",
               "must be a JSONL file or null")
         check_range("registry.retries.attempts", self.retries.attempts, 1, 100)

@@ -12,6 +12,7 @@ from train_deploy.handoffs import Bundle, TokenizerInfo, TokenManifest, Training
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.evalset import jsonl_texts, validation_texts
 from train_deploy.registry.gate import RegistryDecision, git_commit, promotion_event, register_and_gate, version_tags
+from train_deploy.registry.lineage import warm_start_run_tags
 from train_deploy.retrain import run_fingerprints
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ def register_bundle(registry: dict[str, Any], export_bundle: Bundle, export_metr
     tags = version_tags(export_bundle, token_files, training_result, git_commit(Path.cwd()))  # the project
     tags |= export_figures(export_metrics)
     tags |= _checked_fingerprints()  # what the next scheduled run compares itself with (train_deploy.retrain)
+    tags |= warm_start_run_tags()  # the run's init_from.* tags, init_from.champion_version among them
     decision = register_and_gate(export_bundle, config, tags, build_texts)
     return decision, json.dumps(promotion_event(decision), ensure_ascii=False) + "\n"
 

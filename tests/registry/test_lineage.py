@@ -1,0 +1,92 @@
+"""A model of one's own corpus after the default run, as a user meets it through `kedro run`: the default model's
+evaluation set is not used for another corpus, and the end of the run prints a serve command that works anywhere."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import cli_params, tiny_train_deploy_params
+from tests.registry.conftest import ModelServer, ModelStore
+from train_deploy.corpus.people_daily import strip_pos_tags
+from train_deploy.corpus.readers import people_daily_path
+from train_deploy.registry.config import RegistryConfig
+from train_deploy.registry.lineage import suggested_name
+
+DEMO = RegistryConfig().model_name
+SERVE_PREFIX = "  serve the champion: "
+
+
+@pytest.mark.parametrize(("paths", "name"), [
+    (["/data/news/*.jsonl.zst"], "news_lm"), (["/srv/debian-reference/**/*.html"], "debian-reference_lm"),
+    (["corpus.txt", "more.txt"], "corpus_lm"), ([], "people_daily_lm"), (["/*.txt"], "text_lm")])
+def test_a_corpus_suggests_a_model_name_from_its_first_path(paths, name):
+    source = "people_daily" if not paths else "text"
+    assert suggested_name((source, paths)) == name
+
+
+def _run(project: Path, params: dict, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kedro", "run", "--pipelines", "train_deploy", "--params",
+                           ",".join(cli_params(params))], cwd=project, env=env, capture_output=True, text=True,
+                          timeout=1200)
+
+
+def _state(client: MlflowClient, name: str) -> tuple[dict[str, str], list[str]]:
+    """The aliases and versions of a registered model."""
+    aliases = {alias: str(v) for alias, v in client.get_registered_model(name).aliases.items()}
+    return aliases, sorted(str(v.version) for v in client.search_model_versions(f"name='{name}'"))
+
+
+@pytest.mark.slow
+def test_own_corpus_after_the_default_run_gets_its_own_model_and_the_printed_serve_line_answers(project, tmp_path):
+    # the project's own store (conf/base/mlflow.yml's sqlite:///mlruns.db), as a user's shell has no MLFLOW_* set
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    client = MlflowClient(f"sqlite:///{project / 'mlruns.db'}", f"sqlite:///{project / 'mlruns.db'}")
+    default = _run(project, tiny_train_deploy_params(1), env)
+    assert default.returncode == 0, default.stderr[-3000:]
+    demo = _state(client, DEMO)
+    assert demo == ({"champion": "1"}, ["1"])
+
+    text = tmp_path / "my_news" / "news.txt"
+    text.parent.mkdir()
+    lines = strip_pos_tags(people_daily_path().read_text(encoding="utf-8").splitlines()[:3000])
+    text.write_text("".join(f"{line}\n\n" for line in lines if line.strip()), encoding="utf-8")
+    own = tiny_train_deploy_params(1)
+    own["corpus"]["reader"] = {"source": "text", "paths": f"[{text}]", "chunk_bytes": 65536}
+
+    runs = len(client.search_runs([client.get_experiment_by_name("train_deploy").experiment_id]))
+    refused = _run(project, own, env)
+    assert refused.returncode == 1
+    assert (f"\nConfigError: registry.model_name: registered model {DEMO}'s evaluation set was made from corpus "
+            f"people_daily (its built-in corpus), this run reads text ['{text}'], and would be gated on the other "
+            "corpus's texts; name a model of its own (--params registry.model_name=news_lm), or set "
+            "registry.other_corpus: compare to gate on that set anyway\n") in refused.stderr, refused.stderr[-3000:]
+    assert "Traceback" not in refused.stderr + refused.stdout
+    assert len(client.search_runs([client.get_experiment_by_name("train_deploy").experiment_id])) == runs
+
+    ran = _run(project, {**own, "registry": {"model_name": "news_lm"}}, env)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert "Registered news_lm version 1: became champion [first]\n" in ran.stdout
+    assert _state(client, "news_lm") == ({"champion": "1"}, ["1"]) and _state(client, DEMO) == demo
+
+    (line,) = [line.removeprefix(SERVE_PREFIX) for line in ran.stdout.splitlines() if line.startswith(SERVE_PREFIX)]
+    assert line == shlex.join([str(Path(sys.executable).parent / "train-deploy"), "serve", "--model", "news_lm",
+                               "--project", str(project)])
+    elsewhere = tmp_path / "elsewhere"
+    server = ModelServer("models:/news_lm@champion", ModelStore(tmp_path), elsewhere)
+    server.command = shlex.split(line)  # exactly the printed line, on a free port (the option's variable)
+    server._env = {**env, "TRAIN_DEPLOY_SERVE_PORT": server.url.rsplit(":", 1)[1]}
+    server.start()
+    try:
+        status, body = server.post({"inputs": ["今天天气很好。"]})
+    finally:
+        server.stop()
+    assert status == 200 and body["predictions"][0]["tokens"] > 0, body
+    assert not (elsewhere / "mlflow.db").exists() and not (project / "mlflow.db").exists()
+    assert [p.name for p in elsewhere.iterdir()] == []
