@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from train_deploy.processes import stop_process_tree
 from train_deploy.run_lock import RunConfig, RunLock, RunLockHeld
-from train_deploy.signals import stop_process_tree
 
 logger = logging.getLogger(__name__)
 

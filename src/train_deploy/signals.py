@@ -1,17 +1,20 @@
 """Signals and process death: a run stopped by SIGTERM ends as its own hooks say, and a run killed outright says so.
 
 - :func:`install_termination_handler`: ``import paddle`` installs glog's failure handler on SIGTERM and the fatal
-  signals (SIGSEGV, SIGILL, SIGFPE, SIGABRT, SIGBUS): it prints a C++ report on stderr and dies again by the
-  signal, with no ``finally`` and no exit handler, so a run stopped by SIGTERM stayed ``RUNNING`` in MLflow and a
-  served model lost its server's graceful stop. After this call, the handlers the process had before Paddle was
-  imported are put back as soon as the import ends (or at once, when Paddle is imported already).
+  signals (SIGSEGV, SIGILL, SIGFPE, SIGABRT, SIGBUS): it prints a C++ report and dies again by the signal, with
+  no ``finally`` and no exit handler, so a run stopped by SIGTERM stayed ``RUNNING`` in MLflow and a served
+  model lost its server's graceful stop; ``import paddlenlp`` then sets them all to the default action. After
+  this call, the handlers the process had before either import are put back as soon as it ends (or at once,
+  when Paddle is imported already).
 - :func:`log_fatal_signals`: Python's ``faulthandler`` writes the traceback of a fatal signal into the log file.
 - :class:`RunWatch`: a small process beside a Kedro run. When the run's process dies without ending its run (a
   fatal signal, or SIGKILL from the out-of-memory killer), it says on the run's console which stage, which
   signal and where the log is, and ends the MLflow run ``FAILED``: what the dead process cannot do itself.
   The stage is the one the run lock's holder record names (``train_deploy.run_lock``); the signal is the one
   ``faulthandler`` wrote into the log, else SIGKILL, the one signal no handler sees.
-- :func:`stop_process_tree`: SIGTERM to a process and its descendants, SIGKILL to those left after a grace period.
+
+Stopping a process tree (SIGTERM, grace, SIGKILL) is ``train_deploy.processes``: this module is part of the served
+model's package, which imports no psutil.
 """
 
 from __future__ import annotations
@@ -28,8 +31,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
@@ -38,6 +39,10 @@ logger = logging.getLogger("train_deploy.signals")  # also when run as __main__ 
 PADDLE_SIGNALS = tuple(getattr(signal, name) for name in ("SIGSEGV", "SIGILL", "SIGFPE", "SIGABRT", "SIGBUS",
                                                           "SIGTERM") if hasattr(signal, name))
 """The signals whose handlers ``import paddle`` replaces (glog's ``InstallFailureSignalHandler``)."""
+PACKAGES_THAT_SET_HANDLERS = ("paddle", "paddlenlp")
+"""Packages whose import changes the handlers of :data:`PADDLE_SIGNALS`: Paddle installs glog's, PaddleNLP calls
+``paddle.disable_signal_handler()``, which sets all of them to the default action (faulthandler's and the
+process's SIGTERM handler included)."""
 
 # faulthandler's first line for each fatal signal (CPython's Modules/faulthandler.c)
 FATAL_HEADERS = {"Segmentation fault": "SIGSEGV", "Illegal instruction": "SIGILL", "Bus error": "SIGBUS",
@@ -74,11 +79,11 @@ def install_termination_handler() -> None:
 
 
 class _KeepHandlersOverPaddle(importlib.abc.MetaPathFinder):
-    """Finds ``paddle`` with the other finders and wraps its loading: the signal handlers in place before it
-    are put back after it, whether it succeeded or not."""
+    """Finds :data:`PACKAGES_THAT_SET_HANDLERS` with the other finders and wraps their loading: the signal handlers
+    in place before it are put back after it, whether it succeeded or not."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != "paddle":
+        if fullname not in PACKAGES_THAT_SET_HANDLERS:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -97,7 +102,7 @@ class _KeepHandlersOverPaddle(importlib.abc.MetaPathFinder):
                     load(module)
                 finally:
                     _put_back(saved)
-                    logger.debug("Signal handlers kept over Paddle's")
+                    logger.debug("Signal handlers kept over %s's", fullname)
 
             spec.loader.exec_module = exec_module  # this spec's own loader object (one per spec)
         return spec
@@ -128,15 +133,18 @@ def _put_back(saved: dict[int, ctypes.Array]) -> None:
 
 def _reset_paddle_handlers() -> None:
     """Paddle is imported already: its handlers go (default actions), then the Python handlers and faulthandler,
-    which Python still believes installed, are installed again."""
+    which Python still believes installed, are installed again (Python sets handlers from the main thread only:
+    from another one, Paddle's stay)."""
+    if threading.current_thread() is not threading.main_thread():
+        logger.debug("Paddle's signal handlers stay: not the main thread")
+        return
     import paddle
 
     paddle.disable_signal_handler()
-    if threading.current_thread() is threading.main_thread():
-        for signum in PADDLE_SIGNALS:
-            handler = signal.getsignal(signum)
-            if callable(handler) or handler == signal.SIG_IGN:
-                signal.signal(signum, handler)
+    for signum in PADDLE_SIGNALS:
+        handler = signal.getsignal(signum)
+        if callable(handler) or handler == signal.SIG_IGN:
+            signal.signal(signum, handler)
     if _fault_log is not None and faulthandler.is_enabled():
         faulthandler.disable()
         faulthandler.enable(_fault_log, all_threads=True)
@@ -181,52 +189,6 @@ def fatal_signal_in_log(log: Path | None, offset: int) -> str | None:
 def describe_signal(name: str) -> str:
     """``SIGILL (an instruction this CPU does not have)``."""
     return f"{name} ({MEANINGS[name]})" if name in MEANINGS else name
-
-
-# --- stopping a process tree ------------------------------------------------------------------------------
-
-
-def stop_process_tree(process: int | subprocess.Popen, grace: float, *, known: Iterable = ()) -> list[int]:
-    """Stop ``process`` and its descendants: SIGTERM (and SIGCONT, so that a stopped process acts on it) to each,
-    SIGKILL to those still running ``grace`` seconds later. ``known``: processes found earlier (psutil) that may
-    have left the tree since (a worker whose launcher died). Returns the pids that survived SIGKILL."""
-    import psutil
-
-    popen = process if isinstance(process, subprocess.Popen) else None
-    pid = popen.pid if popen is not None else int(process)
-    tree = {p.pid: p for p in known}
-    with contextlib.suppress(psutil.Error):
-        root = psutil.Process(pid)
-        tree.update({p.pid: p for p in (root, *root.children(recursive=True))})
-    for signum, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
-        alive = _alive(tree.values(), popen)
-        if not alive:
-            return []
-        logger.info("Stopping process %d: %s to %d process(es)", pid, signal.Signals(signum).name, len(alive))
-        for member in alive:
-            with contextlib.suppress(psutil.Error):
-                member.send_signal(signum)
-                member.send_signal(signal.SIGCONT)
-        deadline = time.monotonic() + wait
-        while _alive(alive, popen) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    left = [p.pid for p in _alive(tree.values(), popen)]
-    if left:
-        logger.warning("Processes %s survived SIGKILL", left)
-    return left
-
-
-def _alive(processes: Iterable, popen: subprocess.Popen | None) -> list:
-    import psutil
-
-    if popen is not None:
-        popen.poll()  # reap it: a zombie child is not running
-    alive = []
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                alive.append(process)
-    return alive
 
 
 # --- the watch beside a run -------------------------------------------------------------------------------
