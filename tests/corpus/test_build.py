@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 
@@ -209,7 +210,8 @@ def test_helpers_start_without_importing_the_parents_main_module(monkeypatch):
     assert main.__file__ == "/venv/bin/kedro" and main.__spec__.name == "kedro"
 
 
-def test_token_files_that_cannot_fill_one_training_window_are_refused_built_or_kept(tmp_path, tiny_tokenizer):
+def test_token_files_that_cannot_fill_one_training_window_are_refused_built_or_kept(tmp_path, tiny_tokenizer,
+                                                                                   caplog):
     from kedro.io import DatasetError
 
     def publish_checked(fraction: float, training: dict) -> TokenManifest:
@@ -224,8 +226,14 @@ def test_token_files_that_cannot_fill_one_training_window_are_refused_built_or_k
     assert "fewer tokens than one evaluation window of training.batch.seq_length + 1 = 129; set it to " \
         in str(refused.value)
     assert not (tmp_path / "tokens").exists()  # nothing published
-    kept = publish_checked(0.005, {})  # 4 documents, 221 tokens: one window of 129
+    with caplog.at_level(logging.WARNING, logger="train_deploy.corpus.build"):
+        kept = publish_checked(0.005, {})  # 4 documents, 221 tokens: one window of 129, not a batch of 8
     assert kept.splits["valid"].tokens >= 129
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warning.startswith("corpus.encoding.validation_fraction: the validation split holds 1 window(s) of "
+                              "training.batch.seq_length + 1 = 129 tokens, fewer than one evaluation batch "
+                              "(training.batch.micro_batch_size = 8): training will not evaluate, averaging and "
+                              "export score on these; set it to 0.")
     with pytest.raises(DatasetError, match=r"validation split, fewer tokens than one evaluation window of "
                                           r"training\.batch\.seq_length \+ 1 = 257; "):
         publish_checked(0.005, {"batch": {"seq_length": 256}})  # kept: the same files, a longer window

@@ -106,29 +106,45 @@ def token_files_are_current(manifest: TokenManifest, fingerprint: str) -> bool:
     return True
 
 
-def check_splits(manifest: TokenManifest, window: int, validation_fraction: float) -> TokenManifest:
+def check_splits(manifest: TokenManifest, window: int, validation_fraction: float, batch: int = 1) -> TokenManifest:
     """Return ``manifest`` if its training split, and its validation split unless ``validation_fraction`` is 0 (none
     asked for), each hold one window of ``window`` tokens (``training.batch.seq_length + 1``: what training samples
     and what evaluation, averaging and export's parity score); else raise ``CorpusError``, one line naming the key
-    to change. Checked when the corpus stage ends, so that a corpus too small is refused before training starts."""
+    to change. A validation split of fewer than ``batch`` windows (one evaluation batch: micro_batch_size) is
+    warned about: training then does not evaluate. Checked when the corpus stage ends, before training starts."""
     train, valid = manifest.splits["train"], manifest.splits["valid"]
-    documents, tokens = train.documents + valid.documents, train.tokens + valid.tokens
     if train.tokens < window:
         raise CorpusError(f"corpus: the training split holds {train.tokens} tokens ({train.documents} documents), "
                           f"fewer than one window of training.batch.seq_length + 1 = {window}; give more text or set "
                           "a shorter training.batch.seq_length")
-    if validation_fraction == 0 or valid.tokens >= window:
+    windows = max(0, valid.tokens - 1) // (window - 1)
+    if validation_fraction == 0 or windows >= batch:
         return manifest
-    # The split takes whole documents by a hash of their text: enough that a split holding none (1 - f)^n is
-    # unlikely (5%), and three windows' worth of tokens.
-    wanted = max(1 - 0.05 ** (1 / max(documents, 1)), 3 * window / max(tokens, 1), 2 * validation_fraction)
-    advice = (f"set it to {math.ceil(wanted * 100) / 100:g} (--params corpus.encoding.validation_fraction="
-              f"{math.ceil(wanted * 100) / 100:g}) or give more text" if wanted <= 0.5 else
-              "give more text (or a shorter training.batch.seq_length)")
-    raise CorpusError(f"corpus.encoding.validation_fraction: {validation_fraction:g} of the {documents} documents put "
-                      f"{valid.documents} document{'' if valid.documents == 1 else 's'} ({valid.tokens} tokens) in the "
-                      f"validation split, fewer tokens than one "
-                      f"evaluation window of training.batch.seq_length + 1 = {window}; {advice}")
+    if windows >= 1:
+        logger.warning("corpus.encoding.validation_fraction: the validation split holds %d window(s) of "
+                       "training.batch.seq_length + 1 = %d tokens, fewer than one evaluation batch "
+                       "(training.batch.micro_batch_size = %d): training will not evaluate, averaging and export "
+                       "score on these; %s", windows, window, batch,
+                       _more_validation(manifest, batch * (window - 1) + 1, validation_fraction))
+        return manifest
+    raise CorpusError(f"corpus.encoding.validation_fraction: {validation_fraction:g} of the "
+                      f"{train.documents + valid.documents} documents put {valid.documents} "
+                      f"document{'' if valid.documents == 1 else 's'} ({valid.tokens} tokens) in the validation split, "
+                      f"fewer tokens than one evaluation window of training.batch.seq_length + 1 = {window}; "
+                      f"{_more_validation(manifest, window, validation_fraction)}")
+
+
+def _more_validation(manifest: TokenManifest, tokens_needed: int, validation_fraction: float) -> str:
+    """What to set for a validation split of ``tokens_needed`` tokens. The split takes whole documents by a hash
+    of their text: enough that a split holding none, (1 - f)^n, is unlikely (5%), three times the tokens needed,
+    and at least twice the share that gave too few."""
+    documents = sum(split.documents for split in manifest.splits.values())
+    tokens = sum(split.tokens for split in manifest.splits.values())
+    wanted = max(1 - 0.05 ** (1 / max(documents, 1)), 3 * tokens_needed / max(tokens, 1), 2 * validation_fraction)
+    if wanted > 0.5:
+        return "give more text (or a shorter training.batch.seq_length)"
+    value = f"{math.ceil(wanted * 100) / 100:g}"
+    return f"set it to {value} (--params corpus.encoding.validation_fraction={value}) or give more text"
 
 
 def encode_corpus(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, folder: Path) -> TokenManifest:

@@ -23,9 +23,9 @@ from train_deploy.corpus.report import CorpusQuality, examples_text, report_figu
 from train_deploy.corpus.tokenizer import load_tokenizer, tokenizer_is_current, train_tokenizer, training_sentences
 from train_deploy.datasets import FolderWork
 from train_deploy.handoffs import InitSource, TokenizerInfo, TokenManifest, WorkFolder, to_json
+from train_deploy.registry.champion import record_init_source, resolve_init_source
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.training.config import TrainingConfig
-from train_deploy.training.pretrained import record_init_source, resolve_init_source
 
 logger = logging.getLogger(__name__)
 
@@ -76,13 +76,15 @@ def prepare_tokenizer(corpus_config: CorpusConfig, corpus_plan: CorpusPlan,
 def encode_tokens(corpus_config: CorpusConfig, corpus_plan: CorpusPlan, tokenizer: TokenizerInfo,
                   training: dict[str, Any] | None = None) -> FolderWork[TokenManifest]:
     """Return how to fill the token folder: encode the corpus in parallel (kept when its fingerprint is unchanged),
-    refusing token files that cannot fill one window of ``training``'s ``seq_length`` in each split
-    (:func:`~train_deploy.corpus.build.check_splits`), encoded or kept, before the training stage starts."""
+    refusing token files that cannot fill one window of ``training``'s ``seq_length`` in each split, and warning
+    of a validation split smaller than one evaluation batch (:func:`~train_deploy.corpus.build.check_splits`),
+    encoded or kept, before the training stage starts."""
     fingerprint = corpus_fingerprint(corpus_config, corpus_plan, tokenizer)
     keep = partial(token_files_are_current, fingerprint=fingerprint) if corpus_config.encoding.reuse else None
     build = partial(encode_corpus, corpus_config, corpus_plan, tokenizer)
     if training is not None:
-        check = partial(check_splits, window=TrainingConfig.from_params(training).batch.seq_length + 1,
+        batch = TrainingConfig.from_params(training).batch
+        check = partial(check_splits, window=batch.seq_length + 1, batch=batch.micro_batch_size,
                         validation_fraction=corpus_config.encoding.validation_fraction)
         build, keep = _checked(build, keep, check)
     return FolderWork(build=build, keep=keep, what="token files", fingerprint=fingerprint)
