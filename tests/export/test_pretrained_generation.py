@@ -62,3 +62,15 @@ def test_the_bundles_own_tokenizer_still_adds_nothing(tiny_bundle):
     ids = own(PROMPTS[0])["input_ids"]
     assert ids == LanguageModel.load(tiny_bundle, "onnx").tokenizer.encode([PROMPTS[0]])[0]
     assert pretrained(PROMPTS[0])["input_ids"] == [own.eos_token_id, *ids]
+
+
+def test_the_pretrained_tokenizer_encodes_corpora_as_the_bundles_does_when_training_starts_from_it(tiny_bundle,
+                                                                                                  tmp_path):
+    from train_deploy.corpus.tokenizer import TokenEncoder, load_tokenizer
+
+    # training.init_from: champion makes pretrained/'s tokenizer the corpus stage's
+    loaded = load_tokenizer(tiny_bundle / "pretrained", tmp_path / "tokenizer", "test")
+    texts = ["迈向充满希望的新世纪 ——1998年新年讲话 Hello, world!", *PROMPTS]
+    own = LanguageModel.load(tiny_bundle, "onnx").tokenizer
+    assert TokenEncoder(loaded).encode(texts) == own.encode(texts)
+    assert loaded.eos_id == own.info.eos_id
