@@ -14,8 +14,10 @@ from kedro.framework.session import KedroSession
 from mlflow import MlflowClient
 
 from tests.conftest import cli_params, tiny_train_deploy_params
+from tests.registry.conftest import GateProcess
 from train_deploy.corpus.people_daily import strip_pos_tags
 from train_deploy.corpus.readers import people_daily_path
+from train_deploy.handoffs import Bundle
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.retrain import (
     CORPUS_TAG,
@@ -152,6 +154,30 @@ def test_unchanged_corpus_is_a_skipped_run_new_text_retrains_and_a_failing_sched
     assert len(client.search_model_versions(f"name='{MODEL}'")) == 2
     statuses = [run.info.status for run in client.search_runs([skipped.info.experiment_id], order_by=["start_time"])]
     assert statuses[:2] == ["FINISHED", "FINISHED"] and statuses[2:4] == ["FAILED", "FAILED"], statuses
+
+
+@pytest.mark.slow
+def test_a_version_whose_gate_was_killed_after_registering_it_does_not_stop_the_next_run(tmp_path, monkeypatch,
+                                                                                        seed_champion, tiny_bundle):
+    corpus = tmp_path / "corpus.txt"
+    _write_corpus(corpus, 0, 300)
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    fingerprints = current_fingerprints(_params(corpus))
+    seed_champion(uri, **{CORPUS_TAG: "an older corpus", TRAINING_TAG: fingerprints[TRAINING_TAG]})
+
+    # The registry stage of a run on this corpus, killed once its version exists and before the gate decides.
+    stage = GateProcess(tmp_path / "registry_stage", uri, Bundle.read_folder(tiny_bundle),
+                        {"eval_set": {"documents": 8, "max_chars": 60}}, fingerprints, [])
+    stage.wait_for(f"Created version '2' of model '{MODEL}'")
+    stage.kill()
+    client = MlflowClient(uri, uri)
+    assert "gate.decision" not in client.get_model_version(MODEL, "2").tags
+    assert {k: str(v) for k, v in client.get_registered_model(MODEL).aliases.items()} == {"champion": "1"}
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    check = check_for_changes(_params(corpus))
+    assert check.retrain, check.reason  # not "Skipped: … version 2 … (gate: unknown)"
+    assert check.reason == "the corpus (inputs, reading, cleaning, tokenizer or split) changed since champion version 1"
 
 
 def _wait_for(condition, seconds: float) -> None:

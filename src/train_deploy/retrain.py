@@ -11,7 +11,9 @@ on and how:
 Both are tags of the run and of the version it registers. When they equal the champion's there is nothing to
 retrain: the hook that checks (``hooks.SkipUnchanged``) records the run as skipped (``outcome=skipped`` and the
 reason) and stops it with :class:`NothingToRetrain` before the first node, having read the inputs once; ``kedro
-run`` reports it as a success (``train_deploy.cli``). ``retrain.force: true`` trains anyway.
+run`` reports it as a success (``train_deploy.cli``). ``retrain.force: true`` trains anyway. A version trained
+alike counts only when the gate decided on it (:func:`trained_alike`), and an alias move a killed run left half
+done is completed before the champion is read (``train_deploy.registry.aliases``).
 """
 
 from __future__ import annotations
@@ -30,10 +32,13 @@ from train_deploy.corpus.build import FORMAT, tokenizer_fingerprint
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.readers import CorpusPlan, plan_corpus
 from train_deploy.corpus.tokenizer import _hash_folder
+from train_deploy.registry.aliases import repair_interrupted
 from train_deploy.registry.config import RegistryConfig
+from train_deploy.registry.gate import DECIDED, DECISION_TAG
 from train_deploy.registry.history import CHAMPION, alias_version
 from train_deploy.registry.retry import Retrying
 from train_deploy.training.config import TrainingConfig
+from train_deploy.training.pretrained import init_identity
 
 CORPUS_TAG, TRAINING_TAG = "retrain.corpus_fingerprint", "retrain.training_identity"
 REASON_TAG, OUTCOME_TAG = "retrain.reason", "outcome"
@@ -74,6 +79,7 @@ def check_for_changes(params: dict[str, Any]) -> RetrainCheck:
     registry = RegistryConfig.from_params(params.get("registry"))
     client = MlflowClient()
     retry = Retrying(registry.retries, client.tracking_uri)
+    repair_interrupted(client, registry.model_name, retry)  # a run killed mid-move: complete it before reading
     champion = retry("find the champion", lambda: alias_version(client, registry.model_name, CHAMPION))
     if champion is None:
         return RetrainCheck(True, f"{registry.model_name} has no champion yet", fingerprints)
@@ -91,10 +97,14 @@ def check_for_changes(params: dict[str, Any]) -> RetrainCheck:
 
 
 def trained_alike(client: MlflowClient, model_name: str, fingerprints: dict[str, str]):
-    """The newest version of ``model_name`` recorded with these ``fingerprints``, or None."""
+    """The newest version of ``model_name`` recorded with these ``fingerprints`` and a gate decision, or None.
+
+    A version the gate never decided on (its process killed after registering it, a champion that could not be
+    scored, the tracking server gone while scoring: tagged ``gate.decision: failed``, or not tagged at all) does
+    not count, so the next run trains and gates again."""
     where = " and ".join(f"tags.`{tag}` = '{value}'" for tag, value in sorted(fingerprints.items()))
     found = client.search_model_versions(f"name = '{model_name}' and {where}")
-    return max(found, key=lambda v: int(v.version), default=None)
+    return max((v for v in found if v.tags.get(DECISION_TAG) in DECIDED), key=lambda v: int(v.version), default=None)
 
 
 def compare(current: dict[str, str], recorded: dict[str, str], champion: str) -> tuple[bool, str]:
@@ -121,7 +131,7 @@ def current_fingerprints(params: dict[str, Any]) -> dict[str, str]:
     corpus = CorpusConfig.from_params(params.get("corpus"))
     training = TrainingConfig.from_params(params.get("training"))
     return {CORPUS_TAG: corpus_source_fingerprint(corpus, plan_corpus(corpus.reader)),
-            TRAINING_TAG: _digest(training.identity())}
+            TRAINING_TAG: _digest(training.identity(init_identity(training.init_from)))}
 
 
 def corpus_source_fingerprint(config: CorpusConfig, plan: CorpusPlan) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from functools import partial
@@ -13,23 +15,24 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from tests.export.conftest import export_into
 from tests.mlflow_server import mlflow_server  # noqa: F401  (the fixture)
-from tests.registry.conftest import ModelStore
-from tests.training.conftest import launch, training_params
+from tests.registry.conftest import GateProcess, ModelStore
 from train_deploy.handoffs import Bundle, TrainingResult
-from train_deploy.registry.config import RegistryConfig
+from train_deploy.registry.aliases import AliasLock, rollback
+from train_deploy.registry.config import RegistryConfig, RetryConfig
 from train_deploy.registry.evalset import EvalSetError, cut, jsonl_texts, validation_texts
 from train_deploy.registry.gate import (
     EVAL_SET_ARTIFACT,
     TAG_EVAL_SHA256,
+    GateError,
     RegistryDecision,
     decide,
     register_and_gate,
     version_tags,
 )
 from train_deploy.registry.history import read_history
-from train_deploy.registry.retry import RegistryUnreachable
+from train_deploy.registry.retry import RegistryUnreachable, Retrying
+from train_deploy.retrain import CORPUS_TAG, TRAINING_TAG, trained_alike
 
 MODEL = "gate_test_lm"
 # A small, quick evaluation set that fits the tiny model's context of 128 tokens.
@@ -37,20 +40,6 @@ EVAL_SET = {"documents": 12, "max_chars": 60}
 # Six steps of the tiny model move nats per character by about half a percent a few steps (6.276 after 1 step,
 # 6.244 after 3, 6.208 after 6): the gate is asked for 0.3%.
 MIN_IMPROVEMENT = 0.003
-
-
-@pytest.fixture(scope="module")
-def step_bundles(tmp_path_factory, tiny_run, tiny_tokens, tiny_tokenizer, tiny_token_files,
-                 tiny_bundle) -> dict[int, Bundle]:
-    """Bundles of the tiny model after 1, 3 and 6 training steps: worse, then better, on any held-out text."""
-    one_step = launch(tmp_path_factory.mktemp("one_step"), tiny_tokens,
-                      training_params(1, schedule={"max_steps": 1, "eval_every": 1, "checkpoint_every": 1}))
-    bundles = {6: Bundle.read_folder(tiny_bundle)}
-    for step, checkpoint in ((3, Path(tiny_run.checkpoints) / "step_00000003"), (1, Path(one_step.checkpoint))):
-        folder = tmp_path_factory.mktemp(f"bundle_step{step}") / "bundle"
-        export_into(folder, checkpoint, tiny_tokenizer, tiny_token_files)
-        bundles[step] = Bundle.read_folder(folder)
-    return bundles
 
 
 @pytest.fixture
@@ -76,12 +65,16 @@ def a_run(uri: str, artifacts: Path | None) -> Iterator[str]:
 
 
 def gate(uri: str, bundle: Bundle, result: TrainingResult, texts: partial, artifacts: Path | None = None,
-         **registry) -> RegistryDecision:
+         extra_tags: dict[str, str] | None = None, **registry) -> RegistryDecision:
     """``register_and_gate`` of ``bundle`` in a new run of the store at ``uri``."""
-    config = RegistryConfig.from_params({"model_name": MODEL, "eval_set": EVAL_SET,
-                                         "min_improvement": MIN_IMPROVEMENT, **registry})
+    config = RegistryConfig.from_params(registry_params(**registry))
     with a_run(uri, artifacts):
-        return register_and_gate(bundle, config, tags(bundle, result, texts), texts)
+        return register_and_gate(bundle, config, tags(bundle, result, texts) | (extra_tags or {}), texts)
+
+
+def registry_params(**registry) -> dict:
+    """The ``registry`` block of these tests, with ``registry`` over it."""
+    return {"model_name": MODEL, "eval_set": EVAL_SET, "min_improvement": MIN_IMPROVEMENT, **registry}
 
 
 def tags(bundle: Bundle, result: TrainingResult, texts: partial) -> dict[str, str]:
@@ -213,3 +206,86 @@ def test_a_configured_jsonl_set_is_cut_at_sentence_ends_and_bad_lines_are_named(
         jsonl_texts(path, 5, 10)
     with pytest.raises(EvalSetError, match=rf"^registry.eval_set.path: {tmp_path / 'nope.jsonl'} does not exist$"):
         jsonl_texts(tmp_path / "nope.jsonl", 5, 10)
+
+
+def stored_files(client: MlflowClient, version: str) -> Path:
+    """Where the store keeps the model files of ``version`` (a local artifact folder)."""
+    from mlflow.utils.file_utils import local_file_uri_to_path
+
+    return Path(local_file_uri_to_path(client.get_model_version_download_uri(MODEL, version)))
+
+
+@pytest.mark.slow
+def test_an_unscorable_champion_fails_the_gate_in_one_line_and_force_replaces_it_saying_so(store, tiny_bundle,
+                                                                                           tiny_run, texts):
+    uri, client, bundle = store.tracking_uri, MlflowClient(store.tracking_uri, store.tracking_uri), Bundle.read_folder(
+        tiny_bundle)
+    run = partial(gate, uri, bundle, tiny_run, texts, store.root / "artifacts")
+    fingerprints = {CORPUS_TAG: "a corpus", TRAINING_TAG: "a configuration"}
+    run()
+    damaged = list(stored_files(client, "1").rglob("*.pdiparams"))
+    assert damaged
+    for path in damaged:  # the champion's weights are gone from the store
+        path.unlink()
+
+    with pytest.raises(GateError) as error:
+        run(extra_tags=fingerprints)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"registered model {MODEL}: champion version 1 could not be "
+                                                      "scored (")
+    assert message.endswith("no alias was changed (registry.force: true promotes the candidate without a comparison)")
+    assert aliases(uri) == {"champion": "1"}
+    assert client.get_model_version(MODEL, "2").tags["gate.decision"] == "failed"
+    assert trained_alike(client, MODEL, fingerprints) is None  # never counted as trained and gated
+
+    forced = run(force=True)
+    assert (forced.decision, forced.version, forced.champion_value) == ("forced", "3", None)
+    assert forced.reason.startswith("registry.force: promoted without a comparison, champion version 1 could not be "
+                                    "scored (") and "\n" not in forced.reason
+    assert aliases(uri) == {"champion": "3", "previous": "1"}
+    assert [event["decision"] for event in read_history(client, MODEL)] == ["first", "forced"]
+
+
+@pytest.mark.slow
+def test_a_rollback_while_a_gate_scores_is_compared_with_not_undone(store, step_bundles, tiny_run, texts, tmp_path):
+    uri, client = store.tracking_uri, MlflowClient(store.tracking_uri, store.tracking_uri)
+    run = partial(gate, uri, result=tiny_run, texts=texts, artifacts=store.root / "artifacts")
+    run(step_bundles[6])
+    run(step_bundles[1], force=True)  # a bad champion: version 2, previous 1
+    retry = Retrying(RetryConfig(attempts=1), uri)
+    with AliasLock(client, MODEL, "a test holding the lock", retry) as lock:
+        process = GateProcess(tmp_path / "gate", uri, step_bundles[3], registry_params(),
+                              tags(step_bundles[3], tiny_run, texts), texts())
+        process.wait_for("waiting for the lock")  # scored against version 2, which it beats
+        rollback(client, MODEL, retry, lock=lock)  # champion 1 (6 steps), previous 2
+    result = process.result()
+    assert (result["version"], result["decision"]) == ("3", "rejected")
+    assert "champion version 1's" in result["reason"] and result["reason"].endswith(
+        "(compared again: champion moved from version 2 to 1 while the candidate was scored)")
+    assert aliases(uri) == {"champion": "1", "previous": "2"}  # the rollback stands
+    assert [event["decision"] for event in read_history(client, MODEL)] == ["first", "forced", "rollback", "rejected"]
+
+
+@pytest.mark.slow
+def test_two_gates_started_together_on_one_server_leave_the_better_candidate_champion(
+        mlflow_server, step_bundles, tiny_run, texts, tmp_path):  # noqa: F811
+    uri, client = mlflow_server.uri, MlflowClient(mlflow_server.uri, mlflow_server.uri)
+    gate(uri, step_bundles[1], tiny_run, texts)  # version 1, worse than both candidates
+    gates = {step: GateProcess(tmp_path / f"gate_{step}", uri, step_bundles[step], registry_params(),
+                               tags(step_bundles[step], tiny_run, texts), texts()) for step in (3, 6)}
+    results = {step: process.result() for step, process in gates.items()}
+    better, worse = results[6]["version"], results[3]["version"]
+    assert results[6]["decision"] == "promoted", results
+
+    history = read_history(client, MODEL)
+    assert sorted(event["version"] for event in history) == sorted(["1", better, worse])  # both decisions recorded
+    last = [event for event in history if event["decision"] != "rejected"][-1]
+    assert last["version"] == better and aliases(uri) == {"champion": better, "previous": last["previous"]}
+    if results[3]["decision"] == "promoted":  # it took the lock first: then the better one was promoted over it
+        assert history[-1]["version"] == better and last["previous"] == worse
+    else:  # it took the lock second and lost to the better one, compared on the same set
+        assert results[3]["decision"] == "rejected" and f"champion version {better}'s" in results[3]["reason"]
+        assert last["previous"] == "1"
+    printed = subprocess.run([str(Path(sys.executable).parent / "train-deploy-registry"), "history", "--model", MODEL,
+                              "--tracking-uri", uri], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert [row.split()[3:5] for row in printed.splitlines()[1:]] == [[e["decision"], e["version"]] for e in history]

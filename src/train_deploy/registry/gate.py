@@ -8,11 +8,20 @@
    ``train_deploy.registry.evalset``: the JSONL file is an artifact of that run, ``eval_set.sha256`` and
    ``eval_set.uri`` are tags of the registered model, and every later run checks the bytes it downloads);
 3. score the new version and the ``champion`` in this process on that set, in nats per character
-   (``-Σ log p / Σ chars``: models with different tokenizers compare fairly);
-4. decide (:func:`decide`), tag the version with the decision (``gate.*``) and append it to the model's history
-   (``train_deploy.registry.history``);
-5. last, move the aliases: ``previous`` to the old champion and ``champion`` to the new version. Anything that
-   fails before leaves the aliases as they were.
+   (``-Σ log p / Σ chars``: models with different tokenizers compare fairly); a champion that cannot be scored
+   (its files gone or damaged) fails the gate, unless ``registry.force`` promotes without a comparison;
+4. take the model's registry lock (``train_deploy.registry.aliases``, which says why a lock and what window is
+   left), complete any alias move an interrupted run recorded, and read ``champion`` again: when it changed since
+   step 3 (another gate or a rollback in between), score the new champion on the same set and decide again;
+5. decide (:func:`decide`), tag the version with the decision (``gate.*``) and append it to the model's history
+   (``train_deploy.registry.history``); for a promotion, as the first steps of a recorded alias move;
+6. last, move the aliases in the recorded order: ``previous`` to the old champion, then ``champion`` to the new
+   version. Anything that fails before the move is recorded leaves the aliases as they were; a kill after it is
+   completed by the next mover.
+
+A version whose gate failed before step 5 is tagged ``gate.decision: failed`` (best effort: a killed process tags
+nothing), and only versions with a decision (:data:`DECIDED`) count as "trained alike" for scheduled retraining
+(``train_deploy.retrain``), so an ungated version never stops the next run from training and gating.
 
 Every call to the tracking server goes through :class:`~train_deploy.registry.retry.Retrying`.
 """
@@ -27,7 +36,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 import mlflow
 import pandas as pd
@@ -36,9 +45,10 @@ from mlflow.exceptions import MlflowException
 
 from train_deploy.handoffs import Bundle, TokenManifest, TrainingResult
 from train_deploy.registry import evalset
+from train_deploy.registry.aliases import AliasLock, Move
 from train_deploy.registry.config import RegistryConfig
-from train_deploy.registry.history import CHAMPION, PREVIOUS, alias_version, record_event
-from train_deploy.registry.retry import Retrying
+from train_deploy.registry.history import CHAMPION, alias_version, event_key, record_event
+from train_deploy.registry.retry import RegistryUnreachable, Retrying
 from train_deploy.training.pretrained import TOKENIZER_TAG
 
 logger = logging.getLogger(__name__)
@@ -49,6 +59,13 @@ TAG_EVAL_SHA256, TAG_EVAL_URI, TAG_EVAL_TEXTS = "eval_set.sha256", "eval_set.uri
 _SCORE_CHUNK = 8  # texts per predict call: within any model's max_batch worth setting
 
 Decision = Literal["first", "promoted", "rejected", "forced"]
+DECIDED = frozenset(get_args(Decision))
+"""The decisions of a gate that finished; a version without one (or tagged ``failed``) was never gated."""
+DECISION_TAG, FAILED = "gate.decision", "failed"
+
+
+class GateError(RuntimeError):
+    """The gate cannot compare the candidate with the champion; the message names the version and why."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -97,34 +114,86 @@ def register_and_gate(bundle: Bundle, config: RegistryConfig, tags: dict[str, st
     retry = Retrying(config.retries, mlflow.get_tracking_uri())
     stored = retry("read the evaluation set", lambda: stored_eval_set(client, name))
     info = retry("log the model", lambda: log_bundle_model(Path(bundle.path), max_batch=config.max_batch))
-    version = retry("register the version", lambda: mlflow.register_model(
-        info.model_uri, name, tags={**tags, "source.run_id": run_id})).version
-    if stored is None:
-        texts = build_texts()
-        stored = retry("store the evaluation set", lambda: store_eval_set(client, name, run_id, texts))
-    champion = retry("find the champion", lambda: alias_version(client, name, CHAMPION))
-    candidate_value = retry("score the candidate", lambda: score(f"models:/{name}/{version}", stored.texts, config))
-    champion_value = None if champion is None else retry(
-        "score the champion", lambda: score(f"models:/{name}/{champion}", stored.texts, config))
-    decision, reason = decide(candidate_value, champion, champion_value, config)
-    result = RegistryDecision(
-        model_name=name, version=str(version), run_id=run_id, decision=decision, reason=reason,
-        champion=decision != "rejected", previous_champion=champion, metric=METRIC,
-        candidate_value=candidate_value, champion_value=champion_value, eval_set_sha256=stored.sha256,
-        eval_texts=len(stored.texts), decided_at=dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"))
-    retry("tag the version", lambda: tag_decision(client, result))
-    retry("record the history", lambda: record_event(client, name, promotion_event(result)))
-    retry("move the aliases", lambda: move_aliases(client, result))  # last: a failure above leaves them as they were
-    logger.info("%s version %s: %s (%s)", name, version, decision, reason)
+    version = str(retry("register the version", lambda: mlflow.register_model(
+        info.model_uri, name, tags={**tags, "source.run_id": run_id})).version)
+    try:
+        if stored is None:
+            texts = build_texts()
+            stored = retry("store the evaluation set", lambda: store_eval_set(client, name, run_id, texts))
+        result = gate_version(client, retry, config, version, run_id, stored)
+    except BaseException as exc:  # a SIGTERM too: the version must not look gated
+        mark_failed(client, retry, name, version, exc)
+        raise
+    logger.info("%s version %s: %s (%s)", name, version, result.decision, result.reason)
     return result
 
 
+def gate_version(client: MlflowClient, retry: Retrying, config: RegistryConfig, version: str, run_id: str,
+                 stored: EvalSet) -> RegistryDecision:
+    """Score ``version`` against the champion, then, under the registry lock, compare again if the champion
+    changed meanwhile, record the decision and move the aliases (steps 3 to 6 of the module)."""
+    name = config.model_name
+    champion = retry("find the champion", lambda: alias_version(client, name, CHAMPION))
+    candidate_value = retry("score the candidate", lambda: score(f"models:/{name}/{version}", stored.texts, config))
+    verdict = judge(candidate_value, champion, stored, config, retry)
+    with AliasLock(client, name, f"gate of version {version}", retry) as lock:
+        lock.repair()
+        now = retry("find the champion again", lambda: alias_version(client, name, CHAMPION))
+        if now != champion:
+            logger.info("Registered model %s: champion moved from version %s to %s while version %s was scored; "
+                        "comparing again", name, champion, now, version)
+            decision, reason, champion_value = judge(candidate_value, now, stored, config, retry)
+            verdict = decision, reason + (f" (compared again: {CHAMPION} moved from version {champion} to {now} "
+                                          "while the candidate was scored)"), champion_value
+        decision, reason, champion_value = verdict
+        result = RegistryDecision(
+            model_name=name, version=version, run_id=run_id, decision=decision, reason=reason,
+            champion=decision != "rejected", previous_champion=now, metric=METRIC,
+            candidate_value=candidate_value, champion_value=champion_value, eval_set_sha256=stored.sha256,
+            eval_texts=len(stored.texts), decided_at=dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"))
+        event = promotion_event(result)
+        if result.champion:  # decision, history and aliases as one recorded move: a kill midway is completed
+            lock.move(Move(champion=version, previous=now, start=now, event=event_key(result.decided_at),
+                           tags=decision_tags(result)), event)
+        else:
+            retry("tag the version", lambda: tag_decision(client, result))
+            retry("record the history", lambda: record_event(client, name, event))
+    return result
+
+
+def judge(candidate_value: float, champion: str | None, stored: EvalSet, config: RegistryConfig,
+          retry: Retrying) -> tuple[Decision, str, float | None]:
+    """Score ``champion`` (when there is one) and decide: (decision, reason, the champion's value)."""
+    name, champion_value, unscored = config.model_name, None, ""
+    if champion is not None:
+        try:
+            champion_value = retry("score the champion",
+                                   lambda: score(f"models:/{name}/{champion}", stored.texts, config))
+        except RegistryUnreachable:
+            raise
+        except Exception as exc:  # its files gone or damaged: whatever loading or scoring them raised
+            unscored = one_line(exc)
+            if not config.force:
+                raise GateError(f"registered model {name}: champion version {champion} could not be scored "
+                                f"({unscored}); no alias was changed (registry.force: true promotes the candidate "
+                                "without a comparison)") from exc
+            logger.warning("Registered model %s: champion version %s could not be scored (%s); registry.force "
+                           "promotes the candidate without a comparison", name, champion, unscored)
+    return (*decide(candidate_value, champion, champion_value, config, unscored), champion_value)
+
+
 def decide(candidate: float, champion: str | None, champion_value: float | None,
-           config: RegistryConfig) -> tuple[Decision, str]:
-    """The gate's decision and its reason for a candidate scoring ``candidate`` against ``champion``'s score."""
+           config: RegistryConfig, unscored: str = "") -> tuple[Decision, str]:
+    """The gate's decision and its reason for a candidate scoring ``candidate`` against ``champion``'s score
+    (``unscored``: why the champion has none; only ``registry.force`` promotes then)."""
     ours = f"the candidate's {candidate:.4f} nats/char"
-    if champion is None or champion_value is None:
+    if champion is None:
         return "first", f"no champion yet: the first version becomes champion ({ours} on the evaluation set)"
+    if champion_value is None:
+        if not config.force:
+            raise GateError(f"champion version {champion} has no score ({unscored or 'not scored'})")
+        return "forced", (f"registry.force: promoted without a comparison, champion version {champion} could not "
+                          f"be scored ({unscored}; {ours} on the evaluation set)")
     gain = (champion_value - candidate) / champion_value
     comparison = (f"{ours} are {f'{gain:.2%} below' if gain > 0 else f'{-gain:.2%} above'} "
                   f"champion version {champion}'s {champion_value:.4f}")
@@ -134,6 +203,27 @@ def decide(candidate: float, champion: str | None, champion_value: float | None,
         return "promoted", f"{comparison} (at least {config.min_improvement:.2%} needed)"
     return "rejected", (f"{comparison}; promotion needs at least {config.min_improvement:.2%} fewer "
                         "(registry.min_improvement)")
+
+
+def mark_failed(client: MlflowClient, retry: Retrying, name: str, version: str, exc: BaseException) -> None:
+    """Tag ``version`` ``gate.decision: failed`` with why, unless it has a decision already (best effort: one try,
+    since the server may be what failed; an untagged version has no decision, which counts the same)."""
+    try:
+        if DECISION_TAG in retry.once(lambda: client.get_model_version(name, version).tags):
+            return
+        for key, value in ((DECISION_TAG, FAILED), ("gate.reason", f"the gate failed: {one_line(exc)}"[:5000])):
+            retry.once(lambda key=key, value=value: client.set_model_version_tag(name, version, key, value))
+        logger.warning("%s version %s: the gate failed; the version is tagged %s: %s", name, version, DECISION_TAG,
+                       FAILED)
+    except Exception as tagging:
+        logger.warning("%s version %s: the gate failed and the version could not be tagged (%s); it has no gate "
+                       "decision, so no later run counts it", name, version, one_line(tagging))
+
+
+def one_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its type when it has none), at most 300 characters."""
+    text = str(exc).strip()
+    return (f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__)[:300]
 
 
 def score(model_uri: str, texts: list[str], config: RegistryConfig) -> float:
@@ -227,14 +317,18 @@ def git_commit(folder: Path) -> str:
     return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
 
 
-def tag_decision(client: MlflowClient, result: RegistryDecision) -> None:
+def decision_tags(result: RegistryDecision) -> dict[str, str]:
     """The ``gate.*`` tags of the version: decision, reason, both numbers and the metric."""
-    tags = {"gate.decision": result.decision, "gate.reason": result.reason, "gate.metric": result.metric,
+    return {DECISION_TAG: result.decision, "gate.reason": result.reason, "gate.metric": result.metric,
             "gate.candidate": f"{result.candidate_value:.6f}",
             "gate.champion": "none" if result.champion_value is None else f"{result.champion_value:.6f}",
             "gate.champion_version": result.previous_champion or "none",
             "gate.eval_set.sha256": result.eval_set_sha256}
-    for key, value in tags.items():
+
+
+def tag_decision(client: MlflowClient, result: RegistryDecision) -> None:
+    """Set the :func:`decision_tags` of the version."""
+    for key, value in decision_tags(result).items():
         client.set_model_version_tag(result.model_name, result.version, key, value)
 
 
@@ -247,12 +341,3 @@ def promotion_event(result: RegistryDecision) -> dict[str, object]:
             "metric": result.metric, "candidate": round(result.candidate_value, 6),
             "champion_value": None if result.champion_value is None else round(result.champion_value, 6),
             "reason": result.reason, "run_id": result.run_id}
-
-
-def move_aliases(client: MlflowClient, result: RegistryDecision) -> None:
-    """A promoted version becomes ``champion``; the one it replaces ``previous``. A rejected one moves nothing."""
-    if not result.champion:
-        return
-    if result.previous_champion is not None:
-        client.set_registered_model_alias(result.model_name, PREVIOUS, result.previous_champion)
-    client.set_registered_model_alias(result.model_name, CHAMPION, result.version)
