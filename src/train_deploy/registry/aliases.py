@@ -14,7 +14,9 @@ key of its table in the SQL store, and creating one that exists fails with ``RES
 client and the REST API alike. So the lock is the registered model ``<model>.aliases-lock``, created with its holder
 (token, host, pid, what it does, since when) as a tag in the same insert, and deleted by its holder. A holder that
 died leaves it behind: a lock whose holder ran on this host under a pid that is gone is broken at once; any other
-after :data:`LEASE_S` seconds (its creation time on the server against this machine's clock).
+after :data:`LEASE_S` seconds (its creation time on the server against this machine's clock). While held, it is
+listed among the registry's models. On a server with authentication its creator may delete it; breaking another
+user's stale lock needs MANAGE on it, else the mover stops with one line naming the lock to delete.
 
 **A move, in order** (:meth:`AliasLock.move_steps`): with the lock held, any recorded move is repaired first and
 ``champion`` is read again (the gate compares again when it changed since it scored); then

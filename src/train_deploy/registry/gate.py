@@ -23,6 +23,14 @@ A version whose gate failed before step 5 is tagged ``gate.decision: failed`` (b
 nothing), and only versions with a decision (:data:`DECIDED`) count as "trained alike" for scheduled retraining
 (``train_deploy.retrain``), so an ungated version never stops the next run from training and gating.
 
+Concurrency: MLflow has no compare-and-set on aliases, so re-reading the champion before moving would only narrow
+the race between two gates (or a gate and a rollback) to two calls. Steps 4 to 6 therefore run under a lock made
+of MLflow's one atomic create-if-absent, a registered model's name (``<model>.aliases-lock``): two gates started
+together score in parallel, then decide and move one after the other, the second against the first's result; a
+rollback made meanwhile is compared against, never undone. What remains open (a holder stalled past the 600 s
+lease, two processes breaking one stale lock at once, clock skew, aliases set by hand) is listed in
+``train_deploy.registry.aliases``.
+
 Every call to the tracking server goes through :class:`~train_deploy.registry.retry.Retrying`.
 """
 
