@@ -1,0 +1,89 @@
+"""``train-deploy``: the project's commands, listed when it is called alone or with ``--help``.
+
+- ``train-deploy run …``: ``kedro run`` with the project's one-line errors (``train_deploy.cli.run``, which
+  ``python -m train_deploy`` runs too);
+- ``train-deploy schedule …``: retrain on a cron schedule, or once (``train_deploy.schedule``);
+- ``train-deploy serve``: the registered champion over HTTP, from any folder (``train_deploy.serve``).
+
+Each command imports what it needs when it runs: ``train-deploy schedule`` starts in a fraction of a second, so
+a SIGTERM right after its start (systemd, a test) meets its handler, not Kedro's and MLflow's imports.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+_CHECKOUT_LOGGING = Path(__file__).resolve().parents[2] / "conf" / "logging.yml"
+if "KEDRO_LOGGING_CONFIG" not in os.environ and not Path("conf/logging.yml").is_file() and _CHECKOUT_LOGGING.is_file():
+    # started outside the project folder (train-deploy serve from anywhere): the project's logging, not Kedro's
+    # fallback, which says at INFO which file it uses when a command imports Kedro
+    os.environ["KEDRO_LOGGING_CONFIG"] = str(_CHECKOUT_LOGGING)
+
+_PASS_THROUGH = {"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []}
+
+
+@click.group(name="train-deploy", context_settings={"help_option_names": ["-h", "--help"]},
+             invoke_without_command=True)
+@click.pass_context
+def main(context: click.Context) -> None:
+    """train_deploy: train, export, register and serve Chinese language models.
+
+    \b
+      train-deploy run --pipelines train_deploy      the whole chain (kedro run; also python -m train_deploy)
+      train-deploy schedule --cron "0 3 * * *"       retrain on a schedule (or --once)
+      train-deploy serve                             serve the registered champion over HTTP
+
+    `train-deploy COMMAND --help` says more.
+    """
+    if context.invoked_subcommand is None:  # no command: the list of them, as a success
+        click.echo(context.get_help())
+
+
+@main.command("run", context_settings=_PASS_THROUGH, add_help_option=False,
+              short_help="Run a pipeline of the project (kedro run, with its options).")
+@click.pass_context
+def _run_command(context: click.Context) -> None:
+    from kedro.framework.project import configure_project
+
+    from train_deploy.cli import PACKAGE, run
+
+    configure_project(PACKAGE)
+    run.main(args=context.args, prog_name="train-deploy run")
+
+
+@main.command("schedule", context_settings=_PASS_THROUGH, add_help_option=False,
+              short_help="Run a pipeline on a cron schedule, or once (--once).")
+@click.pass_context
+def _schedule_command(context: click.Context) -> None:
+    from train_deploy.schedule import main as schedule
+
+    sys.exit(schedule(["schedule", *context.args]))
+
+
+@main.command("serve", short_help="Serve the registered champion with mlflow models serve.")
+@click.option("--model", "-m", "model_name", help="registered model (default: registry.model_name of the project)")
+@click.option("--alias", default="champion", show_default=True, help="the alias (or version number) to serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", "-p", default=5001, show_default=True, type=int, envvar="TRAIN_DEPLOY_SERVE_PORT",
+              show_envvar=True)
+@click.option("--workers", "-w", default=1, show_default=True, type=int)
+@click.option("--project", type=click.Path(file_okay=False, path_type=Path),
+              help="the project folder (default: the checkout this command is installed from, else here)")
+@click.option("--env", "-e", help="Kedro environment whose mlflow.yml and parameters to read (default: local)")
+def _serve_command(model_name: str | None, alias: str, host: str, port: int, workers: int, project: Path | None,
+                   env: str | None) -> None:
+    """Serve a registered model of the project's MLflow store with `mlflow models serve --env-manager local`.
+
+    Works from any folder: the store and its artifacts are the project's (conf/<env>/mlflow.yml, or
+    MLFLOW_TRACKING_URI), the server runs in the project folder with this environment's mlflow and uvicorn.
+    """
+    from train_deploy.serve import ServeError, serve
+
+    try:
+        serve(project=project, env=env, model_name=model_name, alias=alias, host=host, port=port, workers=workers)
+    except ServeError as error:
+        raise click.ClickException(str(error)) from None
