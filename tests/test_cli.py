@@ -40,18 +40,6 @@ def test_a_failed_node_is_one_line_and_its_mlflow_run_is_said_closed_once(projec
     assert console.count("was closed because of an error in the pipeline") == 1, console[-3000:]
 
 
-TRAIN_DEPLOY = os.path.join(os.path.dirname(sys.executable), "train-deploy")
-
-
-@pytest.mark.parametrize("arguments", [[], ["--help"]])
-def test_train_deploy_alone_or_with_help_lists_its_commands_from_any_folder(tmp_path, arguments):
-    done = subprocess.run([TRAIN_DEPLOY, *arguments], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    commands = done.stdout.split("Commands:")[1].split()
-    assert [word for word in commands if word in ("run", "schedule", "serve")] == ["run", "schedule", "serve"]
-    assert "Traceback" not in done.stderr and "INFO" not in done.stdout + done.stderr  # no Kedro logging banner
-
-
 def test_python_m_train_deploy_is_the_projects_kedro_run(project, tmp_path):
     """Kedro's way to run a packaged project finds the project's ``run`` (its one-line errors included)."""
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlruns.db'}"}
