@@ -9,7 +9,6 @@ import pytest
 from train_deploy.handoffs import (
     CheckpointRef,
     DescriptionError,
-    RunSpec,
     SplitInfo,
     TokenManifest,
     from_json,
@@ -33,8 +32,8 @@ def test_nested_records_and_unknown_keys_are_checked_with_the_file_named(tiny_to
     data["splits"]["valid"]["tokens"] = "many"
     with pytest.raises(DescriptionError, match=r"^m.json: splits.valid.tokens: expected an integer, got 'many'$"):
         from_json(TokenManifest, data, "m.json")
-    with pytest.raises(DescriptionError, match=r"^r.json: surprise: unknown key"):
-        from_json(RunSpec, {"surprise": 1}, "r.json")
+    with pytest.raises(DescriptionError, match=r"^m.json: surprise: unknown key"):
+        from_json(TokenManifest, {"surprise": 1}, "m.json")
 
 
 def test_a_checkpoint_reference_comes_from_its_state(tmp_path):

@@ -1,7 +1,8 @@
 """Typed descriptions that cross stage boundaries, and their JSON form (:func:`to_json`, :func:`from_json`).
 
 Each stage returns one of these instead of a dict: the corpus stage a :class:`TokenizerInfo` and a
-:class:`TokenManifest`, training a :class:`TrainingResult` (the workers get a :class:`RunSpec`),
+:class:`TokenManifest`, training a :class:`TrainingResult` (its workers get a ``RunSpec``,
+``train_deploy.training.spec``, which holds the stage's own configuration),
 averaging a :class:`CheckpointRef` per candidate and a :class:`SelectedCheckpoint`, export a
 :class:`Bundle`. :func:`to_json` / :func:`from_json` convert them; reading checks every key and type and
 names the file and the key in its one-line error (the same validation as the parameter blocks).
@@ -231,33 +232,6 @@ class InitSource:
         if not self.path:
             return "scratch"
         return "champion" if self.requested == "champion" else "folder"
-
-
-@dataclass(kw_only=True, slots=True)
-class RunSpec:
-    """Everything a worker needs: written by the training node as ``run.json``, read by every rank."""
-
-    run_name: str
-    """Corpus and configuration digest naming the checkpoint and log folders of this run."""
-    training: dict[str, Any]
-    """The ``training`` parameter block; each rank validates it into a ``TrainingConfig``."""
-    data: DataSpec
-    checkpoints: str
-    """The folder of this run's checkpoints (``step_*``), shared by a resumed run."""
-    logs: str
-    """The launcher's log folder (``node<R>/workerlog.<rank>``), the metrics and the result; readable by its
-    owner only. Nothing here names the MLflow run: the training node sends the metrics there itself."""
-    init: InitSource | None = None
-    """The weights every rank loads before parallelising (None or no ``path``: from scratch); a resumed run's own
-    checkpoint wins over them."""
-
-    @property
-    def metrics_path(self) -> Path:
-        return Path(self.logs) / METRICS_FILE
-
-    @property
-    def result_path(self) -> Path:
-        return Path(self.logs) / "result.json"
 
 
 @dataclass(kw_only=True, slots=True)

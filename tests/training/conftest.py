@@ -8,9 +8,10 @@ from pathlib import Path
 
 from safetensors.numpy import load_file
 
-from train_deploy.handoffs import DataSpec, RunSpec, TrainingResult, read_json
-from train_deploy.training.config import TrainingConfig
+from train_deploy.handoffs import DataSpec, TrainingResult, read_json
+from train_deploy.training.config import TrainingConfig, resolve_layout
 from train_deploy.training.launch import run_training
+from train_deploy.training.spec import RunSpec
 
 TINY_TRAINING = {
     "model": {"preset": "tiny"},
@@ -31,14 +32,16 @@ def training_params(nproc: int = 1, **blocks) -> dict:
 
 
 def run_spec(folder: Path, data: DataSpec, params: dict) -> RunSpec:
-    """The run's description: checkpoints in ``folder/checkpoints``, logs, metrics and result in ``folder/logs``."""
-    return RunSpec(run_name=folder.name, training=copy.deepcopy(params), data=data,
-                   checkpoints=str(folder / "checkpoints"), logs=str(folder / "logs"))
+    """The run's description, validated and resolved as the training node's: checkpoints in ``folder/checkpoints``,
+    logs, metrics and result in ``folder/logs``."""
+    config = TrainingConfig.from_params(copy.deepcopy(params))
+    return RunSpec(run_name=folder.name, training=config, data=data, checkpoints=str(folder / "checkpoints"),
+                   layout=resolve_layout(config, config.world_size, data.vocab_size), logs=str(folder / "logs"))
 
 
 def launch(folder: Path, data: DataSpec, params: dict) -> TrainingResult:
     """Run the workers with Paddle's launcher as the training node does; return their result."""
-    return run_training(TrainingConfig.from_params(params), run_spec(folder, data, params))
+    return run_training(run_spec(folder, data, params))
 
 
 def result(folder: Path) -> TrainingResult:

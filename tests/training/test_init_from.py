@@ -15,9 +15,9 @@ from train_deploy.config import ConfigError
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.handoffs import TOKENIZER_FILE, TokenizerInfo, WorkFolder
 from train_deploy.pipelines.corpus.nodes import plan_inputs, prepare_tokenizer
-from train_deploy.pipelines.training.nodes import train_model
+from train_deploy.pipelines.training.nodes import configure_training, train_model
+from train_deploy.registry.champion import resolve_init_source
 from train_deploy.registry.config import RegistryConfig
-from train_deploy.training.pretrained import resolve_init_source
 
 TINY_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 4, "max_position_embeddings": 64}
@@ -65,12 +65,14 @@ def test_first_step_loss_is_the_pretrained_models_loss_and_a_rerun_resumes_its_o
     init = resolve(model_folder, tmp_path)
     params = warm_params(model_folder, batch={"micro_batch_size": 8}, schedule={"max_steps": 2, "stop_after": 1})
     folders = WorkFolder(path=str(tmp_path / "checkpoints")), WorkFolder(path=str(tmp_path / "logs"))
-    result = train_model(params, tiny_token_files, *folders, init_source=init)
+    config = configure_training(params, tiny_token_files, init)
+    result = train_model(config, tiny_token_files, *folders, init_source=init)
     assert (result.step, result.init_from, result.init_from_hash) == (1, "folder", init.hash)
 
     # Resume beats init: the rerun continues from its own step 1, with the schedule's warm-up where it was.
     del params["schedule"]["stop_after"]
-    assert train_model(params, tiny_token_files, *folders, init_source=init).step == 2
+    config = configure_training(params, tiny_token_files, init)
+    assert train_model(config, tiny_token_files, *folders, init_source=init).step == 2
     metrics = [json.loads(line) for line in
                (tmp_path / "logs" / result.run_name / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1, 2] and metrics[1]["lr"] > metrics[0]["lr"]
@@ -110,10 +112,8 @@ def test_a_model_folder_that_does_not_fit_is_refused_naming_the_key(tmp_path, ti
                                                                      shape, training, message):
     folder = save_model(tmp_path / "model", tiny_tokenizer, **shape)
     init = resolve(folder, tmp_path)
-    folders = WorkFolder(path=str(tmp_path / "checkpoints")), WorkFolder(path=str(tmp_path / "logs"))
     with pytest.raises(ConfigError, match=message):
-        train_model(warm_params(folder, **training), tiny_token_files, *folders,
-                    init_source=init)
+        configure_training(warm_params(folder, **training), tiny_token_files, init)
     assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "logs").exists()
 
 
@@ -131,9 +131,8 @@ def test_a_changed_folder_since_the_corpus_stage_is_refused(tmp_path, model_fold
     copy = Path(shutil.copytree(model_folder, tmp_path / "model"))
     init = resolve(copy, tmp_path)
     (copy / "generation_config.json").write_text("{}")
-    folders = WorkFolder(path=str(tmp_path / "checkpoints")), WorkFolder(path=str(tmp_path / "logs"))
     with pytest.raises(ConfigError, match="changed since the corpus stage took its tokenizer; run the corpus stage"):
-        train_model(warm_params(copy), tiny_token_files, *folders, init_source=init)
+        configure_training(warm_params(copy), tiny_token_files, init)
 
 
 def test_sharded_safetensors_load_as_the_whole_file_does(tmp_path, model_folder):

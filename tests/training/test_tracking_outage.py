@@ -18,7 +18,6 @@ from tests.conftest import tiny_runtime_params
 from tests.mlflow_server import MlflowServer, free_port
 from tests.training.conftest import run_spec, training_params
 from train_deploy.preflight import TrackingServerError
-from train_deploy.training.config import TrainingConfig
 from train_deploy.training.launch import run_training
 
 pytest_plugins = ["tests.mlflow_server"]
@@ -78,8 +77,7 @@ def test_training_goes_on_while_the_tracking_server_is_down_and_every_step_reach
     helper = threading.Thread(target=stop_after_the_first_metrics_then_restart)
     helper.start()
     with caplog.at_level(logging.WARNING):
-        result = run_training(TrainingConfig.from_params(params), run_spec(tmp_path, tiny_tokens, params),
-                              mlflow_run_id=run_id)
+        result = run_training(run_spec(tmp_path, tiny_tokens, params), mlflow_run_id=run_id)
     helper.join()
     assert "error" not in outage, outage.get("error")
 

@@ -254,8 +254,7 @@ def test_no_credential_reaches_the_run_folders_and_log_folders_are_private(tmp_p
     # the server never comes back; the test's own variable is passed as a user's would be (launch.environment)
     params = training_params(1, launch={"metrics_timeout": 1, "environment": ["TRAIN_DEPLOY_TEST_*"]})
     with caplog.at_level(logging.INFO):
-        result = run_training(TrainingConfig.from_params(params), run_spec(tmp_path, tiny_tokens, params),
-                              mlflow_run_id="0" * 32)
+        result = run_training(run_spec(tmp_path, tiny_tokens, params), mlflow_run_id="0" * 32)
     assert result.finished  # MLflow being unreachable does not fail training
 
     files = [p for p in (tmp_path / "logs").rglob("*") if p.is_file()]
@@ -272,8 +271,7 @@ def test_metrics_reach_the_mlflow_run_from_the_node_each_step_once(tmp_path, tin
     params = training_params(1)
     tracking_uri(f"sqlite:///{tmp_path / 'mlruns.db'}")
     with mlflow.start_run(experiment_id=mlflow.create_experiment("unattended")) as run:  # not a global one
-        run_training(TrainingConfig.from_params(params), run_spec(tmp_path, tiny_tokens, params),
-                     mlflow_run_id=run.info.run_id)
+        run_training(run_spec(tmp_path, tiny_tokens, params), mlflow_run_id=run.info.run_id)
     client = mlflow.MlflowClient()
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train.loss")] == [1, 2, 3, 4, 5, 6]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train.val_loss")] == [3, 6]

@@ -163,12 +163,12 @@ class LaunchConfig:
     launcher does it itself in elastic mode, with an etcd:// master; otherwise the training node does)."""
     job_id: str = "train_deploy"
     """Paddle launcher job name; nodes of one job must share it."""
-    stall_timeout: float = 1800.0
+    stall_timeout: int | float = 1800
     """Seconds rank 0 may report no step (nor checkpoint) before the job is stopped as hung and fails naming
     it; longer than log_every steps, an evaluation and a checkpoint take. Until its first step (start-up, the
     other nodes joining, building the model, resuming) it may be silent twice as long, at least 10 minutes."""
 
-    metrics_timeout: float = 30.0
+    metrics_timeout: int | float = 30
     """Seconds the training node keeps trying, after training ends, to send MLflow the metrics it could not send
     while the tracking server was down; past it, it warns (every metric stays in metrics.jsonl)."""
     environment: list[str] = field(default_factory=list)
@@ -191,8 +191,16 @@ class LaunchConfig:
 
 @dataclass(kw_only=True, slots=True)
 class TrainingConfig:
-    """The whole ``training`` parameter block."""
+    """The whole ``training`` parameter block, in the file's order (its JSON form, :func:`to_dict`, is recorded in
+    each checkpoint's ``state.json``)."""
 
+    init_from: str = "scratch"
+    """Where the weights start: `scratch` (random, seeded); `champion` (the registered champion's weights and
+    tokenizer; scratch when there is none or the tokenizer configuration changed); or a local folder holding a
+    PaddleNLP Llama-family causal LM saved by `save_pretrained(folder, safe_serialization=True)` with its
+    tokenizer: the corpus stage encodes with that tokenizer and the shape comes from its config.json (`model` is
+    ignored). Weights only: the optimizer and the schedule, warm-up included, start afresh
+    (``train_deploy.training.pretrained``)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Model shape (`training.model`)."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -209,13 +217,6 @@ class TrainingConfig:
     """Hardware (`training.device`)."""
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     """Processes and nodes (`training.launch`)."""
-    init_from: str = "scratch"
-    """Where the weights start: `scratch` (random, seeded); `champion` (the registered champion's weights and
-    tokenizer; scratch when there is none or the tokenizer configuration changed); or a local folder holding a
-    PaddleNLP Llama-family causal LM saved by `save_pretrained(folder, safe_serialization=True)` with its
-    tokenizer: the corpus stage encodes with that tokenizer and the shape comes from its config.json (`model` is
-    ignored). Weights only: the optimizer and the schedule, warm-up included, start afresh
-    (``train_deploy.training.pretrained``)."""
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> TrainingConfig:
@@ -227,20 +228,18 @@ class TrainingConfig:
     def world_size(self) -> int:
         return self.launch.nproc_per_node * self.launch.nnodes
 
-    def identity(self) -> dict[str, Any]:
+    def identity(self, start: str) -> dict[str, Any]:
         """What determines the trained weights besides the data: model shape, optimizer, global batch, sequence
-        length, precision, seed and schedule length, with defaults filled in; and a warm start's source
-        (``champion``, or a folder by its content hash, not its path, standing for the shape too).
+        length, precision, seed and schedule length, with defaults filled in; and a warm start's source ``start``
+        (``train_deploy.training.pretrained.init_identity`` of ``init_from``: ``scratch``, ``champion``, or a folder
+        by its content hash, not its path, standing for the shape too).
 
         Cadences and housekeeping (logging, evaluation, checkpoints, ``stop_after``, ``resume``), recompute, the
         micro-batch, the parallel layout, the launch and the device are left out: a rerun that changes only them,
         such as a time-boxed job continued, resumes where it stopped, on any machine, and is not a change worth
         retraining for (``train_deploy.retrain``).
         """
-        from train_deploy.training.pretrained import init_identity
-
         b, p, s = self.batch, self.precision, self.schedule
-        start = init_identity(self.init_from)
         return {
             # a folder's config.json gives the shape, and its content hash names it with the weights
             "model": {"init_from": start} if start.startswith("folder:") else self.model.shape(),

@@ -1,6 +1,6 @@
 """Start the training workers with Paddle's own launcher, stream their progress, and wait.
 
-:func:`run_training` writes the run's :class:`~train_deploy.handoffs.RunSpec` as ``<logs>/run.json`` and
+:func:`run_training` writes the run's :class:`~train_deploy.training.spec.RunSpec` as ``<logs>/run.json`` and
 runs::
 
     python -m paddle.distributed.launch --nproc_per_node G [--nnodes N --master HOST:PORT --rank R]
@@ -42,12 +42,12 @@ from typing import IO
 
 import psutil
 
-from train_deploy.config import ConfigError
 from train_deploy.environment import first_cpu, mkl_cpu_type
-from train_deploy.handoffs import DescriptionError, RunSpec, TrainingResult, read_json, write_json
+from train_deploy.handoffs import DescriptionError, TrainingResult, read_json, write_json
 from train_deploy.training import worker
 from train_deploy.training.config import TrainingConfig
 from train_deploy.training.metrics import MetricsForwarder, redact_uri
+from train_deploy.training.spec import RunSpec
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class TrainingStopped(RuntimeError):
     """This process was asked to stop (SIGTERM, SIGINT) while training; the whole job was stopped."""
 
 
-def run_training(config: TrainingConfig, spec: RunSpec, mlflow_run_id: str | None = None) -> TrainingResult:
+def run_training(spec: RunSpec, mlflow_run_id: str | None = None) -> TrainingResult:
     """Run (or resume) the job ``spec`` describes on this node's workers; return rank 0's result.
 
     Writes ``<spec.logs>/run.json`` for the workers (and the nodes that join), relaunches failed workers
@@ -101,6 +101,7 @@ def run_training(config: TrainingConfig, spec: RunSpec, mlflow_run_id: str | Non
     :class:`TrainingStopped` when stopped by a signal. Sends rank 0's metrics to the MLflow run
     ``mlflow_run_id`` (through this process's tracking URI) while the job runs.
     """
+    config = spec.training
     logs = _private_folder(Path(spec.logs))
     spec_file = logs / RUN_FILE
     write_json(spec_file, spec)
@@ -437,11 +438,10 @@ def join_main(argv: list[str] | None = None) -> None:
     if not Path(args.run).is_file():
         parser.exit(2, f"train-deploy-join: --run {args.run}: no such file; {where}\n")
     try:
-        spec = read_json(RunSpec, Path(args.run))
-        config = TrainingConfig.from_params(spec.training)
-    except (DescriptionError, ConfigError) as exc:
+        spec = read_json(RunSpec, Path(args.run))  # the training node validated it: deserialised only
+    except DescriptionError as exc:
         parser.exit(2, f"train-deploy-join: --run {args.run}: not a job's run.json ({exc}); {where}\n")
-    nnodes = config.launch.nnodes
+    config, nnodes = spec.training, spec.training.launch.nnodes
     if not 1 <= args.node_rank < nnodes:
         parser.exit(2, f"train-deploy-join: --node-rank {args.node_rank}: the job has training.launch.nnodes = "
                        f"{nnodes}, so the other machines join as " +

@@ -7,15 +7,15 @@ from typing import Any
 
 import numpy as np
 
-from train_deploy.training.config import TrainingConfig, check_vocabulary
+from train_deploy.training.config import TrainingConfig
 
 
 def llama_config(config: TrainingConfig, vocab_size: int, eos_id: int):
-    """The ``LlamaConfig`` of the preset with the tokenizer's vocabulary and special ids."""
+    """The ``LlamaConfig`` of the preset with the tokenizer's vocabulary and special ids (the training stage's
+    configure node has checked that the model has an embedding for each of them: ``check_vocabulary``)."""
     from paddlenlp.transformers import LlamaConfig
 
     shape: dict[str, Any] = {"vocab_size": vocab_size, **config.model.shape()}
-    check_vocabulary(vocab_size, shape["vocab_size"])
     return LlamaConfig(
         **shape,
         bos_token_id=1,

@@ -9,13 +9,15 @@ tokenizer saved beside it::
 
 Only safetensors are read: ``model_state.pdparams`` is a pickle, which could run code when loaded. The weights
 have the structured names of PaddleNLP's ``LlamaForCausalLM``, which are those of ``LlamaForCausalLMNet`` the
-workers train. ``init_from: champion`` downloads the champion's bundle, whose ``pretrained/`` folder has this
-layout (``train_deploy.export.bundle``), and uses it as any other folder. Warm starts load weights only: the
+workers train. ``init_from: champion`` uses the champion's bundle, whose ``pretrained/`` folder has this layout
+(``train_deploy.export.bundle``), as any other folder: ``train_deploy.registry.champion`` finds and downloads it
+and resolves ``init_from`` into an :class:`~train_deploy.handoffs.InitSource`. Warm starts load weights only: the
 optimizer and the learning-rate schedule (with its warm-up) start afresh.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -25,8 +27,9 @@ from dataclasses import asdict
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from train_deploy.config import ConfigError
+from train_deploy.config import ConfigError, to_dict
 from train_deploy.handoffs import InitSource
+from train_deploy.training.config import Layout, ModelConfig, TrainingConfig, check_vocabulary, resolve_layout
 
 logger = logging.getLogger(__name__)
 
@@ -166,25 +169,7 @@ def load_pretrained_weights(model, folder: Path) -> None:
     model.set_state_dict({name: weights[name].astype(target.dtype) for name, target in expected.items()})
 
 
-# --- resolving training.init_from ------------------------------------------------------------------
-
-
-def resolve_init_source(init_from: str, corpus_config, registry, cache: Path) -> InitSource:
-    """Where this run's weights and tokenizer come from: nothing (scratch), a model folder, or the champion's
-    ``pretrained/`` downloaded into ``cache`` (``registry``: the ``RegistryConfig`` naming the model and how often
-    to try the tracking server); the champion falls back to scratch, with the reason, when there is none or its
-    tokenizer configuration differs."""
-    fingerprint = tokenizer_config_fingerprint(corpus_config)
-    if init_from == SCRATCH:
-        return InitSource(requested=init_from, tokenizer_config_fingerprint=fingerprint)
-    if init_from == CHAMPION:
-        folder, version, reason = champion_folder(registry, fingerprint, Path(cache))
-        if folder is None:  # record_init_source says so in the log and on the run
-            return InitSource(requested=init_from, reason=reason, tokenizer_config_fingerprint=fingerprint)
-        source = folder_source(folder, init_from, fingerprint, Path(cache))
-        source.champion_version = version
-        return source
-    return folder_source(Path(init_from).expanduser().resolve(), init_from, fingerprint, Path(cache))
+# --- a model folder as an init source --------------------------------------------------------------
 
 
 def folder_source(folder: Path, requested: str, fingerprint: str, cache: Path) -> InitSource:
@@ -203,44 +188,6 @@ def folder_source(folder: Path, requested: str, fingerprint: str, cache: Path) -
                       tokenizer_config_fingerprint=fingerprint)
 
 
-def champion_folder(registry, fingerprint: str, cache: Path) -> tuple[Path | None, str, str]:
-    """The champion version's ``pretrained/`` folder, downloaded once into ``cache``, and its version; or None
-    and why the run starts from scratch."""
-    import mlflow
-    from mlflow import MlflowClient
-
-    from train_deploy.registry.history import CHAMPION as ALIAS
-    from train_deploy.registry.history import alias_version
-    from train_deploy.registry.retry import Retrying
-
-    client, model_name = MlflowClient(), registry.model_name
-    retry = Retrying(registry.retries, client.tracking_uri)
-    version = retry("find the champion", lambda: alias_version(client, model_name, ALIAS))
-    if version is None:
-        return None, "", f"registered model {model_name} has no {ALIAS} yet"
-    tags = retry("read the champion's tags", lambda: client.get_model_version(model_name, version).tags)
-    if tags.get(TOKENIZER_TAG) != fingerprint:
-        return None, version, (f"the tokenizer configuration (corpus.cleaning and corpus.tokenizer) is not the one "
-                               f"{ALIAS} version {version} was trained with ({TOKENIZER_TAG} "
-                               f"{tags.get(TOKENIZER_TAG, 'missing')}, this run {fingerprint})")
-    target = cache / "champion" / f"{model_name}-v{version}"
-    if not (target / CONFIG_FILE).is_file():
-        staging = target.with_name(f".{target.name}.tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        try:
-            downloaded = mlflow.artifacts.download_artifacts(
-                artifact_uri=f"models:/{model_name}/{version}/artifacts/bundle/pretrained", dst_path=str(staging))
-        except mlflow.exceptions.MlflowException as exc:
-            shutil.rmtree(staging, ignore_errors=True)
-            return None, version, (f"{ALIAS} version {version}'s bundle has no pretrained/ folder (exported before "
-                                   f"train_deploy wrote one?): {exc.message.splitlines()[0]}")
-        shutil.rmtree(target, ignore_errors=True)
-        Path(downloaded).rename(target)
-        shutil.rmtree(staging, ignore_errors=True)
-        logger.info("Downloaded %s version %s's pretrained/ into %s", model_name, version, target)
-    return target, version, ""
-
-
 # --- the training node's side ---------------------------------------------------------------------
 
 
@@ -254,21 +201,18 @@ def check_source_current(init_from: str, source: InitSource) -> None:
                           "run the corpus stage again")
 
 
-def warm_start_training(training: dict[str, Any], source: InitSource) -> dict[str, Any]:
-    """The ``training`` block the workers get: with a model folder, its ``config.json`` shape over the preset."""
+def warm_start(config: TrainingConfig, source: InitSource) -> TrainingConfig:
+    """The configuration the workers get: with a model folder, its ``config.json`` shape over the preset."""
     if not source.path:
-        return training
-    model = training.get("model") or {}
-    if model:
-        logger.info("training.model (%s) is ignored: the shape comes from %s", model, Path(source.path) / CONFIG_FILE)
-    return {**training, "model": {"preset": model.get("preset", "small"), "overrides": dict(source.shape)}}
+        return config
+    logger.info("training.model (%s) is ignored: the shape comes from %s", to_dict(config.model),
+                Path(source.path) / CONFIG_FILE)
+    return dataclasses.replace(config, model=ModelConfig(preset=config.model.preset, overrides=dict(source.shape)))
 
 
-def check_layout(config, source: InitSource, vocab_size: int):
+def check_layout(config: TrainingConfig, source: InitSource, vocab_size: int) -> Layout:
     """:func:`~train_deploy.training.config.resolve_layout` and the vocabulary check, a folder's ``config.json``
     named in front of the message when the shape is its."""
-    from train_deploy.training.config import check_vocabulary, resolve_layout
-
     shape = config.model.shape()
     try:
         check_vocabulary(vocab_size, shape.get("vocab_size", vocab_size))
@@ -277,20 +221,3 @@ def check_layout(config, source: InitSource, vocab_size: int):
         if source.path:
             raise ConfigError(f"{Path(source.path) / CONFIG_FILE}: {exc}") from None
         raise
-
-
-def record_init_source(source: InitSource) -> None:
-    """What the weights start from, on the active MLflow run if any (the corpus and the training stage both record
-    it, so either run alone has it): params ``init_from`` (as configured) and ``init_from.hash``,
-    tags ``init_from`` (scratch, champion or folder) and, when a champion start fell back to scratch, the reason."""
-    import mlflow
-
-    if source.reason:
-        logger.warning("training.init_from: %s: starting from scratch: %s", source.requested, source.reason)
-    if mlflow.active_run() is None:
-        return
-    mlflow.log_params({"init_from": source.requested, "init_from.hash": source.hash or "none"})
-    tags = {"init_from": source.started_from}
-    tags |= {"init_from.reason": source.reason} if source.reason else {}
-    tags |= {"init_from.champion_version": source.champion_version} if source.champion_version else {}
-    mlflow.set_tags(tags)

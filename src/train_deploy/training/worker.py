@@ -8,12 +8,13 @@
     python -m paddle.distributed.launch --nnodes N --master HOST:PORT --rank R --nproc_per_node G \
         worker.py --run run.json
 
-``run.json`` is the :class:`~train_deploy.handoffs.RunSpec` the training node writes
-(``train_deploy.training.launch``): the ``training`` parameter block, the token files, the checkpoint and
-log folders. Rank 0 writes its metrics to ``metrics.jsonl`` and its log; the training node sends them to
-MLflow, so no worker needs its credentials. :func:`main` reads top to bottom: set-up, model, optimizer,
-parallelize, resume, then the loop: steps of gradient accumulation, clipping and AdamW, with metrics,
-evaluation and checkpoints. Only rank 0 logs and writes; every rank joins the collectives.
+``run.json`` is the :class:`~train_deploy.training.spec.RunSpec` the training node writes
+(``train_deploy.training.launch``): the validated training configuration and its resolved layout (deserialised
+here, not validated again), the token files, the checkpoint and log folders. Rank 0 writes its metrics to
+``metrics.jsonl`` and its log; the training node sends them to MLflow, so no worker needs its credentials.
+:func:`main` reads top to bottom: set-up, model, optimizer, parallelize, resume, then the loop: steps of gradient
+accumulation, clipping and AdamW, with metrics, evaluation and checkpoints. Only rank 0 logs and writes; every
+rank joins the collectives.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from typing import Any
 
 import numpy as np
 
+from train_deploy.config import ConfigError
 from train_deploy.evaluation import mean_token_loss, next_token_loss, perplexity, validation_windows
-from train_deploy.handoffs import RunSpec, TrainingResult, read_json, to_json, write_json
+from train_deploy.handoffs import TrainingResult, read_json, to_json, write_json
 from train_deploy.training.checkpoint import (
     latest_intact_checkpoint,
     restore_training_state,
@@ -38,7 +40,7 @@ from train_deploy.training.checkpoint import (
     training_state,
     write_checkpoint,
 )
-from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
+from train_deploy.training.config import Layout, TrainingConfig
 from train_deploy.training.data import TokenWindows
 from train_deploy.training.metrics import (
     MetricsLog,
@@ -50,6 +52,7 @@ from train_deploy.training.metrics import (
 )
 from train_deploy.training.model import build_model, flops_per_token
 from train_deploy.training.parallelize import data_rank, parallelize
+from train_deploy.training.spec import RunSpec
 
 logger = logging.getLogger("train_deploy.training.worker")
 
@@ -107,13 +110,17 @@ class Job:
 
 
 def set_up(spec: RunSpec) -> Job:
-    """Validate the configuration and layout, join the process group, pick the device and seed."""
+    """Join the process group with the configuration and layout the training node validated and resolved, pick
+    the device and seed."""
     import paddle
     import paddle.distributed as dist
 
-    config = TrainingConfig.from_params(spec.training)
+    config, layout = spec.training, spec.layout
     world, rank = dist.get_world_size(), dist.get_rank()
-    layout = resolve_layout(config, world, config.model.shape().get("vocab_size", spec.data.vocab_size))
+    if world != layout.world_size:
+        raise ConfigError(f"training.launch: the launcher started {world} worker(s), the run's layout "
+                          f"(dp × mp × pp = {layout.world_size}) was resolved for launch.nproc_per_node × "
+                          "launch.nnodes; start every node with the same run.json")
     is_master = rank == 0
     logging.basicConfig(level=logging.INFO if is_master else logging.WARNING,
                         format=f"%(asctime)s rank {rank} %(levelname)s %(message)s", stream=sys.stdout)
@@ -427,7 +434,7 @@ def save(trainer: Trainer, progress: Progress, size: ModelSize) -> None:
         state = {"step": progress.step, "consumed_samples": progress.consumed_samples, "val_loss": progress.val_loss,
                  "lr": trainer.lr.get_lr(),
                  "layout": {"dp": layout.dp, "mp": layout.mp, "pp": layout.pp, "sharding_stage": layout.sharding_stage},
-                 "model_config": trainer.model.config.to_dict(), "training": job.spec.training,
+                 "model_config": trainer.model.config.to_dict(), "training": to_json(job.spec.training),
                  "data": to_json(job.spec.data), "parameters": size.parameters}
         path = write_checkpoint(Path(job.spec.checkpoints), progress.step, weights, moments, state,
                                 job.config.schedule.keep_last)

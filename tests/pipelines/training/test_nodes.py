@@ -8,7 +8,7 @@ import pytest
 
 from train_deploy.config import ConfigError
 from train_deploy.handoffs import WorkFolder
-from train_deploy.pipelines.training.nodes import train_model
+from train_deploy.pipelines.training.nodes import configure_training, train_model
 
 
 def test_an_invalid_layout_fails_before_any_worker_starts(tmp_path, tiny_token_files):
@@ -16,8 +16,7 @@ def test_an_invalid_layout_fails_before_any_worker_starts(tmp_path, tiny_token_f
     tokens = dataclasses.replace(tiny_token_files,
                                  tokenizer=dataclasses.replace(tiny_token_files.tokenizer, vocab_size=2001))
     with pytest.raises(ConfigError, match="vocabulary \\(2001\\) is not divisible by mp = 2"):
-        train_model(params, tokens, WorkFolder(path=str(tmp_path / "checkpoints")),
-                    WorkFolder(path=str(tmp_path / "logs")))
+        configure_training(params, tokens)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -34,7 +33,8 @@ def test_a_resumed_run_that_had_already_finished_logs_its_baselines_without_a_fa
     shutil.copytree(tiny_run.checkpoints, checkpoints.run(_run_name(TrainingConfig.from_params(params),
                                                                      tiny_token_files)))
     with caplog.at_level("INFO", logger="train_deploy.pipelines.training.nodes"):
-        result = train_model(params, tiny_token_files, checkpoints, WorkFolder(path=str(tmp_path / "logs")))
+        result = train_model(configure_training(params, tiny_token_files), tiny_token_files, checkpoints,
+                             WorkFolder(path=str(tmp_path / "logs")))
     assert result.step == tiny_run.step and result.val_loss is None  # nothing trained, nothing evaluated
     records = [r for r in caplog.records if r.name == "train_deploy.pipelines.training.nodes"]
     assert [r for r in records if r.levelname == "WARNING"] == []

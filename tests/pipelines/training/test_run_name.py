@@ -10,7 +10,7 @@ import pytest
 from tests.training.conftest import training_params
 from train_deploy.config import to_dict
 from train_deploy.handoffs import WorkFolder
-from train_deploy.pipelines.training.nodes import _run_name, train_model
+from train_deploy.pipelines.training.nodes import _run_name, configure_training, train_model
 from train_deploy.training.config import TrainingConfig
 
 # Changes that leave the weights alone: the run continues in the same folder.
@@ -74,12 +74,13 @@ def test_stated_defaults_name_the_same_folder_as_omitted_ones(tiny_token_files):
 @pytest.mark.slow
 def test_a_time_boxed_run_resumes_in_its_folder_when_rerun_without_stop_after(tmp_path, tiny_token_files):
     folders = WorkFolder(path=str(tmp_path / "checkpoints")), WorkFolder(path=str(tmp_path / "logs"))
-    first = train_model(training_params(1, schedule={"stop_after": 3}), tiny_token_files, *folders)
+    first = train_model(configure_training(training_params(1, schedule={"stop_after": 3}), tiny_token_files),
+                        tiny_token_files, *folders)
     assert (first.step, first.finished) == (3, False)
 
     # The rerun drops stop_after and changes cadences and the device: the same run, continued from step 3.
     rerun = training_params(1, schedule={"log_every": 2, "keep_last": 0}, device={"peak_tflops": 1.0})
-    second = train_model(rerun, tiny_token_files, *folders)
+    second = train_model(configure_training(rerun, tiny_token_files), tiny_token_files, *folders)
     assert (second.run_name, second.step, second.finished) == (first.run_name, 6, True)
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == [first.run_name]
     metrics = (tmp_path / "logs" / first.run_name / "metrics.jsonl").read_text().splitlines()

@@ -1,4 +1,4 @@
-"""Nodes of the training stage: validate, launch the workers, report."""
+"""Nodes of the training stage: configure (validate once), launch the workers, report."""
 
 from __future__ import annotations
 
@@ -10,35 +10,47 @@ from typing import Any
 
 from train_deploy.baselines import baselines_for
 from train_deploy.evaluation import validation_windows
-from train_deploy.handoffs import DataSpec, InitSource, RunSpec, TokenManifest, TrainingResult, WorkFolder
-from train_deploy.training.config import Layout, TrainingConfig
+from train_deploy.handoffs import DataSpec, InitSource, TokenManifest, TrainingResult, WorkFolder
+from train_deploy.registry.champion import record_init_source
+from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
 from train_deploy.training.launch import run_training
-from train_deploy.training.pretrained import (
-    check_layout,
-    check_source_current,
-    record_init_source,
-    warm_start_training,
-)
+from train_deploy.training.pretrained import check_layout, check_source_current, init_identity, warm_start
+from train_deploy.training.spec import RunSpec
 
 logger = logging.getLogger(__name__)
 
+SCRATCH = InitSource(requested="scratch", tokenizer_config_fingerprint="")
+"""The start of a run without the corpus stage's ``init_source`` (tests, a single node run)."""
 
-def train_model(training: dict[str, Any], token_files: TokenManifest, checkpoints: WorkFolder,
+
+def configure_training(training: dict[str, Any], token_files: TokenManifest,
+                       init_source: InitSource | None = None) -> TrainingConfig:
+    """Return the training stage's configuration, validated once: the ``training`` block, with a model folder's
+    shape over the preset (``init_source``: the corpus stage's resolution of ``training.init_from``; None:
+    scratch), checked against that source and against the tokenizer and world size (the parallel layout), so an
+    invalid run fails before any worker starts."""
+    config = TrainingConfig.from_params(training)
+    source = init_source or SCRATCH
+    check_source_current(config.init_from, source)
+    config = warm_start(config, source)
+    check_layout(config, source, token_files.tokenizer.vocab_size)
+    return config
+
+
+def train_model(config: TrainingConfig, token_files: TokenManifest, checkpoints: WorkFolder,
                 training_logs: WorkFolder, init_source: InitSource | None = None) -> TrainingResult:
     """Return the training result after running (or resuming) the job with Paddle's launcher, from the weights
-    ``init_source`` names (the corpus stage's resolution of ``training.init_from``; None: scratch)."""
-    init_source = init_source or InitSource(requested="scratch", tokenizer_config_fingerprint="")
-    check_source_current(TrainingConfig.from_params(training).init_from, init_source)
-    training = warm_start_training(training, init_source)  # a model folder's shape over the preset
-    config = TrainingConfig.from_params(training)
+    ``init_source`` names (None: scratch); ``config`` is :func:`configure_training`'s."""
+    init_source = init_source or SCRATCH
     data = DataSpec.of(token_files)
-    layout = check_layout(config, init_source, data.vocab_size)  # fail before launching
+    layout = resolve_layout(config, config.world_size, config.model.shape().get("vocab_size", data.vocab_size))
     run_name = _run_name(config, token_files, init_source)
-    spec = RunSpec(run_name=run_name, training=training, data=data, checkpoints=str(checkpoints.run(run_name)),
-                   logs=str(training_logs.run(run_name)), init=init_source)
+    spec = RunSpec(run_name=run_name, training=config, layout=layout, data=data,
+                   checkpoints=str(checkpoints.run(run_name)), logs=str(training_logs.run(run_name)),
+                   init=init_source)
     _log_resolved(layout, config)
     record_init_source(init_source)
-    result = dataclasses.replace(run_training(config, spec, mlflow_run_id=_mlflow_run_id()),
+    result = dataclasses.replace(run_training(spec, mlflow_run_id=_mlflow_run_id()),
                                  **init_source.result_fields())  # also when the run had finished before
     logger.info("Training reached step %d; last checkpoint %s (validation loss %s)", result.step,
                 result.checkpoint, result.val_loss)
@@ -66,7 +78,8 @@ def _run_name(config: TrainingConfig, token_files: TokenManifest, init_source: I
     """The checkpoint folder's name: the token files' fingerprint and what determines the weights
     (:meth:`TrainingConfig.identity`, with the champion's weights by their hash), so a rerun that changes only
     cadences, layout or launch resumes in it."""
-    identity = config.identity() | ({"init_from.hash": init_source.hash} if init_source and init_source.hash else {})
+    identity = config.identity(init_identity(config.init_from))
+    identity |= {"init_from.hash": init_source.hash} if init_source and init_source.hash else {}
     digest = hashlib.blake2b(json.dumps(identity, sort_keys=True).encode(), digest_size=4).hexdigest()
     return f"{token_files.fingerprint[:12]}-{digest}"
 
