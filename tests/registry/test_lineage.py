@@ -17,7 +17,7 @@ from tests.registry.conftest import ModelServer, ModelStore
 from train_deploy.corpus.people_daily import strip_pos_tags
 from train_deploy.corpus.readers import people_daily_path
 from train_deploy.registry.config import RegistryConfig
-from train_deploy.registry.lineage import suggested_name
+from train_deploy.registry.lineage import suggested_name, warm_start_run_tags
 
 DEMO = RegistryConfig().model_name
 SERVE_PREFIX = "  serve the champion: "
@@ -29,6 +29,18 @@ SERVE_PREFIX = "  serve the champion: "
 def test_a_corpus_suggests_a_model_name_from_its_first_path(paths, name):
     source = "people_daily" if not paths else "text"
     assert suggested_name((source, paths)) == name
+
+
+def test_the_registered_version_gets_the_runs_init_from_tags(tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    mlflow.set_tracking_uri(uri)
+    with mlflow.start_run(experiment_id=mlflow.set_experiment("lineage").experiment_id):
+        mlflow.set_tags({"init_from": "champion", "init_from.champion_version": "3", "init_from_x": "no",
+                         "corpus.fingerprint": "abc"})
+        assert warm_start_run_tags() == {"init_from": "champion", "init_from.champion_version": "3"}
+    assert warm_start_run_tags() == {}  # outside a run
 
 
 def _run(project: Path, params: dict, env: dict[str, str]) -> subprocess.CompletedProcess:
