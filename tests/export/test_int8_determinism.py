@@ -33,12 +33,35 @@ print(json.dumps({
     "alone": [greedy(one, p) for p in prompts], "batch": greedy(one, prompts),
     "reversed_3_threads": greedy(three, prompts[::-1])[::-1],
     "pairs": [g for i in range(0, len(prompts), 2) for g in greedy(three, prompts[i:i + 2])],
-    "paddle_imported": "paddle" in sys.modules}))
+    "extremes": extremes(), "paddle_imported": "paddle" in sys.modules}))
+"""
+
+# A product whose int8 pairs are all at their extremes: where a kernel adds two int8 products in 16 bits (AVX2's
+# vpmaddubsw without VNNI), it saturates. Its relative error against numpy.
+EXTREMES = """
+import tempfile
+from pathlib import Path
+import numpy as np, onnx, onnxruntime
+from onnx import helper, TensorProto
+from train_deploy.export.edge import quantize_int8
+
+def extremes():
+    w = np.where(np.arange(256 * 64).reshape(256, 64) % 3 == 0, -1.0, 1.0).astype(np.float32)
+    x = np.sign(w[:, :1].T).repeat(4, axis=0)  # every product of column 0 at +1: the largest sum there is
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 64])],
+                              [onnx.numpy_helper.from_array(w, "w")])
+    folder = Path(tempfile.mkdtemp())
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(folder / "m.onnx"))
+    session = onnxruntime.InferenceSession(str(quantize_int8(folder / "m.onnx", folder / "m.int8.onnx")),
+                                           providers=["CPUExecutionProvider"])
+    return float(np.abs(session.run(None, {"x": x})[0] - x @ w).max() / np.abs(x @ w).max())
 """
 
 
 def _answers(command: list[str], bundle) -> dict:
-    done = subprocess.run([*command, "-c", SCRIPT, str(bundle), json.dumps(TEXTS), json.dumps(PROMPTS)],
+    done = subprocess.run([*command, "-c", EXTREMES + SCRIPT, str(bundle), json.dumps(TEXTS), json.dumps(PROMPTS)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -51,6 +74,7 @@ def _check(answers: dict) -> None:
     alone = answers["alone"]
     assert answers["batch"] == alone and answers["reversed_3_threads"] == alone and answers["pairs"] == alone
     assert any(alone), "greedy decoding produced nothing for every prompt: the comparison proves little"
+    assert answers["extremes"] < 1e-5
 
 
 def test_int8_greedy_text_is_the_same_in_a_fresh_process_any_batch_and_any_thread_count(tiny_bundle):
