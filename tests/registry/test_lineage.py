@@ -14,10 +14,11 @@ from mlflow import MlflowClient
 
 from tests.conftest import cli_params, tiny_train_deploy_params
 from tests.registry.conftest import ModelServer, ModelStore
+from train_deploy.config import ConfigError
 from train_deploy.corpus.people_daily import strip_pos_tags
 from train_deploy.corpus.readers import people_daily_path
 from train_deploy.registry.config import RegistryConfig
-from train_deploy.registry.lineage import suggested_name, warm_start_run_tags
+from train_deploy.registry.lineage import check_same_corpus, suggested_name, warm_start_run_tags, warn_small_eval_set
 
 DEMO = RegistryConfig().model_name
 SERVE_PREFIX = "  serve the champion: "
@@ -41,6 +42,36 @@ def test_the_registered_version_gets_the_runs_init_from_tags(tmp_path):
                          "corpus.fingerprint": "abc"})
         assert warm_start_run_tags() == {"init_from": "champion", "init_from.champion_version": "3"}
     assert warm_start_run_tags() == {}  # outside a run
+
+
+def _model_with_eval_set_from(client: MlflowClient, name: str, **params: str) -> None:
+    """A registered model whose evaluation set a run with these parameters stored (as kedro-mlflow logs them)."""
+    run = client.create_run(client.create_experiment(f"{name}-runs"))
+    for key, value in params.items():
+        client.log_param(run.info.run_id, key, value)
+    client.create_registered_model(name, tags={"eval_set.uri": f"runs:/{run.info.run_id}/registry/eval_set.jsonl"})
+
+
+def test_the_corpus_of_the_evaluation_set_decides_refused_compared_or_free(tmp_path, caplog):
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
+    client = MlflowClient(uri, uri)
+    _model_with_eval_set_from(client, "demo", **{"corpus.reader.source": "people_daily", "corpus.reader.paths": "[]",
+                                                 "registry.eval_set.path": "None"})
+    _model_with_eval_set_from(client, "bench", **{"corpus.reader.source": "people_daily", "corpus.reader.paths": "[]",
+                                                  "registry.eval_set.path": "/data/bench.jsonl"})
+    html = {"reader": {"source": "html", "paths": ["/data/site"]}}
+    config = RegistryConfig.from_params({"model_name": "demo"})
+    check_same_corpus(client, config, {"reader": {"source": "people_daily", "max_bytes": 1000}})  # the same corpus
+    with pytest.raises(ConfigError, match=r"^registry\.model_name: registered model demo's evaluation set was made "
+                       r"from corpus people_daily \(its built-in corpus\), this run reads html \['/data/site'\].*"
+                       r"--params registry\.model_name=site_lm\), or set registry\.other_corpus: compare"):
+        check_same_corpus(client, config, html)
+    check_same_corpus(client, RegistryConfig.from_params({"model_name": "demo", "other_corpus": "compare"}), html)
+    assert "the gate compares across corpora on that set because registry.other_corpus is compare" in caplog.text
+    check_same_corpus(client, RegistryConfig.from_params({"model_name": "bench"}), html)  # a file: any corpus's
+    check_same_corpus(client, RegistryConfig.from_params({"model_name": "new_lm"}), html)  # no model yet
+    assert warn_small_eval_set("demo", 4, config) and not warn_small_eval_set("demo", 16, config)
+    assert "evaluation set holds 4 texts, fewer than registry.eval_set.min_texts 16" in caplog.text
 
 
 def _run(project: Path, params: dict, env: dict[str, str]) -> subprocess.CompletedProcess:
