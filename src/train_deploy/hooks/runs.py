@@ -228,8 +228,9 @@ class EndStoppedRun(OuterRunAware):
     ``FINISHED`` by MLflow's exit handler. (A process killed outright, by SIGKILL or a fatal signal, can do
     nothing: :class:`ProjectRunLock`'s watch ends that run ``FAILED``.)
 
-    While the pipeline runs, SIGTERM (when nobody else handles it) exits with status 143 through ``SystemExit``,
-    so ``finally`` blocks and exit handlers run, as Ctrl-C's ``KeyboardInterrupt`` does.
+    From the first ``before_pipeline_run`` hook to the end of the pipeline, SIGTERM (when nobody else handles it)
+    exits with status 143 through ``SystemExit``, so ``finally`` blocks and exit handlers run, as Ctrl-C's
+    ``KeyboardInterrupt`` does.
     """
 
     def __init__(self) -> None:
@@ -238,15 +239,17 @@ class EndStoppedRun(OuterRunAware):
 
     @hook_impl(wrapper=True)
     def before_pipeline_run(self):
-        try:
-            result = yield
-        except BaseException as error:  # Kedro calls no on_pipeline_error before the first node
-            end_mlflow_runs(self._outer_run_id, _stopped_status(error))
-            raise
-        atexit.register(self._end_abandoned)
+        # before the other hooks: a SIGTERM while kedro-mlflow opens the run or the checks run ends it KILLED too
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
             self._previous_sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+        try:
+            result = yield
+        except BaseException as error:  # Kedro calls no on_pipeline_error before the first node
+            self._restore()
+            end_mlflow_runs(self._outer_run_id, _stopped_status(error))
+            raise
+        atexit.register(self._end_abandoned)
         return result
 
     @hook_impl
