@@ -26,6 +26,14 @@ TEST_EXPORT = {"parity": {"samples": 4}, "latency": {"batch_sizes": [1, 2], "seq
                                                        "repeats": 1}}
 
 
+def fused_here() -> bool:
+    """Whether this machine runs Paddle's fused CPU kernels (the kernel probe): where it does not (no AVX-512),
+    the tests that would run the fused graph take the portable one, and the bundle ships that alone."""
+    from train_deploy.export.probe import fused_kernels
+
+    return fused_kernels().runs
+
+
 def export_params(**blocks) -> dict:
     params = {k: dict(v) for k, v in TEST_EXPORT.items()}
     for name, values in blocks.items():

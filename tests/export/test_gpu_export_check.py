@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.export.conftest import fused_here
 from train_deploy.export.config import LatencyConfig, ServerConfig
 from train_deploy.training.checkpoint import write_checkpoint
 from train_deploy.training.config import TrainingConfig
@@ -37,7 +38,7 @@ def tiny_server(tmp_path_factory) -> tuple[Path, Path]:
     model = build_model(TrainingConfig.from_params({"model": {"preset": "tiny"}}), vocab_size=VOCAB, eos_id=2)
     checkpoint = write_checkpoint(folder / "checkpoints", 1, dict(model.named_parameters()), {},
                                   {"step": 1, "model_config": model.config.to_dict()}, keep_last=1)
-    return checkpoint, save_server_model(load_inference_model(checkpoint), folder / "server")
+    return checkpoint, save_server_model(load_inference_model(checkpoint), folder / "server", portable=not fused_here())
 
 
 def test_a_failing_engine_prints_its_error_and_the_working_engine_its_numbers(gpu_export_check, tiny_server):

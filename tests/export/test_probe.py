@@ -57,9 +57,11 @@ def test_sigill_in_the_probe_is_one_logged_line_and_the_portable_choice_kept_on_
     assert time.perf_counter() - start < 0.5 and cache.stat().st_mtime_ns == written
 
 
-def test_the_real_kernels_run_here_and_a_timeout_is_not_kept(own_cache, monkeypatch):
-    verdict = fused_kernels()  # this machine has AVX-512
-    assert verdict.runs and verdict.kernels == {"swiglu": "ok", "fused_rms_norm": "ok"}
+def test_the_real_kernels_verdict_is_kept_and_a_timeout_is_not(own_cache, monkeypatch):
+    verdict = fused_kernels()  # Paddle 3.3.1's CPU fused_rms_norm runs where the CPU has AVX-512
+    avx512 = "avx512f" in this_cpu().get("flags", "").split()
+    assert verdict.runs == avx512
+    assert verdict.kernels == {"swiglu": "ok", "fused_rms_norm": "ok" if avx512 else "SIGILL"}
     probe._verdict.cache_clear()
     assert fused_kernels().source == "cache"
     monkeypatch.setattr(probe, "TIMEOUT_S", 3)
