@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import publish
-from tests.export.conftest import export_into, export_params, selected
+from tests.export.conftest import export_into, export_params, fused_here, selected
 from train_deploy.baselines import Baselines, ngram_baselines
 from train_deploy.evaluation import validation_windows
 from train_deploy.export.card import model_card
