@@ -65,10 +65,11 @@ _fault_log: IO[str] | None = None
 
 
 def install_termination_handler() -> None:
-    """Keep this process's handlers of :data:`PADDLE_SIGNALS` over Paddle's (idempotent; any thread).
+    """Keep this process's handlers of :data:`PADDLE_SIGNALS` over those of Paddle and PaddleNLP (idempotent).
 
     Call it before Paddle may be imported, in every process that imports it (the Kedro run, the served model):
-    it puts the handlers in place before the import back when the import ends. Called after Paddle was imported,
+    it puts the handlers in place before each import of :data:`PACKAGES_THAT_SET_HANDLERS` back when the import
+    ends, whatever thread imports it. Called after Paddle was imported,
     it resets Paddle's handlers and sets the Python ones again (from the main thread only)."""
     if not _has_sigaction():
         return
@@ -200,7 +201,7 @@ class RunWatch:
     Started once the run holds the lock and has its MLflow run: it waits on a pipe from this process, in a
     session of its own, ignoring SIGTERM, SIGINT and SIGHUP (a stopped run ends its MLflow run itself). The pipe
     closing without ``ended`` means this process died: the watch reads the holder record ``holder`` (the stage
-    and MLflow run) and the fatal signal ``faulthandler`` wrote into ``log``, says so in one log record on the
+    and MLflow run) and the fatal signal ``faulthandler`` wrote into ``log``, says so in three lines on the
     console and in the log, and ends the MLflow run ``FAILED`` (through ``tracking_uri``, in its environment)."""
 
     def __init__(self, holder: Path, log: Path | None, tracking_uri: str | None) -> None:
