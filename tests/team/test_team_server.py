@@ -1,18 +1,34 @@
 """docs/team-server.md, every command block run as written against a PostgreSQL cluster and mlflow server of the
 module's own (tests/team/conftest.py): the accounts and their refusals, a project on the server, serving with the
-server down, PostgreSQL restarted under the gate, and backup, schema upgrade and restore."""
+tracking server down, PostgreSQL restarted under the gate, and backup, schema upgrade and restore (last: it stops
+the server). The tests share the module's registry and run in this order."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import subprocess
+import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+import yaml
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
-from tests.team.conftest import guide_blocks
+from tests.conftest import tiny_runtime_params
+from tests.mlflow_server import MlflowServer, free_port
+from tests.registry.conftest import GateProcess
+from tests.team.conftest import GUIDE, guide_blocks
 
 pytestmark = pytest.mark.team
+MODEL = "train_deploy_lm"
+EVAL_SET = {"documents": 12, "max_chars": 60}
+TEXTS = ["今天天气很好。", "我们一起去学校。"]
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -24,6 +40,204 @@ def _status(url: str) -> int:
         return error.code
 
 
+def _client(team, account: str) -> MlflowClient:
+    """A client of the team server as ``account`` (MLflow reads the credentials from the environment)."""
+    os.environ.update(team.guide.credentials(account))
+    return MlflowClient(team.server.uri, team.server.uri)
+
+
+def _aliases(team) -> dict[str, str]:
+    model = _client(team, "admin").get_registered_model(MODEL)
+    return {alias: str(version) for alias, version in model.aliases.items()}
+
+
+def _registry(team, account: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """``train-deploy-registry *args`` as ``account``, in its own process."""
+    env = team.guide.environment(MLFLOW_TRACKING_URI=team.server.uri, **team.guide.credentials(account))
+    return subprocess.run([str(Path(sys.executable).parent / "train-deploy-registry"), *args], env=env,
+                          capture_output=True, text=True, timeout=180, check=False)
+
+
+@pytest.fixture(scope="module")
+def gate(team, tmp_path_factory, tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer):
+    """``gate(name, **registry)``: ``register_and_gate`` of the tiny bundle as the trainer, in a process of its
+    own (GateProcess) against the team server; its decision."""
+    from train_deploy.handoffs import Bundle
+    from train_deploy.registry.evalset import validation_texts
+    from train_deploy.registry.gate import version_tags
+
+    texts = validation_texts(tiny_token_files, tiny_tokenizer, EVAL_SET["documents"], EVAL_SET["max_chars"])
+    bundle = Bundle.read_folder(tiny_bundle)
+    tags = version_tags(bundle, tiny_token_files, tiny_run, "0123abc")
+
+    def run(name: str, during=None, **registry) -> dict[str, str]:
+        saved = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+        os.environ.update(team.guide.credentials("trainer"))  # GateProcess passes this process's environment on
+        try:
+            process = GateProcess(tmp_path_factory.mktemp(name) / "gate", team.server.uri, bundle,
+                                  {"model_name": MODEL, "eval_set": EVAL_SET, **registry}, tags, texts)
+        finally:
+            for key, value in saved.items():
+                os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
+        if during:
+            during(process)
+        return process.result()
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def two_versions(gate) -> tuple[str, str]:
+    """Versions 1 and 2 of the tiny bundle, registered by the trainer: champion 2, previous 1."""
+    first = gate("first")
+    assert first["decision"] == "first", first
+    second = gate("forced", force=True)
+    assert second["decision"] == "forced", second
+    return first["version"], second["version"]
+
+
+def test_every_block_of_the_guide_is_run_by_this_module():
+    source = Path(__file__).read_text(encoding="utf-8") + (Path(__file__).parent / "conftest.py").read_text()
+    blocks = guide_blocks()
+    assert {"databases", "auth-config", "server", "accounts", "project", "serving", "serve-local", "backup",
+            "upgrade", "restore"} <= set(blocks)
+    assert not [name for name in blocks if f'"{name}"' not in source]
+    assert GUIDE.read_text().count("```bash") == len(blocks) + 1  # the settings block: the test sets its own
+
+
 def test_the_server_refuses_a_client_without_credentials(team):
     assert _status(f"{team.server.uri}/api/2.0/mlflow/experiments/search?max_results=1") == 401
     assert _status(f"{team.server.uri}/health") == 200
+
+
+def test_roles_trainer_registers_server_reads_admin_rolls_back(team, two_versions):
+    first, second = two_versions
+    assert _aliases(team) == {"champion": second, "previous": first}
+
+    refused = _registry(team, "server", "rollback")
+    assert refused.returncode == 1, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "403" in refused.stderr and "EDIT" in refused.stderr and MODEL in refused.stderr, refused.stderr
+    assert team.guide.password("server") not in refused.stderr
+    assert _aliases(team) == {"champion": second, "previous": first}
+    assert _registry(team, "server", "history").returncode == 0
+    with pytest.raises(MlflowException, match="Permission denied"):
+        _client(team, "server").set_registered_model_alias(MODEL, "champion", first)
+    with pytest.raises(MlflowException, match="Permission denied"):
+        _client(team, "server").create_model_version(MODEL, "models:/train_deploy_lm/1")
+
+    rolled = _registry(team, "admin", "rollback")
+    assert rolled.returncode == 0, rolled.stderr
+    assert _aliases(team) == {"champion": first, "previous": second}
+    assert _registry(team, "trainer", "rollback").returncode == 0  # EDIT on the model: the trainer can too
+    assert _aliases(team) == {"champion": second, "previous": first}
+
+
+def test_a_project_runs_on_the_server_through_conf_team(team, project):
+    # The guide's run is the corpus stage; this project copy's conf/team makes it a tiny one.
+    (project / "conf" / "team" / "parameters_corpus.yml").write_text(yaml.safe_dump(tiny_runtime_params()))
+    done = team.guide.run("project", cwd=project)
+    assert "time (UTC)" in done.stdout, done.stdout  # the history, read by the trainer
+    client = _client(team, "admin")
+    runs = client.search_runs([client.get_experiment_by_name("train_deploy").experiment_id])
+    assert [run.info.status for run in runs] == ["FINISHED"]
+    assert runs[0].info.artifact_uri.startswith("mlflow-artifacts:/"), runs[0].info.artifact_uri
+    assert client.list_artifacts(runs[0].info.run_id)
+    assert not (project / "mlartifacts").exists() and not (project / "mlruns.db").exists()
+
+
+class _LocalServing(MlflowServer):
+    """The guide's ``serve-local`` block, as a process group answering /health."""
+
+    def __init__(self, team, folder: Path) -> None:
+        super().__init__(folder, free_port())
+        self.team = team
+
+    def command(self) -> list[str]:
+        return ["bash", "-euo", "pipefail", "-c", guide_blocks()["serve-local"]]
+
+    def environment(self) -> dict[str, str]:
+        return self.team.guide.environment(SERVE_PORT=str(self.port))
+
+
+@pytest.fixture
+def tracking_server_down(team) -> Iterator[None]:
+    team.server.stop()
+    try:
+        yield
+    finally:
+        team.server.start(timeout=120)
+
+
+def test_a_downloaded_champion_is_served_while_the_tracking_server_is_down(team, two_versions, tmp_path,
+                                                                             tiny_bundle, request):
+    from train_deploy.export.runtime import LanguageModel
+
+    host = tmp_path / "serving_host"
+    host.mkdir()
+    team.guide.run("serving", cwd=host)
+    request.getfixturevalue("tracking_server_down")
+    assert not _answers(f"{team.server.uri}/health")
+    serving = _LocalServing(team, host)
+    serving.start(timeout=240)
+    try:
+        body = {"dataframe_split": {"columns": ["text"], "data": [[text] for text in TEXTS]},
+                "params": {"task": "score"}}
+        scoring = urllib.request.Request(f"{serving.uri}/invocations", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with _OPENER.open(scoring, timeout=120) as response:
+            answer = json.loads(response.read())
+    finally:
+        serving.stop()
+    expected = LanguageModel.load(tiny_bundle).score(TEXTS)
+    assert [row["perplexity"] for row in answer["predictions"]] == pytest.approx(
+        [score.perplexity for score in expected], rel=1e-4)
+
+
+def _answers(url: str) -> bool:
+    try:
+        with _OPENER.open(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def test_postgresql_restarted_mid_gate_leaves_no_version_half_registered(team, gate, two_versions):
+    before = {v.version for v in _client(team, "admin").search_model_versions(f"name = '{MODEL}'")}
+
+    def restart_postgres(process: GateProcess) -> None:
+        process.wait_for("Created version")
+        team.cluster.restart()
+
+    result = gate("restarted", during=restart_postgres, force=True)
+    client = _client(team, "admin")
+    versions = {v.version: v for v in client.search_model_versions(f"name = '{MODEL}'")}
+    assert set(versions) == before | {result["version"]}, (before, result)
+    assert versions[result["version"]].status == "READY"
+    assert all(any(key.startswith("gate.") for key in v.tags) for v in versions.values()), \
+        {v.version: sorted(v.tags) for v in versions.values()}
+    assert _aliases(team)["champion"] == result["version"]
+    assert not client.search_registered_models(f"name = '{MODEL}.aliases-lock'")
+    assert "aliases.move" not in client.get_registered_model(MODEL).tags
+
+
+def test_backup_upgrade_and_restore(team, two_versions, tmp_path):
+    admin = _client(team, "admin")
+    versions = sorted(v.version for v in admin.search_model_versions(f"name = '{MODEL}'"))
+    aliases, history = _aliases(team), _registry(team, "server", "history").stdout
+    team.server.stop()
+    team.guide.run("backup")
+    team.guide.run("upgrade")
+    artifacts = Path(team.guide.settings["MLFLOW_ARTIFACTS"])
+    shutil.rmtree(artifacts)
+    artifacts.mkdir()
+    team.guide.run("restore")
+    team.server.start(timeout=120)
+    admin = _client(team, "admin")
+    assert sorted(v.version for v in admin.search_model_versions(f"name = '{MODEL}'")) == versions
+    assert _aliases(team) == aliases
+    assert _registry(team, "server", "history").stdout == history  # the accounts came back too
+    host = tmp_path / "after_restore"
+    host.mkdir()
+    team.guide.run("serving", cwd=host)  # the champion's artifacts came back
+    assert (host / "serving" / "champion" / "MLmodel").exists()

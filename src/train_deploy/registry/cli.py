@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(f"{args.model}: {event['reason']}\n")
     except (MlflowException, RollbackError, AliasMoveError, RegistryUnreachable) as exc:
         message = exc.message if isinstance(exc, MlflowException) else str(exc)
+        if isinstance(exc, MlflowException) and exc.get_http_status_code() == 403:  # a team server's account
+            needs, account = "READ" if args.command == "history" else "EDIT", os.environ.get("MLFLOW_TRACKING_USERNAME")
+            message = f"permission denied (HTTP 403) for {account!r}: needs {needs} on registered model {args.model}"
         first = message.strip().splitlines()[0] if message.strip() else repr(exc)
         sys.stderr.write(f"train-deploy-registry {args.command}: {redact_uri(uri)}: {redact_uri(first)}\n")
         return 1
