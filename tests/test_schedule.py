@@ -45,6 +45,13 @@ if mode in ("hold", "late_hold"):  # like kedro run: takes the project's run loc
         time.sleep(0.05)
     time.sleep(1 if mode == "late_hold" else 0)
     lock.release()
+if mode == "die":  # a run that dies of a signal in a node, holding the lock handed to it
+    import signal
+    from train_deploy.run_lock import RunConfig, RunLock
+    lock = RunLock(Path("data"))
+    lock.acquire(RunConfig(), "stand-in")
+    lock.record(node="export_bundle", stage="export")
+    os.kill(os.getpid(), signal.SIGILL)
 if mode == "group":  # a run with a training process of its own, in its process group
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     Path(str(log) + ".pids").write_text(f"{os.getpid()} {worker.pid}")
@@ -152,6 +159,23 @@ def test_two_schedulers_at_once_one_runs_the_other_skips_the_slot(stand_in):
     assert len(ran) == 1 and len(skipped) == 1, logs
     assert "started:" not in skipped[0] and "retry" not in "".join(logs)
     assert len(_runs(project)) == 1 and _holder(project) is None  # one run; the lock given back, undescribed
+
+
+def test_a_run_killed_by_a_signal_is_named_and_its_record_left_for_the_next_run(stand_in):
+    project, script = stand_in
+    scheduler = _schedule(project, script, "die", "--once")
+    _, err = scheduler.communicate(timeout=30)
+    assert scheduler.returncode == 128 + signal.SIGILL, err
+    assert re.search(r"INFO .*finished: killed by SIGILL after \d+\.\d s$", err, re.M)
+    [run] = _runs(project)
+    left = _holder(project)  # the scheduler gave the lock back, leaving what the dead run was doing
+    assert (left["pid"], left["node"], left["stage"]) == (run["pid"], "export_bundle", "export")
+    lock = RunLock(project / "data")
+    lock.acquire(RunConfig(), "next")
+    try:
+        assert lock.previous["pid"] == run["pid"] and lock.previous["node"] == "export_bundle"
+    finally:
+        lock.release()
 
 
 def test_held_run_lock_skips_a_slot_and_the_scheduler_keeps_going(stand_in):

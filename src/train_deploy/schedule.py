@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, stop.request)
     if schedule.cron is None:
         rc = run_with_retries(schedule, stop)
-        return 0 if stop.event.is_set() else rc
+        return 0 if stop.event.is_set() else 128 - rc if rc < 0 else rc  # killed by signal N: 128 + N, as shells say
     serve(schedule, stop)
     return 0
 
