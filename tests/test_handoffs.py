@@ -8,6 +8,7 @@ import pytest
 
 from train_deploy.handoffs import (
     CheckpointRef,
+    CheckpointState,
     DescriptionError,
     SplitInfo,
     TokenManifest,
@@ -42,5 +43,30 @@ def test_a_checkpoint_reference_comes_from_its_state(tmp_path):
     assert CheckpointRef.read_folder(tmp_path) == CheckpointRef(
         path=str(tmp_path), step=7, val_loss=2.5, averaged_from=["a/step_00000005", "a/step_00000007"], method="ema")
     (tmp_path / "state.json").write_text("{}")
-    with pytest.raises(DescriptionError, match=r"state.json: unreadable checkpoint state \(KeyError\('step'\)\)"):
+    with pytest.raises(DescriptionError, match=r"state.json: unreadable checkpoint state \(not a JSON object with a "
+                                               r"step\)$"):
         CheckpointRef.read_folder(tmp_path)
+    (tmp_path / "state.json").write_text('{"step": "seven"}')
+    with pytest.raises(DescriptionError, match=r"state.json: step: expected an integer, got 'seven'$"):
+        CheckpointRef.read_folder(tmp_path)
+
+
+def test_a_checkpoint_state_is_written_back_byte_for_byte_in_its_writers_key_order(tmp_path):
+    """Training's and averaging's state.json keep their key order and format (checkpoints stay byte-identical);
+    keys a checkpoint lacks stay out, a null validation loss stays in."""
+    trained = {"step": 3, "consumed_samples": 24, "val_loss": None, "lr": 0.001, "layout": {"dp": 1, "mp": 1},
+               "model_config": {"vocab_size": 64, "rope_scaling_type": None}, "training": {"init_from": "scratch"},
+               "data": {"corpus_fingerprint": "c"}, "parameters": 1000,
+               "files": {"model.safetensors": {"bytes": 8, "xxh3_128": "ab"}}}
+    averaged = {"step": 3, "model_config": {"vocab_size": 64}, "val_loss": None,
+                "averaged": {"fingerprint": "f", "method": "ema", "decay": 0.5, "weights": [0.25, 0.75],
+                             "sources": [{"path": "a", "step": 2, "xxh3_128": "cd"}], "copied_from_newest": ["n"],
+                             "note": "x"},
+                "files": {"model.safetensors": {"bytes": 8, "xxh3_128": "ef"}}}
+    again = tmp_path / "again"
+    again.mkdir()
+    for record in (trained, averaged):
+        text = json.dumps(record, indent=2)
+        (tmp_path / "state.json").write_text(text, encoding="utf-8")
+        CheckpointState.read(tmp_path).write(again)
+        assert (again / "state.json").read_text(encoding="utf-8") == text

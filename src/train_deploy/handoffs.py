@@ -268,6 +268,95 @@ class TrainingResult:
 
 
 @dataclass(kw_only=True, slots=True)
+class FileRecord:
+    """What ``state.json`` records of each other file of its checkpoint (``verify_checkpoint`` compares)."""
+
+    bytes: int
+    xxh3_128: str
+
+
+@dataclass(kw_only=True, slots=True)
+class AveragedSource:
+    """One checkpoint an average was made of."""
+
+    path: str
+    step: int | None = None
+    xxh3_128: str | None = None
+    """Of its model file, as averaging read it."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Averaging:
+    """How an averaged checkpoint's weights were made (``state.json``'s ``averaged``)."""
+
+    fingerprint: str | None = None
+    """Of the sources and the method: equal fingerprints, equal weights."""
+    method: str | None = None
+    """``uniform`` or ``ema``."""
+    decay: float | None = None
+    """``ema``'s decay; None for ``uniform``."""
+    weights: list[float] = field(default_factory=list)
+    sources: list[AveragedSource] = field(default_factory=list)
+    """Oldest first."""
+    copied_from_newest: list[str] = field(default_factory=list)
+    """Tensors taken from the newest source rather than averaged (integer and boolean ones)."""
+    note: str = ""
+
+
+_TRAINED_ORDER = ("step", "consumed_samples", "val_loss", "lr", "layout", "model_config", "training", "data",
+                  "parameters", "files")
+_AVERAGED_ORDER = ("step", "model_config", "data", "training", "parameters", "val_loss", "averaged", "files")
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointState:
+    """A checkpoint folder's ``state.json``, written by the training workers (rank 0) and by averaging, read
+    (:meth:`read`) by resuming, averaging, export and evaluation. Keys a checkpoint does not have (an averaged one
+    has no optimizer position; older ones may lack some) are None and left out of the file."""
+
+    step: int
+    consumed_samples: int | None = None
+    """Global sample index of the next batch: where a resumed run continues."""
+    val_loss: float | None = None
+    """The last evaluation's, when the checkpoint was written (None: none yet, or an average)."""
+    lr: float | None = None
+    layout: dict[str, int] | None = None
+    """The parallel layout that wrote it (``dp``, ``mp``, ``pp``, ``sharding_stage``); any layout reads it."""
+    model_config: dict[str, Any] | None = None
+    """PaddleNLP's ``LlamaConfig.to_dict()`` of the trained model."""
+    training: dict[str, Any] | None = None
+    """The run's ``TrainingConfig`` in its JSON form."""
+    data: dict[str, Any] | None = None
+    """The run's ``DataSpec`` in its JSON form (``corpus_fingerprint``: what it was trained on)."""
+    parameters: int | None = None
+    averaged: Averaging | None = None
+    files: dict[str, FileRecord] | None = None
+    """Every other file of the checkpoint by name: what it must be (None: written before files were recorded)."""
+
+    @classmethod
+    def read(cls, folder: Path) -> CheckpointState:
+        """The state of checkpoint ``folder``; every key and type checked, the file named in the error."""
+        path = Path(folder) / STATE_FILE
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:  # a missing file too: is the folder a checkpoint?
+            raise DescriptionError(f"{path}: unreadable checkpoint state ({exc})") from None
+        if not isinstance(data, dict) or "step" not in data:
+            raise DescriptionError(f"{path}: unreadable checkpoint state (not a JSON object with a step)")
+        return from_json(cls, data, str(path))
+
+    def record(self) -> dict[str, Any]:
+        """The JSON form, keys in the order each writer has always used (so checkpoints stay byte-identical)."""
+        data = to_json(self)
+        order = _AVERAGED_ORDER if self.averaged is not None else _TRAINED_ORDER
+        return {key: data[key] for key in order if data[key] is not None or key == "val_loss"}
+
+    def write(self, folder: Path) -> None:
+        """Write ``folder/state.json`` (inside a folder still being staged: no atomic rename of its own)."""
+        (Path(folder) / STATE_FILE).write_text(json.dumps(self.record(), indent=2), encoding="utf-8")
+
+
+@dataclass(kw_only=True, slots=True)
 class CheckpointRef:
     """One checkpoint folder (``model.safetensors`` + ``state.json``) and what its state says of it."""
 
@@ -284,17 +373,11 @@ class CheckpointRef:
     @classmethod
     def read_folder(cls, folder: Path) -> CheckpointRef:
         """The reference to a checkpoint folder, from its ``state.json``."""
-        path = Path(folder) / STATE_FILE
-        try:
-            state = json.loads(path.read_text(encoding="utf-8"))
-            averaged = state.get("averaged") or {}
-            return cls(path=str(folder), step=int(state["step"]), val_loss=state.get("val_loss"),
-                       averaged_from=[s["path"] for s in averaged.get("sources", [])], method=averaged.get("method"),
-                       fingerprint=averaged.get("fingerprint"))
-        except FileNotFoundError:
-            raise DescriptionError(f"{path}: missing") from None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise DescriptionError(f"{path}: unreadable checkpoint state ({exc!r})") from None
+        state = CheckpointState.read(folder)
+        averaged = state.averaged or Averaging()
+        return cls(path=str(folder), step=state.step, val_loss=state.val_loss,
+                   averaged_from=[source.path for source in averaged.sources], method=averaged.method,
+                   fingerprint=averaged.fingerprint)
 
 
 @dataclass(kw_only=True, slots=True)

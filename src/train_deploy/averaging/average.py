@@ -25,15 +25,14 @@ import numpy as np
 from train_deploy.averaging.config import AveragingConfig
 from train_deploy.averaging.streaming import DirectSink, ReadAhead
 from train_deploy.evaluation import portable_model_config
-from train_deploy.handoffs import CheckpointRef
+from train_deploy.handoffs import AveragedSource, Averaging, CheckpointRef, CheckpointState, FileRecord
 from train_deploy.training.checkpoint import (
-    FILES_KEY,
     MODEL_FILE,
     STATE_FILE,
     CheckpointError,
     check_digest,
+    checkpoint_state,
     complete_checkpoints,
-    read_state,
     safetensors_header,
     verify_checkpoint,
 )
@@ -46,7 +45,7 @@ _FLOATING = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 def select_checkpoints(folder: str | Path, config: AveragingConfig) -> list[Path]:
     """The checkpoints in ``folder`` to average, oldest first; a damaged one (wrong size) stops it."""
     found = complete_checkpoints(Path(folder))
-    by_step = {read_state(p)["step"]: p for p in found}
+    by_step = {checkpoint_state(p).step: p for p in found}
     if config.select == "steps":
         missing = [s for s in config.steps if s not in by_step]
         if missing:
@@ -54,7 +53,7 @@ def select_checkpoints(folder: str | Path, config: AveragingConfig) -> list[Path
                                   f"available: {sorted(by_step)}")
         chosen = [by_step[s] for s in sorted(set(config.steps))]
     elif config.select == "best_k":
-        scored = [(read_state(p).get("val_loss"), p) for p in found]
+        scored = [(checkpoint_state(p).val_loss, p) for p in found]
         scored = [(loss, p) for loss, p in scored if loss is not None]
         chosen = sorted(p for _, p in sorted(scored, key=lambda item: item[0])[: config.k])
     else:
@@ -89,7 +88,7 @@ def check_compatible(paths: list[Path]) -> dict[str, Any]:
     """
     first = paths[0]
     reference = safetensors_header(first / MODEL_FILE)
-    reference_config = _model(read_state(first))
+    reference_config = _model(checkpoint_state(first))
     for other in paths[1:]:
         header = safetensors_header(other / MODEL_FILE)
         for key in sorted(set(reference) | set(header)):
@@ -100,14 +99,13 @@ def check_compatible(paths: list[Path]) -> dict[str, Any]:
                 if header[key][field] != reference[key][field]:
                     raise CheckpointError(f"tensor {key!r}: {field} {reference[key][field]} in {first / MODEL_FILE} "
                                           f"but {header[key][field]} in {other / MODEL_FILE}")
-        if _model(read_state(other)) != reference_config:
+        if _model(checkpoint_state(other)) != reference_config:
             raise CheckpointError(f"model configuration differs between {first / STATE_FILE} and {other / STATE_FILE}")
     return reference
 
 
-def _model(state: dict[str, Any]) -> dict[str, Any] | None:
-    config = state.get("model_config")
-    return None if config is None else portable_model_config(config)
+def _model(state: CheckpointState) -> dict[str, Any] | None:
+    return None if state.model_config is None else portable_model_config(state.model_config)
 
 
 def averaging_fingerprint(paths: list[Path], config: AveragingConfig) -> str:
@@ -135,24 +133,24 @@ def average_checkpoints(paths: list[Path], config: AveragingConfig, folder: Path
                                              metadata={"format": "pt", "method": config.method})
     for path, state, digest in zip(paths, states, hashes, strict=True):
         check_digest(path / MODEL_FILE, state, digest)
-    newest = states[-1]
-    state = {
-        **{k: newest[k] for k in ("step", "model_config", "data", "training", "parameters") if k in newest},
-        "val_loss": None,
-        "averaged": {
-            "fingerprint": averaging_fingerprint(paths, config),
-            "method": config.method, "decay": config.decay if config.method == "ema" else None,
-            "weights": [float(w) for w in weights],
-            "sources": [{"path": str(p), "step": st["step"], "xxh3_128": h}
-                        for p, st, h in zip(paths, states, hashes, strict=True)],
-            "copied_from_newest": copied,
-            "note": "integer and boolean tensors are not averaged: they are taken from the newest checkpoint",
-        },
-        FILES_KEY: {MODEL_FILE: written},
-    }
-    (Path(folder) / STATE_FILE).write_text(json.dumps(state, indent=2), encoding="utf-8")
+    newest = checkpoint_state(paths[-1])
+    state = CheckpointState(
+        step=newest.step, model_config=newest.model_config, data=newest.data, training=newest.training,
+        parameters=newest.parameters, val_loss=None,
+        averaged=Averaging(
+            fingerprint=averaging_fingerprint(paths, config),
+            method=config.method, decay=config.decay if config.method == "ema" else None,
+            weights=[float(w) for w in weights],
+            sources=[AveragedSource(path=str(p), step=st["step"], xxh3_128=h)
+                     for p, st, h in zip(paths, states, hashes, strict=True)],
+            copied_from_newest=copied,
+            note="integer and boolean tensors are not averaged: they are taken from the newest checkpoint",
+        ),
+        files={MODEL_FILE: FileRecord(**written)},
+    )
+    state.write(folder)
     logger.info("Averaged %d checkpoints (%s): steps %s", len(paths), config.method,
-                [source["step"] for source in state["averaged"]["sources"]])
+                [source.step for source in state.averaged.sources])
     return CheckpointRef.read_folder(folder)
 
 

@@ -13,6 +13,7 @@ never deleted.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from train_deploy.atomic import atomic_folder, fsync_dir
-from train_deploy.handoffs import STATE_FILE
+from train_deploy.handoffs import STATE_FILE, CheckpointState, DescriptionError, FileRecord, from_json
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +90,14 @@ def _set_aside(folder: Path) -> str:
 
 
 def write_checkpoint(output_dir: Path, step: int, model: dict[str, Any], optimizer: dict[str, Any],
-                     state: dict[str, Any], keep_last: int) -> Path:
-    """Write a checkpoint atomically (paddle Tensors; its files recorded in ``state.json``); prune old ones."""
+                     state: CheckpointState | dict[str, Any], keep_last: int) -> Path:
+    """Write a checkpoint atomically (paddle Tensors; its files recorded in ``state.json``); prune old ones.
+    ``state`` may also be a mapping of :class:`CheckpointState`'s keys (tests write small ones)."""
     import paddle
     from safetensors.paddle import save_file
 
+    if not isinstance(state, CheckpointState):
+        state = from_json(CheckpointState, dict(state), STATE_FILE)
     output_dir = Path(output_dir)
     final = step_dir(output_dir, step)
     with atomic_folder(final) as tmp:  # a rerun of the same step replaces it whole
@@ -101,22 +105,25 @@ def write_checkpoint(output_dir: Path, step: int, model: dict[str, Any], optimiz
         save_file(optimizer, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt", "step": str(step)})
         (tmp / RNG_FILE).write_text(json.dumps(rng_state(paddle.get_rng_state())), encoding="utf-8")
         # state.json last: it records what the other files must be, for verify_checkpoint
-        files = {name: file_record(tmp / name) for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE)}
-        (tmp / STATE_FILE).write_text(json.dumps({**state, FILES_KEY: files}, indent=2), encoding="utf-8")
+        files = {name: FileRecord(**file_record(tmp / name)) for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE)}
+        dataclasses.replace(state, files=files).write(tmp)
     for old in complete_checkpoints(output_dir)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def read_state(folder: Path) -> dict[str, Any]:
-    path = Path(folder) / STATE_FILE
+def checkpoint_state(folder: Path) -> CheckpointState:
+    """``folder``'s ``state.json``, typed (:meth:`CheckpointState.read`); a bad one raises :class:`CheckpointError`."""
     try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(f"{path}: unreadable checkpoint state ({exc})") from None
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{path}: unreadable checkpoint state (not a JSON object)")
-    return state
+        return CheckpointState.read(folder)
+    except DescriptionError as exc:
+        raise CheckpointError(str(exc)) from None
+
+
+def read_state(folder: Path) -> dict[str, Any]:
+    """``folder``'s ``state.json`` in its JSON form (:func:`checkpoint_state`'s record), for the callers that index
+    it (export, evaluation)."""
+    return checkpoint_state(folder).record()
 
 
 def file_record(path: Path) -> dict[str, Any]:
@@ -139,28 +146,25 @@ def verify_checkpoint(folder: Path, files: Iterable[str] | None = None, *, conte
     safetensors files (``files``, else model and optimizer) have a header that describes their size.
     """
     folder = Path(folder)
-    state = read_state(folder)
-    recorded = state.get(FILES_KEY)
-    if recorded is None:
+    state = checkpoint_state(folder)
+    if state.files is None:
         for name in files if files is not None else (MODEL_FILE, OPTIMIZER_FILE):
             safetensors_header(folder / name)
-        return state
-    if not isinstance(recorded, dict):
-        raise CheckpointError(f"{folder / STATE_FILE}: {FILES_KEY!r} is not a mapping of file records")
-    for name in files if files is not None else recorded:
-        record = recorded.get(name)
-        if not isinstance(record, dict):
+        return state.record()
+    for name in files if files is not None else state.files:
+        record = state.files.get(name)
+        if record is None:
             raise CheckpointError(f"{folder / STATE_FILE}: no record of {name}")
         path = folder / name
         if not path.is_file():
             raise CheckpointError(f"{path}: missing")
         size = path.stat().st_size
-        if size != record.get("bytes"):
-            raise CheckpointError(f"{path}: {size} bytes, {STATE_FILE} records {record.get('bytes')} (truncated or "
+        if size != record.bytes:
+            raise CheckpointError(f"{path}: {size} bytes, {STATE_FILE} records {record.bytes} (truncated or "
                                   "overwritten)")
         if contents:
-            check_digest(path, state, file_record(path)["xxh3_128"])
-    return state
+            check_digest(path, state.record(), file_record(path)["xxh3_128"])
+    return state.record()
 
 
 def check_digest(path: Path, state: dict[str, Any], digest: str) -> None:
@@ -303,7 +307,7 @@ def training_state(model, optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
     return weights, moments
 
 
-def restore_training_state(model, optimizer, folder: Path) -> dict[str, Any]:
+def restore_training_state(model, optimizer, folder: Path) -> CheckpointState:
     """Load a checkpoint into the already parallelised ``model`` and ``optimizer``; return its ``state.json``.
 
     Each tensor is sharded as this run's layout and ZeRO stage want it, whatever layout saved it. Master
@@ -312,7 +316,7 @@ def restore_training_state(model, optimizer, folder: Path) -> dict[str, Any]:
     the run continues as if it had not stopped.
     """
     folder = Path(folder)
-    state = read_state(folder)
+    state = checkpoint_state(folder)
     weights = read_tensors(folder / MODEL_FILE)
     params = dict(model.named_parameters())
     check_weights(weights, {name: p.shape for name, p in params.items()}, folder / MODEL_FILE)

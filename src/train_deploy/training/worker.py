@@ -32,7 +32,7 @@ import numpy as np
 
 from train_deploy.config import ConfigError
 from train_deploy.evaluation import mean_token_loss, next_token_loss, perplexity, validation_windows
-from train_deploy.handoffs import TrainingResult, read_json, to_json, write_json
+from train_deploy.handoffs import CheckpointState, TrainingResult, read_json, to_json, write_json
 from train_deploy.training.checkpoint import (
     latest_intact_checkpoint,
     restore_training_state,
@@ -321,11 +321,11 @@ def resume(trainer: Trainer) -> Progress:
     if latest is None:
         return Progress()
     state = restore_training_state(trainer.model, trainer.optimizer, latest)
-    progress = Progress(step=state["step"], consumed_samples=state["consumed_samples"])
+    progress = Progress(step=state.step, consumed_samples=state.consumed_samples or 0)
     trainer.lr.last_epoch = progress.step
     trainer.lr.last_lr = trainer.lr.get_lr()
     logger.info("Resumed from %s: step %d, %d samples consumed (saved with dp=%d mp=%d, now dp=%d mp=%d)",
-                latest, progress.step, progress.consumed_samples, state["layout"]["dp"], state["layout"]["mp"],
+                latest, progress.step, progress.consumed_samples, state.layout["dp"], state.layout["mp"],
                 job.layout.dp, job.layout.mp)
     return progress
 
@@ -431,11 +431,12 @@ def save(trainer: Trainer, progress: Progress, size: ModelSize) -> None:
     job, layout = trainer.job, trainer.job.layout
     weights, moments = training_state(trainer.model, trainer.optimizer)
     if job.is_master:
-        state = {"step": progress.step, "consumed_samples": progress.consumed_samples, "val_loss": progress.val_loss,
-                 "lr": trainer.lr.get_lr(),
-                 "layout": {"dp": layout.dp, "mp": layout.mp, "pp": layout.pp, "sharding_stage": layout.sharding_stage},
-                 "model_config": trainer.model.config.to_dict(), "training": to_json(job.spec.training),
-                 "data": to_json(job.spec.data), "parameters": size.parameters}
+        state = CheckpointState(
+            step=progress.step, consumed_samples=progress.consumed_samples, val_loss=progress.val_loss,
+            lr=trainer.lr.get_lr(),
+            layout={"dp": layout.dp, "mp": layout.mp, "pp": layout.pp, "sharding_stage": layout.sharding_stage},
+            model_config=trainer.model.config.to_dict(), training=to_json(job.spec.training),
+            data=to_json(job.spec.data), parameters=size.parameters)
         path = write_checkpoint(Path(job.spec.checkpoints), progress.step, weights, moments, state,
                                 job.config.schedule.keep_last)
         logger.info("Checkpoint %s", path)

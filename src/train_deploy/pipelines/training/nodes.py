@@ -19,8 +19,10 @@ from train_deploy.training.spec import RunSpec
 
 logger = logging.getLogger(__name__)
 
-SCRATCH = InitSource(requested="scratch", tokenizer_config_fingerprint="")
-"""The start of a run without the corpus stage's ``init_source`` (tests, a single node run)."""
+
+def _scratch() -> InitSource:
+    """The start of a run without the corpus stage's ``init_source`` (a node run on its own, tests)."""
+    return InitSource(requested="scratch", tokenizer_config_fingerprint="")
 
 
 def configure_training(training: dict[str, Any], token_files: TokenManifest,
@@ -30,7 +32,7 @@ def configure_training(training: dict[str, Any], token_files: TokenManifest,
     scratch), checked against that source and against the tokenizer and world size (the parallel layout), so an
     invalid run fails before any worker starts."""
     config = TrainingConfig.from_params(training)
-    source = init_source or SCRATCH
+    source = init_source or _scratch()
     check_source_current(config.init_from, source)
     config = warm_start(config, source)
     check_layout(config, source, token_files.tokenizer.vocab_size)
@@ -41,7 +43,7 @@ def train_model(config: TrainingConfig, token_files: TokenManifest, checkpoints:
                 training_logs: WorkFolder, init_source: InitSource | None = None) -> TrainingResult:
     """Return the training result after running (or resuming) the job with Paddle's launcher, from the weights
     ``init_source`` names (None: scratch); ``config`` is :func:`configure_training`'s."""
-    init_source = init_source or SCRATCH
+    init_source = init_source or _scratch()
     data = DataSpec.of(token_files)
     layout = resolve_layout(config, config.world_size, config.model.shape().get("vocab_size", data.vocab_size))
     run_name = _run_name(config, token_files, init_source)
