@@ -20,10 +20,12 @@ import yaml
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from tests.conftest import tiny_runtime_params
+from tests.conftest import REPO, cli_params, tiny_runtime_params
 from tests.mlflow_server import MlflowServer, free_port
 from tests.registry.conftest import GateProcess
 from tests.team.conftest import GUIDE, guide_blocks
+from tests.test_retrain import _params as _retrain_params
+from tests.test_retrain import _write_corpus
 
 pytestmark = pytest.mark.team
 MODEL = "train_deploy_lm"
@@ -219,6 +221,105 @@ def test_postgresql_restarted_mid_gate_leaves_no_version_half_registered(team, g
     assert _aliases(team)["champion"] == result["version"]
     assert not client.search_registered_models(f"name = '{MODEL}.aliases-lock'")
     assert "aliases.move" not in client.get_registered_model(MODEL).tags
+
+
+TWO_MACHINES_MODEL = "two_machines_lm"
+A_LEARNING_RATE = 0.005  # machine A's second cycle trains with another configuration than B's
+TRAIN_DEPLOY = Path(sys.executable).parent / "train-deploy"
+
+
+def _machine(root: Path) -> Path:
+    """A project copy as the ``project`` fixture makes one: a "machine" of its own (data/, run lock, logs)."""
+    shutil.copytree(REPO / "conf", root / "conf", ignore=shutil.ignore_patterns("local"))
+    (root / "conf" / "local").mkdir()
+    for name in ("pyproject.toml", ".telemetry"):
+        shutil.copy(REPO / name, root / name)
+    (root / "src").mkdir()
+    return root
+
+
+def _schedule(team, machine: Path, corpus: Path, **training) -> subprocess.Popen[str]:
+    """``train-deploy schedule --once --env team`` of the tiny whole pipeline on ``machine``, as the trainer."""
+    params = _retrain_params(corpus, training=training, registry={"model_name": TWO_MACHINES_MODEL})
+    env = team.guide.environment(TRAIN_DEPLOY_TEAM_SERVER=team.server.uri, **team.guide.credentials("trainer"))
+    return subprocess.Popen([str(TRAIN_DEPLOY), "schedule", "--once", "--env", "team", "--params",
+                             ",".join(cli_params(params))], cwd=machine, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
+def _finished(process: subprocess.Popen[str], timeout: float = 900) -> str:
+    try:
+        out, _ = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        raise
+    assert process.returncode == 0, out[-4000:]
+    return out
+
+
+@pytest.mark.slow
+def test_two_machines_one_registry_and_a_serving_host(team, tmp_path):
+    corpus = tmp_path / "shared" / "corpus.txt"  # the corpus both machines read (a shared mount)
+    corpus.parent.mkdir()
+    _write_corpus(corpus, 0, 700)
+    first, second = _machine(tmp_path / "machine_a"), _machine(tmp_path / "machine_b")
+    _finished(_schedule(team, first, corpus, init_from="scratch"))  # cycle 1: version 1, champion
+
+    host = tmp_path / "serving_host"  # no access to either project's disk: the model comes through the server
+    serving = _ChampionServing(team, host)
+    serving.start(timeout=300)
+    try:
+        _write_corpus(corpus, 700, 800, mode="a")  # cycle 2: new text; both machines at once
+        runs = [_schedule(team, first, corpus, init_from="champion", optimizer={"learning_rate": A_LEARNING_RATE}),
+                _schedule(team, second, corpus, init_from="champion")]
+        _finished(runs[0]), _finished(runs[1])
+        third = _finished(_schedule(team, first, corpus, init_from="champion"))  # cycle 3: B's configuration
+        assert _score(serving)  # the host served the champion it started with throughout
+    finally:
+        serving.stop()
+
+    admin = _client(team, "admin")
+    versions = {v.version: v for v in admin.search_model_versions(f"name = '{TWO_MACHINES_MODEL}'")}
+    assert len(versions) == 3, sorted(versions)
+    runs_of = {v.version: admin.get_run(v.run_id) for v in versions.values()}
+    (from_b,) = [number for number, run in runs_of.items() if number != "1"
+                 and run.data.params.get("training.optimizer.learning_rate") != str(A_LEARNING_RATE)]
+    assert all(runs_of[number].data.tags.get("init_from.champion_version") == "1" for number in versions
+               if number != "1"), {n: r.data.tags for n, r in runs_of.items()}  # each picked up the champion
+    assert f"version {from_b}" in third and "nothing to retrain" in third, third[-3000:]
+    decisions = [v.tags["gate.decision"] for v in versions.values()]
+    assert decisions.count("first") == 1 and "failed" not in decisions, decisions
+    champion = admin.get_registered_model(TWO_MACHINES_MODEL).aliases["champion"]
+    best = min(float(v.tags["gate.candidate"]) for v in versions.values())
+    assert float(versions[str(champion)].tags["gate.candidate"]) <= best * 1.01  # within min_improvement
+    statuses = {run.info.status for run in admin.search_runs(
+        [admin.get_experiment_by_name("train_deploy").experiment_id])}
+    assert statuses == {"FINISHED"}, statuses  # no RUNNING run
+
+
+class _ChampionServing(MlflowServer):
+    """``mlflow models serve -m models:/two_machines_lm@champion`` as the server account, from an empty folder."""
+
+    def __init__(self, team, folder: Path) -> None:
+        super().__init__(folder, free_port())
+        self.team = team
+
+    def command(self) -> list[str]:
+        return [str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m",
+                f"models:/{TWO_MACHINES_MODEL}@champion", "--env-manager", "local", "--host", "127.0.0.1",
+                "--port", str(self.port)]
+
+    def environment(self) -> dict[str, str]:
+        return self.team.guide.environment(MLFLOW_TRACKING_URI=self.team.server.uri,
+                                           **self.team.guide.credentials("server"))
+
+
+def _score(serving: MlflowServer) -> list[dict]:
+    body = {"dataframe_split": {"columns": ["text"], "data": [[text] for text in TEXTS]}, "params": {"task": "score"}}
+    scoring = urllib.request.Request(f"{serving.uri}/invocations", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with _OPENER.open(scoring, timeout=120) as response:
+        return json.loads(response.read())["predictions"]
 
 
 def test_backup_upgrade_and_restore(team, two_versions, tmp_path):
