@@ -29,7 +29,9 @@ import pytest
 from tests.conftest import REPO
 from tests.mlflow_server import HOST, MlflowServer, free_port
 
-PG_BIN = Path("/usr/lib/postgresql/15/bin")
+# Debian's and Ubuntu's server packages (postgresql-NN); the newest installed.
+PG_BIN = max(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]),
+             default=Path("/none/initdb")).parent
 PG_ACCOUNT = "train_deploy_pg"
 GUIDE = REPO / "docs" / "team-server.md"
 _BLOCK = re.compile(r"<!-- run: ([\w-]+)[^>]*-->\n```bash\n(.*?)```", re.S)
@@ -180,6 +182,8 @@ class Team:
 @pytest.fixture(scope="module")
 def team(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Team]:
     """The guide's databases, server and accounts on a fresh cluster; everything stopped and removed after."""
+    if not (PG_BIN / "initdb").exists() or not shutil.which("psql"):
+        pytest.skip("PostgreSQL server and client are not installed (Debian: apt-get install postgresql)")
     cluster = PostgresCluster(Path(tempfile.mkdtemp(prefix="train_deploy_pg_")), free_port())
     root = tmp_path_factory.mktemp("team")
     (root / "home").mkdir()
