@@ -69,8 +69,17 @@ def test_unpinned_the_fastest_engine_the_host_runs_is_chosen_by_the_exports_figu
     fused(False)
     choice = choose_engine(folder, meta, "auto", "cpu")
     assert (choice.backend, choice.form, choice.graph) == ("onnx", "onnx_fp32", None)
-    assert choice.why.startswith("ONNX Runtime fp32: the fastest this host runs at export's figures "
-                                 "(paddle_portable 25 ms/token, onnx_fp32 5 ms/token)")
+    assert choice.why == ("ONNX Runtime fp32: the fastest this host runs at export's figures (paddle_portable 25 "
+                          "ms/token, onnx_fp32 5 ms/token); not the fused graph: TRAIN_DEPLOY_FUSED_KERNELS=off")
+    # where the fused kernels run but the portable graph is faster (two threads on this machine), it is taken
+    folder, meta = bundle_folder(tmp_path / "e", BOTH, generation={"paddle_inference": 9.0, "paddle_portable": 5.0,
+                                                                     "onnx_fp32": 6.0})
+    fused(True)
+    choice = choose_engine(folder, meta, None, "cpu")
+    assert (choice.form, choice.graph) == ("paddle_portable", "server_portable")
+    assert choice.why.startswith("Paddle Inference, portable graph (server_portable/): the fastest this host runs")
+    assert choose_engine(folder, meta, "paddle", "cpu").graph == "server"  # pinned: the fused graph where it runs
+    fused(False)
     assert choose_engine(folder, meta, "auto", "gpu").form == "paddle_inference"
     # without generation figures, the forward pass's p50 at the smallest batch
     folder, meta = bundle_folder(tmp_path / "c", BOTH, forward={"paddle_portable": 3.0, "onnx_fp32": 6.0})
@@ -93,8 +102,8 @@ def test_a_format_7_bundle_on_a_cpu_that_cannot_run_it_is_refused_in_one_line_or
                        "cannot run (TRAIN_DEPLOY_FUSED_KERNELS=off); re-export it with kedro run --pipelines export")
     assert "\n" not in refused
     unpinned = choose_engine(folder, meta, None, "cpu")
-    assert unpinned.form == "onnx_fp32" and unpinned.refusal is None and "no server graph this host can run" \
-        in unpinned.why
+    assert unpinned.form == "onnx_fp32" and unpinned.refusal is None and "not the fused graph: TRAIN_DEPLOY_FUSED" \
+        "_KERNELS=off" in unpinned.why
 
 
 def test_graphs_of_bundle_json_are_read_typed_and_named(tmp_path):

@@ -7,9 +7,10 @@ where the kernel probe passes (``probe.py``); otherwise the portable graph does.
 the fused graph.
 
 ``backend="paddle"`` runs Paddle Inference on the graph the host can run; ``"onnx"`` ONNX Runtime.
-With no backend pinned (``None`` or ``"auto"``), the fastest correct (float32) engine the host can run is
-chosen from the figures measured at export (``latency.json``: milliseconds per new token of a greedy
-generation, else the forward pass's p50 at the smallest batch); on GPU, Paddle Inference's fused graph.
+With no backend pinned (``None`` or ``"auto"``), the fastest correct (float32) engine and graph the host can run
+(the fused graph where it runs, the portable graph, ONNX Runtime fp32) is chosen from the figures measured at
+export (``latency.json``: milliseconds per new token of a greedy generation, else the forward pass's p50 at
+the smallest batch); on GPU, Paddle Inference's fused graph.
 """
 
 from __future__ import annotations
@@ -79,28 +80,31 @@ def choose_engine(folder: Path, meta: dict[str, Any], backend: str | None, devic
         return Choice("onnx", "onnx_fp32", None, "ONNX Runtime (asked for)")
     graphs = bundle_graphs(folder, meta)
     probe = fused_kernels(device) if any(graph.kernels for graph in graphs.values()) else None
-    runnable = [name for name, graph in graphs.items() if not graph.kernels or probe.runs]
-    graph = sorted(runnable, key=lambda name: not graphs[name].kernels)[0] if runnable else None  # fused first
-    why = _graph_reason(graph, graphs, probe)
+    runnable = sorted((name for name, graph in graphs.items() if not graph.kernels or probe.runs),
+                      key=lambda name: not graphs[name].kernels)  # the fused graph first
+    graph = runnable[0] if runnable else None
     if backend == "paddle" or device == "gpu":
+        why = _graph_reason(graph, graphs, probe)
         if graph is None:
             return Choice("paddle", "", None, why, refusal=_refusal(folder, meta, probe))
         return Choice("paddle", GRAPH_FORMS[graph], graph, f"Paddle Inference, {why}"
                       + (" (asked for)" if backend == "paddle" else " (the device is a GPU)"))
-    candidates = {GRAPH_FORMS[graph]: graph} if graph else {}
+    candidates: dict[str, str | None] = {GRAPH_FORMS[name]: name for name in runnable}
     if (Path(folder) / "edge" / ONNX_FILE).is_file():
         candidates["onnx_fp32"] = None
-    figures, unit = speed_figures(folder, list(candidates))
     if not candidates:
-        return Choice("paddle", "", None, why, refusal=_refusal(folder, meta, probe))
+        return Choice("paddle", "", None, "", refusal=_refusal(folder, meta, probe))
+    figures, unit = speed_figures(folder, list(candidates))
     form = min(candidates, key=lambda name: figures.get(name, float("inf")))
     if form not in figures:  # no figures: Paddle Inference when it can run, as before
         form = next(iter(candidates))
     measured = ", ".join(f"{name} {value:.3g} {unit}" for name, value in figures.items()) or "no figures"
-    engine = "ONNX Runtime fp32" if form == "onnx_fp32" else f"Paddle Inference, {why}"
+    engine = "ONNX Runtime fp32" if form == "onnx_fp32" else \
+        f"Paddle Inference, {_graph_reason(candidates[form], graphs, probe)}"
+    unrunnable = "" if probe is None or probe.runs else f"; not the fused graph: {probe.reason}"
     return Choice("onnx" if form == "onnx_fp32" else "paddle", form, candidates[form],
                   f"{engine}: the fastest this host runs at export's figures ({measured})"
-                  + ("" if graph or form != "onnx_fp32" else f"; {why}"))
+                  + (unrunnable if form == "onnx_fp32" else ""))
 
 
 def _graph_reason(graph: str | None, graphs: dict[str, ServerGraph], probe: KernelProbe | None) -> str:
@@ -109,7 +113,7 @@ def _graph_reason(graph: str | None, graphs: dict[str, ServerGraph], probe: Kern
     if graphs[graph].kernels:
         return f"fused graph ({graph}/: {probe.reason})"
     fused = [name for name, g in graphs.items() if g.kernels]
-    return f"portable graph ({graph}/" + (f"; not {fused[0]}/: {probe.reason})" if fused else ")")
+    return f"portable graph ({graph}/" + (f"; not {fused[0]}/: {probe.reason})" if fused and not probe.runs else ")")
 
 
 def _refusal(folder: Path, meta: dict[str, Any], probe: KernelProbe | None) -> str:
