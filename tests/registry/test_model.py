@@ -197,7 +197,7 @@ BAD_REQUESTS = {
     "unknown task": (lambda b: pd.DataFrame({"text": ["今天"]}), {"task": "translate"},
                      r"params.task: 'translate' is not one of score, generate"),
     "unknown backend": (lambda b: pd.DataFrame({"text": ["今天"]}), {"backend": "tensorrt"},
-                        r"params.backend: 'tensorrt' is not one of paddle, onnx"),
+                        r"params.backend: 'tensorrt' is not one of auto, paddle, onnx"),
     "int8 on paddle": (lambda b: pd.DataFrame({"text": ["今天"]}), {"int8": True},
                        r"params.int8: the int8 model is ONNX; ask for backend 'onnx'"),
     "negative max_new_tokens": (lambda b: pd.DataFrame({"text": ["今天"]}), {"task": "generate", "max_new_tokens": -1},
