@@ -60,9 +60,9 @@ def test_a_validation_split_too_small_to_evaluate_is_refused_before_training_sta
 
 
 def readme_commands(marker: str) -> list[str]:
-    """The commands of README's "Using your own corpus" code blocks that contain ``marker``, lines joined."""
+    """The commands of README's "Your own corpus" code blocks that contain ``marker``, lines joined."""
     readme = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("### Using your own corpus", 1)[1].split("\n### ", 1)[0]
+    section = readme.split("\n## Your own corpus\n", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```bash\n(.*?)```", section, re.DOTALL)
     commands = [command for block in blocks for command in block.replace("\\\n", " ").splitlines()]
     return [command for command in commands if marker in command]
