@@ -108,6 +108,7 @@ ACCEPTED: dict[str, tuple] = {
     "export.latency.warmup": (0, HUGE),
     "export.latency.repeats": (HUGE,),
     "export.latency.rounds": (HUGE,),  # at most repeats are used
+    "export.latency.generate_tokens": (0, HUGE),  # 0 = not measured (the forward pass is compared)
     "registry.min_improvement": (0.0,),  # a fraction below 1; 0 = any improvement
     "registry.max_batch": (),  # 1 to 100000
     "registry.eval_set.documents": (),  # 1 to 100000
