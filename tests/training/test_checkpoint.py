@@ -266,3 +266,28 @@ def read_tensors_of(folder: Path) -> dict[str, np.ndarray]:
     from safetensors.numpy import load_file
 
     return load_file(str(folder / MODEL_FILE))
+
+
+_WRITE = """
+import sys
+import numpy as np, paddle
+from train_deploy.training.checkpoint import write_checkpoint
+weights = {"a.weight": paddle.to_tensor(np.arange(32, dtype=np.float32).reshape(4, 8)),
+           "b.bias": paddle.to_tensor(np.ones(8, np.float32))}
+moments = {"a.weight/moment1_0": paddle.to_tensor(np.zeros((4, 8), np.float32))}
+paddle.seed(7)
+write_checkpoint(sys.argv[1], 3, weights, moments, {"step": 3}, keep_last=1)
+"""
+
+
+def test_the_same_tensors_written_by_different_processes_are_the_same_bytes(tmp_path):
+    """safetensors writes its metadata in a per-process hash order; the checkpoint's files must not vary with it."""
+    import subprocess
+    import sys
+
+    folders = [tmp_path / f"run{i}" for i in range(3)]
+    for folder in folders:
+        subprocess.run([sys.executable, "-c", _WRITE, str(folder)], check=True, capture_output=True, timeout=300)
+    for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE, STATE_FILE):
+        contents = {(folder / "step_00000003" / name).read_bytes() for folder in folders}
+        assert len(contents) == 1, name

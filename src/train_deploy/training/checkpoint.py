@@ -101,8 +101,9 @@ def write_checkpoint(output_dir: Path, step: int, model: dict[str, Any], optimiz
     output_dir = Path(output_dir)
     final = step_dir(output_dir, step)
     with atomic_folder(final) as tmp:  # a rerun of the same step replaces it whole
-        save_file(model, str(tmp / MODEL_FILE), metadata={"format": "pt", "step": str(step)})
-        save_file(optimizer, str(tmp / OPTIMIZER_FILE), metadata={"format": "pt", "step": str(step)})
+        for name, tensors in ((MODEL_FILE, model), (OPTIMIZER_FILE, optimizer)):
+            save_file(tensors, str(tmp / name), metadata={"format": "pt", "step": str(step)})
+            sort_header_metadata(tmp / name)
         (tmp / RNG_FILE).write_text(json.dumps(rng_state(paddle.get_rng_state())), encoding="utf-8")
         # state.json last: it records what the other files must be, for verify_checkpoint
         files = {name: FileRecord(**file_record(tmp / name)) for name in (MODEL_FILE, OPTIMIZER_FILE, RNG_FILE)}
@@ -110,6 +111,25 @@ def write_checkpoint(output_dir: Path, step: int, model: dict[str, Any], optimiz
     for old in complete_checkpoints(output_dir)[:-keep_last] if keep_last > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def sort_header_metadata(path: Path) -> None:
+    """Put the ``__metadata__`` keys of the safetensors file ``path`` in sorted order, in place.
+
+    safetensors writes them from a Rust ``HashMap``, in an order that changes from process to process, so two
+    runs that computed the same tensors wrote different bytes (and ``state.json`` different hashes). The header
+    keeps its length (the same keys and values, compact JSON, padded with spaces as safetensors pads it)."""
+    with Path(path).open("r+b") as file:
+        size = int.from_bytes(file.read(8), "little")
+        header = json.loads(file.read(size))
+        if "__metadata__" not in header:
+            return
+        header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+        encoded = json.dumps(header, separators=(",", ":")).encode()
+        if len(encoded) > size:  # never: the same content; leave the file as safetensors wrote it
+            return
+        file.seek(8)
+        file.write(encoded.ljust(size, b" "))
 
 
 def checkpoint_state(folder: Path) -> CheckpointState:
