@@ -263,6 +263,11 @@ def test_two_machines_one_registry_and_a_serving_host(team, tmp_path):
     corpus.parent.mkdir()
     _write_corpus(corpus, 0, 700)
     first, second = _machine(tmp_path / "machine_a"), _machine(tmp_path / "machine_b")
+    _client(team, "admin").create_registered_model(TWO_MACHINES_MODEL)  # as the guide's accounts step does
+    from mlflow.server import get_app_client
+
+    get_app_client("basic-auth", tracking_uri=team.server.uri).grant_user_permission(
+        "trainer", "registered_model", TWO_MACHINES_MODEL, "EDIT")
     _finished(_schedule(team, first, corpus, init_from="scratch"))  # cycle 1: version 1, champion
 
     host = tmp_path / "serving_host"  # no access to either project's disk: the model comes through the server
@@ -305,12 +310,14 @@ class _ChampionServing(MlflowServer):
         self.team = team
 
     def command(self) -> list[str]:
-        return [str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m",
+        # MlflowServer.start drops MLFLOW_TRACKING_URI from the environment (a server must not inherit one)
+        return ["env", f"MLFLOW_TRACKING_URI={self.team.server.uri}", str(Path(sys.executable).parent / "mlflow"),
+                "models", "serve", "-m",
                 f"models:/{TWO_MACHINES_MODEL}@champion", "--env-manager", "local", "--host", "127.0.0.1",
                 "--port", str(self.port)]
 
     def environment(self) -> dict[str, str]:
-        return self.team.guide.environment(MLFLOW_TRACKING_URI=self.team.server.uri,
+        return self.team.guide.environment(MLFLOW_REGISTRY_URI=self.team.server.uri,
                                            **self.team.guide.credentials("server"))
 
 
