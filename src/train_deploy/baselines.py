@@ -138,7 +138,8 @@ class Baselines:
         name, best = self.strongest()
         verdict = (f"below the strongest ({name})" if self.beaten_by(loss) else
                    f"NOT below the {name} baseline ({loss:.4f} vs {best:.4f}): the model predicts worse than "
-                   f"counting {_COUNTED.get(name, 'tokens')}; more steps, a longer run or a GPU do better")
+                   f"counting {_COUNTED.get(name, 'tokens')}; a larger model trained longer (more steps, a GPU) "
+                   "is what could beat it (not measured here)")
         return f"validation loss {loss:.4f} nats/token vs {figures} {where}: {verdict}"
 
 

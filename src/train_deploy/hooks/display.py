@@ -40,7 +40,7 @@ class ShowBundle:
             f"\nExported bundle: {folder}\n"
             f"  model card: {folder}/MODEL_CARD.md\n"
             + (f"  {baselines}\n" if baselines else "")
-            + "  load it (Paddle Inference; backend='onnx', int8=True for the edge model):\n"
+            + "  load it (the fastest engine here; backend='paddle' or 'onnx', int8=True for the edge model):\n"
             "    from train_deploy.export import LanguageModel\n"
             f"    model = LanguageModel.load({folder!r})\n"
             f"    print({call})\n"
