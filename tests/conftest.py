@@ -107,16 +107,21 @@ def tiny_checkpoint(tiny_run) -> Path:
     return Path(tiny_run.checkpoint)
 
 
-@pytest.fixture
-def project(tmp_path, monkeypatch) -> Path:
-    """A copy of the project's configuration in an empty folder, with its own SQLite MLflow store."""
-    root = tmp_path / "project"
-    root.mkdir()
+def copy_project(root: Path) -> Path:
+    """The project's configuration (without conf/local, as a fresh checkout has it) in the new folder ``root``,
+    which Kedro then runs as the project: its own data/, logs and run lock."""
     shutil.copytree(REPO / "conf", root / "conf", ignore=shutil.ignore_patterns("local"))
     (root / "conf" / "local").mkdir()
     for name in ("pyproject.toml", ".telemetry"):
         shutil.copy(REPO / name, root / name)
     (root / "src").mkdir()  # kedro checks that a source folder exists; the package itself is installed
+    return root
+
+
+@pytest.fixture
+def project(tmp_path, monkeypatch) -> Path:
+    """A copy of the project's configuration in an empty folder, with its own SQLite MLflow store."""
+    root = copy_project(tmp_path / "project")
     monkeypatch.chdir(root)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
     bootstrap_project(root)

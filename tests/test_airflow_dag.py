@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, copy_project
 from train_deploy.pipeline_registry import register_pipelines
 from train_deploy.schedule import TRIGGER_VARIABLE
 
@@ -31,13 +31,7 @@ AIRFLOW_PYTHON = REPO / os.environ.get("AIRFLOW_VENV", ".venv-airflow") / "bin" 
 @pytest.fixture(scope="module")
 def project_copy(tmp_path_factory) -> Path:
     """The project's configuration without conf/local (what a fresh checkout generates from)."""
-    root = tmp_path_factory.mktemp("airflow") / "project"
-    shutil.copytree(REPO / "conf", root / "conf", ignore=shutil.ignore_patterns("local"))
-    (root / "conf" / "local").mkdir()
-    for name in ("pyproject.toml", ".telemetry"):
-        shutil.copy(REPO / name, root / name)
-    (root / "src").mkdir()
-    return root
+    return copy_project(tmp_path_factory.mktemp("airflow") / "project")
 
 
 @pytest.fixture(scope="module")

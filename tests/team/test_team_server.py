@@ -20,7 +20,7 @@ import yaml
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from tests.conftest import REPO, cli_params, tiny_runtime_params
+from tests.conftest import cli_params, copy_project, tiny_runtime_params
 from tests.mlflow_server import MlflowServer, free_port
 from tests.registry.conftest import GateProcess
 from tests.team.conftest import GUIDE, guide_blocks
@@ -230,12 +230,7 @@ TRAIN_DEPLOY = Path(sys.executable).parent / "train-deploy"
 
 def _machine(root: Path) -> Path:
     """A project copy as the ``project`` fixture makes one: a "machine" of its own (data/, run lock, logs)."""
-    shutil.copytree(REPO / "conf", root / "conf", ignore=shutil.ignore_patterns("local"))
-    (root / "conf" / "local").mkdir()
-    for name in ("pyproject.toml", ".telemetry"):
-        shutil.copy(REPO / name, root / name)
-    (root / "src").mkdir()
-    return root
+    return copy_project(root)
 
 
 def _schedule(team, machine: Path, corpus: Path, **training) -> subprocess.Popen[str]:
