@@ -344,3 +344,23 @@ def test_backup_upgrade_and_restore(team, two_versions, tmp_path):
     host.mkdir()
     team.guide.run("serving", cwd=host)  # the champion's artifacts came back
     assert (host / "serving" / "champion" / "MLmodel").exists()
+
+
+def test_a_registry_read_the_server_refuses_is_one_line_naming_the_account(team):
+    """A basic-auth server answers a read of an alias of a registered model that does not exist yet with 403, as it
+    answers an account without READ: the change check before a run stops in one line, not a traceback."""
+    from train_deploy.registry.config import RetryConfig
+    from train_deploy.registry.history import alias_version
+    from train_deploy.registry.lineage import eval_set_corpus
+    from train_deploy.registry.retry import RegistryRefused, Retrying
+
+    client = _client(team, "trainer")
+    retry = Retrying(RetryConfig(attempts=1, wait_seconds=0), client.tracking_uri)
+    with pytest.raises(RegistryRefused) as refused:
+        retry("find the champion", lambda: alias_version(client, "never_made_lm", "champion"))
+    message = str(refused.value)
+    assert message.startswith(f"MLflow tracking server {team.server.uri} refused find the champion for 'trainer' "
+                              "(HTTP 403): the account needs READ on the registered model"), message
+    assert "have an admin create it first" in message and "\n" not in message
+    assert team.guide.password("trainer") not in message
+    assert eval_set_corpus(client, "never_made_lm") is None  # the model itself answers 404: no set yet

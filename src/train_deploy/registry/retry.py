@@ -31,6 +31,31 @@ class RegistryUnreachable(RuntimeError):
     """The tracking server did not answer within the configured tries; the message names it."""
 
 
+class RegistryRefused(PermissionError):
+    """The tracking server refused a registry call (HTTP 401 or 403); the message names the server, the call, the
+    account and what to change."""
+
+
+def refused(exc: BaseException, what: str, uri: str) -> RegistryRefused | None:
+    """The one-line :class:`RegistryRefused` for ``exc`` when it is the server's 401 or 403, else None."""
+    import os
+
+    from mlflow.exceptions import MlflowException
+
+    status = exc.get_http_status_code() if isinstance(exc, MlflowException) else None
+    if status not in (401, 403):
+        return None
+    account = os.environ.get("MLFLOW_TRACKING_USERNAME") or "no credentials"
+    if status == 401:
+        advice = "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD of an account of that server"
+    else:
+        advice = ("the account needs READ on the registered model to read it, EDIT to register versions or move "
+                  "aliases; a basic-auth server also answers 403 for a registered model that does not exist yet: "
+                  "have an admin create it first (docs/team-server.md)")
+    return RegistryRefused(f"MLflow tracking server {redact_uri(uri)} refused {what} for {account!r} (HTTP {status}): "
+                           f"{advice}")
+
+
 def is_transient(exc: BaseException) -> bool:
     """Whether ``exc`` (or what caused it) says the server did not answer, rather than refused the request."""
     seen: BaseException | None = exc
@@ -59,6 +84,8 @@ class Retrying:
                     return call()
             except Exception as exc:
                 if not is_transient(exc):
+                    if refusal := refused(exc, what, self.uri):
+                        raise refusal from None
                     raise
                 if attempt == attempts:
                     reason = redact_uri(str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
