@@ -28,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from train_deploy.handoffs import DataSpec, RunSpec, from_json, to_json
+from train_deploy.handoffs import DataSpec, from_json, to_json
+from train_deploy.training.spec import run_spec
 
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
     os.environ[_var] = "1"
@@ -88,7 +89,6 @@ def plain_loop(data: DataSpec, steps: int) -> dict:
 
 
 def stage(data: DataSpec, nproc: int, parallel: dict, steps: int) -> dict:
-    from train_deploy.training.config import TrainingConfig
     from train_deploy.training.launch import run_training
 
     folder = WORK / f"stage_{nproc}_{'_'.join(f'{k}{v}' for k, v in parallel.items())}"
@@ -96,10 +96,9 @@ def stage(data: DataSpec, nproc: int, parallel: dict, steps: int) -> dict:
     params["parallel"] = parallel
     params["schedule"]["max_steps"] = steps
     params["launch"] = {"nproc_per_node": nproc}
-    spec = RunSpec(run_name=folder.name, training=params, data=data, checkpoints=str(folder / "checkpoints"),
-                   logs=str(folder / "logs"))
+    spec = run_spec(folder, data, params)
     spec.metrics_path.unlink(missing_ok=True)
-    run_training(TrainingConfig.from_params(params), spec)
+    run_training(spec)
     rows = [json.loads(line) for line in spec.metrics_path.read_text().splitlines()][1:]
     rate = sum(r["tokens_per_second"] for r in rows) / len(rows)
     return {"tokens_per_second": rate, "mfu": sum(r["mfu"] for r in rows) / len(rows), "loss": rows[-1]["loss"]}

@@ -23,9 +23,8 @@ import time
 
 from bench_train import WORK, prepare_tokens
 
-from train_deploy.handoffs import RunSpec
-from train_deploy.training.config import TrainingConfig
 from train_deploy.training.launch import run_training
+from train_deploy.training.spec import run_spec
 
 
 def main() -> None:
@@ -38,11 +37,10 @@ def main() -> None:
     params = {"schedule": {"max_steps": args.steps, "log_every": 25, "eval_every": 10_000,
                            "checkpoint_every": 10_000, "resume": "never"}}
     folder = WORK / f"default_{args.name}"
-    spec = RunSpec(run_name=folder.name, training=params, data=data, checkpoints=str(folder / "checkpoints"),
-                   logs=str(folder / "logs"))
+    spec = run_spec(folder, data, params)
     spec.metrics_path.unlink(missing_ok=True)
     started = time.perf_counter()
-    run_training(TrainingConfig.from_params(params), spec)
+    run_training(spec)
     wall = time.perf_counter() - started
     rows = [row for row in map(json.loads, spec.metrics_path.read_text().splitlines()) if "tokens_per_second" in row]
     rate = sum(row["tokens_per_second"] for row in rows[1:]) / max(1, len(rows) - 1)

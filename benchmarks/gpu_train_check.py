@@ -100,18 +100,16 @@ def train(name: str, data, params: dict, fresh: bool = True):
     """Run the stage in ``WORK/name``; return its result and metrics rows (this launch's only)."""
     import shutil
 
-    from train_deploy.handoffs import RunSpec
-    from train_deploy.training.config import TrainingConfig
     from train_deploy.training.launch import run_training
+    from train_deploy.training.spec import run_spec
 
     folder = WORK / name
     if fresh:
         shutil.rmtree(folder, ignore_errors=True)
-    spec = RunSpec(run_name=name, training=params, data=data, checkpoints=str(folder / "checkpoints"),
-                   logs=str(folder / "logs"))
+    spec = run_spec(folder, data, params)
     spec.metrics_path.unlink(missing_ok=True)
     started = time.perf_counter()
-    result = run_training(TrainingConfig.from_params(params), spec)
+    result = run_training(spec)
     rows = [json.loads(line) for line in spec.metrics_path.read_text().splitlines()]
     out(f"<!-- {name}: {time.perf_counter() - started:.0f} s -->")
     return result, rows

@@ -9,9 +9,9 @@ from pathlib import Path
 from safetensors.numpy import load_file
 
 from train_deploy.handoffs import DataSpec, TrainingResult, read_json
-from train_deploy.training.config import TrainingConfig, resolve_layout
 from train_deploy.training.launch import run_training
 from train_deploy.training.spec import RunSpec
+from train_deploy.training.spec import run_spec as spec_of
 
 TINY_TRAINING = {
     "model": {"preset": "tiny"},
@@ -34,9 +34,7 @@ def training_params(nproc: int = 1, **blocks) -> dict:
 def run_spec(folder: Path, data: DataSpec, params: dict) -> RunSpec:
     """The run's description, validated and resolved as the training node's: checkpoints in ``folder/checkpoints``,
     logs, metrics and result in ``folder/logs``."""
-    config = TrainingConfig.from_params(copy.deepcopy(params))
-    return RunSpec(run_name=folder.name, training=config, data=data, checkpoints=str(folder / "checkpoints"),
-                   layout=resolve_layout(config, config.world_size, data.vocab_size), logs=str(folder / "logs"))
+    return spec_of(folder, data, params)
 
 
 def launch(folder: Path, data: DataSpec, params: dict) -> TrainingResult:

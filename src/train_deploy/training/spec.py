@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from train_deploy.handoffs import METRICS_FILE, DataSpec, InitSource
-from train_deploy.training.config import Layout, TrainingConfig
+from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
 
 
 @dataclass(kw_only=True, slots=True)
@@ -42,3 +42,13 @@ class RunSpec:
     @property
     def result_path(self) -> Path:
         return Path(self.logs) / "result.json"
+
+
+def run_spec(folder: Path, data: DataSpec, params: dict) -> RunSpec:
+    """A run of the ``training`` block ``params`` in ``folder`` (``checkpoints/``, ``logs/``), validated and resolved
+    as the training stage's configure node does, for runs outside the pipeline (benchmarks, tests); from scratch."""
+    import copy
+
+    config, folder = TrainingConfig.from_params(copy.deepcopy(params)), Path(folder)
+    return RunSpec(run_name=folder.name, training=config, data=data, checkpoints=str(folder / "checkpoints"),
+                   layout=resolve_layout(config, config.world_size, data.vocab_size), logs=str(folder / "logs"))
