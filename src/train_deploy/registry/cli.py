@@ -21,7 +21,7 @@ from mlflow.exceptions import MlflowException
 from train_deploy.registry.aliases import AliasMoveError, RollbackError, rollback
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.history import format_table, read_history
-from train_deploy.registry.retry import RegistryUnreachable, Retrying
+from train_deploy.registry.retry import RegistryRefused, RegistryUnreachable, Retrying
 from train_deploy.training.metrics import redact_uri
 
 
@@ -41,9 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         else:
             event = rollback(client, args.model, Retrying(RegistryConfig().retries, uri))
             sys.stdout.write(f"{args.model}: {event['reason']}\n")
-    except (MlflowException, RollbackError, AliasMoveError, RegistryUnreachable) as exc:
+    except (MlflowException, RollbackError, AliasMoveError, RegistryUnreachable, RegistryRefused) as exc:
         message = exc.message if isinstance(exc, MlflowException) else str(exc)
-        if isinstance(exc, MlflowException) and exc.get_http_status_code() == 403:  # a team server's account
+        status = exc.get_http_status_code() if isinstance(exc, MlflowException) else getattr(exc, "status", None)
+        if status == 403:  # a team server's account
             needs, account = "READ" if args.command == "history" else "EDIT", os.environ.get("MLFLOW_TRACKING_USERNAME")
             message = f"permission denied (HTTP 403) for {account!r}: needs {needs} on registered model {args.model}"
         first = message.strip().splitlines()[0] if message.strip() else repr(exc)

@@ -32,8 +32,12 @@ class RegistryUnreachable(RuntimeError):
 
 
 class RegistryRefused(PermissionError):
-    """The tracking server refused a registry call (HTTP 401 or 403); the message names the server, the call, the
-    account and what to change."""
+    """The tracking server refused a registry call (HTTP 401 or 403: ``status``); the message names the server, the
+    call, the account and what to change."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def refused(exc: BaseException, what: str, uri: str) -> RegistryRefused | None:
@@ -53,7 +57,7 @@ def refused(exc: BaseException, what: str, uri: str) -> RegistryRefused | None:
                   "aliases; a basic-auth server also answers 403 for a registered model that does not exist yet: "
                   "have an admin create it first (docs/team-server.md)")
     return RegistryRefused(f"MLflow tracking server {redact_uri(uri)} refused {what} for {account!r} (HTTP {status}): "
-                           f"{advice}")
+                           f"{advice}", status)
 
 
 def is_transient(exc: BaseException) -> bool:
