@@ -27,6 +27,7 @@ from typing import Any
 
 from train_deploy.atomic import atomic_folder, fsync_dir
 from train_deploy.handoffs import STATE_FILE, CheckpointState, DescriptionError, FileRecord, from_json
+from train_deploy.hashing import file_record
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,6 @@ no longer read (a run resumed from one continues with freshly seeded generators)
 FILES_KEY = "files"
 """``state.json``'s record of the checkpoint's other files: name → ``{"bytes": …, "xxh3_128": …}``."""
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
-_HASH_BLOCK = 16 << 20
 
 
 class CheckpointError(ValueError):
@@ -144,17 +144,6 @@ def read_state(folder: Path) -> dict[str, Any]:
     """``folder``'s ``state.json`` in its JSON form (:func:`checkpoint_state`'s record), for the callers that index
     it (export, evaluation)."""
     return checkpoint_state(folder).record()
-
-
-def file_record(path: Path) -> dict[str, Any]:
-    """What ``state.json`` records of a checkpoint file: its size and xxh3-128 hash."""
-    import xxhash
-
-    hasher = xxhash.xxh3_128()
-    with open(path, "rb") as f:
-        while block := f.read(_HASH_BLOCK):
-            hasher.update(block)
-    return {"bytes": Path(path).stat().st_size, "xxh3_128": hasher.hexdigest()}
 
 
 def verify_checkpoint(folder: Path, files: Iterable[str] | None = None, *, contents: bool = True) -> dict[str, Any]:
