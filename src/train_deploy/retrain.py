@@ -31,7 +31,7 @@ from train_deploy.config import from_mapping
 from train_deploy.corpus.build import FORMAT, tokenizer_fingerprint
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.readers import CorpusPlan, plan_corpus
-from train_deploy.corpus.tokenizer import _hash_folder
+from train_deploy.corpus.tokenizer import tokenizer_hash
 from train_deploy.registry.aliases import repair_interrupted
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.gate import DECIDED, DECISION_TAG
@@ -137,7 +137,7 @@ def current_fingerprints(params: dict[str, Any]) -> dict[str, str]:
 def corpus_source_fingerprint(config: CorpusConfig, plan: CorpusPlan) -> str:
     """What the token files are made of, before any tokenizing: inputs, reading, cleaning, tokenizer, split."""
     t, e = config.tokenizer, config.encoding
-    tokenizer = _hash_folder(Path(t.load_path)) if t.mode == "load" else tokenizer_fingerprint(config, plan)
+    tokenizer = tokenizer_hash(Path(t.load_path)) if t.mode == "load" else tokenizer_fingerprint(config, plan)
     return _digest({"format": FORMAT, "version": __version__, "input": plan.input_hash,
                     "reader": asdict(config.reader), "cleaning": asdict(config.cleaning), "tokenizer": tokenizer,
                     "split": {"validation_fraction": e.validation_fraction, "split_seed": e.split_seed}})

@@ -16,7 +16,7 @@ from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.filters import QualityFilter
 from train_deploy.corpus.readers import ReadStats, iter_documents, plan_corpus
-from train_deploy.corpus.tokenizer import TokenEncoder, _hash_folder
+from train_deploy.corpus.tokenizer import TokenEncoder, tokenizer_hash
 from train_deploy.handoffs import TokenizerInfo, TokenManifest, to_json
 from train_deploy.pipelines.corpus.nodes import encode_tokens, plan_inputs
 
@@ -153,7 +153,7 @@ def test_manifest_records_fingerprint_counts_and_throughput(tmp_path, tiny_token
                 "wall_time_seconds", "peak_rss_mb", "dtype"):
         assert key in on_disk
     assert 10 < manifest.peak_rss_mb["this_process"] < 10_000 and manifest.peak_rss_mb["helpers"] == []
-    assert manifest.tokenizer.hash == _hash_folder(Path(tiny_tokenizer.path))
+    assert manifest.tokenizer.hash == tokenizer_hash(Path(tiny_tokenizer.path))
     assert manifest.throughput["tokens_per_second"] > 0
     assert manifest.splits["train"].bin_bytes == (tmp_path / "tokens/train.bin").stat().st_size
     assert manifest.tokens["total"] * 2 == sum(s.bin_bytes for s in manifest.splits.values())

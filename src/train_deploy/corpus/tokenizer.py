@@ -44,7 +44,7 @@ _RECORD = "train_deploy:"  # the SentencePiece normaliser's name in a tokenizer 
 
 def tokenizer_is_current(info: TokenizerInfo, fingerprint: str) -> bool:
     """True if the saved tokenizer ``info`` was built from ``fingerprint`` and its files are intact."""
-    return info.fingerprint == fingerprint and info.hash == _content_hash(Path(info.path))
+    return info.fingerprint == fingerprint and info.hash == tokenizer_hash(Path(info.path))
 
 
 def train_tokenizer(sentences: Iterable[str], config: TokenizerConfig, folder: Path, fingerprint: str, *,
@@ -67,7 +67,7 @@ def train_tokenizer(sentences: Iterable[str], config: TokenizerConfig, folder: P
     sp_file.write_bytes(_recorded(model.getvalue(), normalization))
     vocab_size = _fitted_vocab_size(model.getvalue(), requested)
     _save_llama_tokenizer(sp_file, folder)
-    info = TokenizerInfo(path=str(folder), vocab_size=vocab_size, eos_id=2, hash=_content_hash(folder),
+    info = TokenizerInfo(path=str(folder), vocab_size=vocab_size, eos_id=2, hash=tokenizer_hash(folder),
                          encoder="sentencepiece", fingerprint=fingerprint, source="trained")
     write_json(folder / INFO_FILE, info)
     logger.info("Trained a %s SentencePiece tokenizer (%d pieces, normalisation %s) on %d sentences",
@@ -226,7 +226,7 @@ def load_tokenizer(source: Path, folder: Path, fingerprint: str) -> TokenizerInf
             encoder = "sentencepiece"
     shutil.copytree(source, folder, dirs_exist_ok=True)
     (folder / INFO_FILE).unlink(missing_ok=True)
-    info = TokenizerInfo(path=str(folder), vocab_size=len(tokenizer), eos_id=int(eos), hash=_content_hash(folder),
+    info = TokenizerInfo(path=str(folder), vocab_size=len(tokenizer), eos_id=int(eos), hash=tokenizer_hash(folder),
                          encoder=encoder, fingerprint=fingerprint, source=str(source))
     write_json(folder / INFO_FILE, info)
     logger.info("Loaded tokenizer from %s (%d ids, %s encoder)", source, info.vocab_size, encoder)
@@ -344,6 +344,6 @@ def _save_llama_tokenizer(sp_file: Path, folder: Path) -> None:
     tokenizer.save_pretrained(str(folder))
 
 
-def _content_hash(folder: Path) -> str:
+def tokenizer_hash(folder: Path) -> str:
     """The tokenizer folder's content hash (its description file aside)."""
     return hash_folder(folder, skip={INFO_FILE})
