@@ -16,6 +16,7 @@ from train_deploy.averaging.config import AveragingConfig
 from train_deploy.config import from_mapping
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.export.config import ExportConfig
+from train_deploy.notify import NotifyConfig
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.retrain import RetrainConfig
 from train_deploy.run_lock import RunConfig
@@ -32,6 +33,7 @@ BLOCKS: dict[str, type] = {
     "registry": RegistryConfig,
     "run": RunConfig,
     "retrain": RetrainConfig,
+    "notify": NotifyConfig,
 }
 
 
