@@ -40,6 +40,17 @@ class RetryConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class ServingCheckConfig:
+    """Before the aliases move, the candidate is started as production starts it (``registry/infra.py``)."""
+
+    enabled: bool = True
+    """Serve the candidate from a fresh process and ask it to score and generate before it may become champion;
+    a failure rejects it with the reason on the version (false: promote on the score alone)."""
+    timeout_seconds: float = 300.0
+    """How long the server may take to start and answer both requests (more than 0 seconds)."""
+
+
+@dataclass(kw_only=True, slots=True)
 class RegistryConfig:
     """The ``registry`` block: which registered model the bundle becomes a version of, and when it is promoted."""
 
@@ -64,6 +75,8 @@ class RegistryConfig:
     """The fixed evaluation set (`registry.eval_set`)."""
     retries: RetryConfig = field(default_factory=RetryConfig)
     """An unreachable tracking server (`registry.retries`)."""
+    serving_check: ServingCheckConfig = field(default_factory=ServingCheckConfig)
+    """The serving check before promotion (`registry.serving_check`)."""
 
     def __post_init__(self) -> None:
         check(bool(_MODEL_NAME.match(self.model_name)), "registry.model_name",
@@ -79,6 +92,7 @@ class RegistryConfig:
               "must be a JSONL file or null")
         check_range("registry.retries.attempts", self.retries.attempts, 1, 100)
         check_range("registry.retries.wait_seconds", self.retries.wait_seconds, 0, 3600)
+        check_range("registry.serving_check.timeout_seconds", self.serving_check.timeout_seconds, 0, open_low=True)
 
     @classmethod
     def from_params(cls, params: dict[str, Any] | None) -> RegistryConfig:
