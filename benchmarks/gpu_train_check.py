@@ -168,8 +168,8 @@ def portable(data, base: dict) -> None:
     """(4): the last checkpoint evaluated as averaging and export rebuild it (float32, portable attention)."""
     import paddle
 
-    from train_deploy.evaluation import load_model, validation_loss, validation_windows
     from train_deploy.training.checkpoint import latest_checkpoint, read_state
+    from train_deploy.training.evaluation import load_model, validation_loss, validation_windows
 
     checkpoint = latest_checkpoint(WORK / "plain" / "checkpoints")
     state = read_state(checkpoint)

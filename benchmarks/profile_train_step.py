@@ -36,9 +36,9 @@ if mkl_cpu_type(first_cpu()):
 def main() -> None:
     import paddle
 
-    from train_deploy.evaluation import next_token_loss
     from train_deploy.training.config import TrainingConfig
     from train_deploy.training.data import TokenWindows
+    from train_deploy.training.evaluation import next_token_loss
     from train_deploy.training.model import build_model
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

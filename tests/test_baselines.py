@@ -25,7 +25,7 @@ from train_deploy.baselines import (
     holdout_start,
     ngram_baselines,
 )
-from train_deploy.evaluation import validation_windows
+from train_deploy.training.evaluation import validation_windows
 
 VOCAB = 11
 

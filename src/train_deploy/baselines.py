@@ -17,7 +17,7 @@ against the **strongest** of them (:meth:`Baselines.strongest`):
 
 ``c`` counts every n-gram of adjacent tokens of the training split (across document ends too: the windows a model
 is scored on span them). All are in nats per predicted token, the unit of
-:func:`train_deploy.evaluation.mean_token_loss`, over the same targets: positions ``1 .. seq_length`` of every
+:func:`train_deploy.training.evaluation.mean_token_loss`, over the same targets: positions ``1 .. seq_length`` of every
 window, each predicted from the tokens before it in the window (the trigram predicts position 1, which has one
 token before it, with the Kneser–Ney bigram).
 

@@ -205,9 +205,9 @@ def test_bfloat16_checkpoints_average_in_float32_and_stay_bfloat16(tmp_path):
 def test_averaged_checkpoint_loads_into_the_model_and_evaluates(tmp_path):
     import paddle
 
-    from train_deploy.evaluation import load_model, validation_loss
     from train_deploy.training.checkpoint import write_checkpoint
     from train_deploy.training.config import TrainingConfig
+    from train_deploy.training.evaluation import load_model, validation_loss
     from train_deploy.training.model import build_model
 
     config = TrainingConfig.from_params({"model": {"preset": "tiny"}})
@@ -228,8 +228,8 @@ def test_checkpoints_trained_with_flash_attention_average_and_evaluate_on_cpu(tm
     Both average (the flags are not the model), and the average evaluates on CPU in float32."""
     import paddle
 
-    from train_deploy.evaluation import load_model, validation_loss
     from train_deploy.training.config import TrainingConfig
+    from train_deploy.training.evaluation import load_model, validation_loss
     from train_deploy.training.model import build_model
 
     config = TrainingConfig.from_params({"model": {"preset": "tiny"}})
@@ -264,4 +264,3 @@ def test_large_tensors_split_across_threads_average_the_same(tmp_path, method):
     sources = [load_file(str(f / "model.safetensors"))["big.weight"] for f in folders]
     expected = sum(w * s for w, s in zip(averaging_weights(3, config), sources, strict=True))
     np.testing.assert_allclose(out["big.weight"], expected, rtol=1e-5, atol=1e-6)
-

@@ -14,12 +14,12 @@ import pytest
 from tests.conftest import publish
 from tests.export.conftest import export_into, export_params, fused_here, selected
 from train_deploy.baselines import Baselines, ngram_baselines
-from train_deploy.evaluation import validation_windows
 from train_deploy.export.card import model_card
 from train_deploy.export.checks import ParityError
 from train_deploy.handoffs import Bundle
 from train_deploy.pipelines.export.nodes import report_export
 from train_deploy.training.checkpoint import CheckpointError
+from train_deploy.training.evaluation import validation_windows
 
 pytestmark = pytest.mark.slow
 

@@ -136,8 +136,8 @@ def _recompute_greedy(logits, eos_id: int, ids: list[int], steps: int, context: 
 
 
 def test_greedy_batch_equals_paddle_eager_recomputation_on_both_engines(models, tiny_checkpoint):
-    from train_deploy.evaluation import load_model
     from train_deploy.export.graph import eager_logits
+    from train_deploy.training.evaluation import load_model
 
     trained = load_model(tiny_checkpoint)
     model = models["paddle"]

@@ -12,8 +12,8 @@ def test_the_bundles_pretrained_folder_loads_with_paddlenlp_and_gives_the_checkp
     from paddlenlp.transformers import AutoTokenizer, LlamaForCausalLM
     from safetensors import safe_open
 
-    from train_deploy.evaluation import load_model, validation_windows
     from train_deploy.export.graph import eager_logits
+    from train_deploy.training.evaluation import load_model, validation_windows
 
     folder = tiny_bundle / "pretrained"
     with safe_open(str(folder / "model.safetensors"), "np") as weights:

@@ -39,8 +39,8 @@ def no_fused_kernels(monkeypatch):
 
 
 def test_scores_are_the_trained_models_log_probabilities(models, tiny_checkpoint):
-    from train_deploy.evaluation import load_model
     from train_deploy.export.graph import eager_logits
+    from train_deploy.training.evaluation import load_model
 
     trained = load_model(tiny_checkpoint)
     for text, score in zip(TEXTS, models["paddle"].score(TEXTS), strict=True):

@@ -58,9 +58,9 @@ def test_first_step_loss_is_the_pretrained_models_loss_and_a_rerun_resumes_its_o
     import paddle
     from paddlenlp.transformers import LlamaForCausalLM
 
-    from train_deploy.evaluation import next_token_loss
     from train_deploy.export.graph import eager_logits
     from train_deploy.training.data import TokenWindows
+    from train_deploy.training.evaluation import next_token_loss
 
     init = resolve(model_folder, tmp_path)
     params = warm_params(model_folder, batch={"micro_batch_size": 8}, schedule={"max_steps": 2, "stop_after": 1})

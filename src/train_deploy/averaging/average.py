@@ -24,7 +24,6 @@ import numpy as np
 
 from train_deploy.averaging.config import AveragingConfig
 from train_deploy.averaging.streaming import DirectSink, ReadAhead
-from train_deploy.evaluation import portable_model_config
 from train_deploy.handoffs import AveragedSource, Averaging, CheckpointRef, CheckpointState, FileRecord
 from train_deploy.training.checkpoint import (
     MODEL_FILE,
@@ -36,6 +35,7 @@ from train_deploy.training.checkpoint import (
     safetensors_header,
     verify_checkpoint,
 )
+from train_deploy.training.evaluation import portable_model_config
 
 logger = logging.getLogger(__name__)
 

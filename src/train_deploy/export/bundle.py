@@ -177,7 +177,7 @@ def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str
     import paddle
 
     from train_deploy.baselines import baselines_for
-    from train_deploy.evaluation import load_model, validation_windows
+    from train_deploy.training.evaluation import load_model, validation_windows
 
     paddle.base.core.set_num_threads(config.server.cpu_threads)  # the eager reference gets the same threads
     disable_tf32()  # the reference is float32 on a GPU wheel's default device too

@@ -2,7 +2,7 @@
 Paddle Inference and, in a portable variant, as the source of the ONNX models.
 
 Training uses the auto-parallel ``LlamaForCausalLMNet``, which ``paddle.jit.save`` cannot trace. The
-checkpoint is loaded into PaddleNLP's plain ``LlamaForCausalLM`` (``train_deploy.evaluation.load_model``;
+checkpoint is loaded into PaddleNLP's plain ``LlamaForCausalLM`` (``train_deploy.training.evaluation.load_model``;
 same parameter names, same logits), and ``CompactLlama`` computes the same logits from its weights with
 fewer and cheaper operators: at batch 1 on CPU a decode step costs more in operators than in arithmetic
 (each executed operator costs Paddle Inference ~2-5 µs whatever it computes), and Paddle's CPU elementwise
@@ -56,9 +56,9 @@ from typing import Any
 
 import numpy as np
 
-from train_deploy.evaluation import load_model
 from train_deploy.export.probe import KERNELS
 from train_deploy.training.checkpoint import STATE_FILE, CheckpointError, read_state
+from train_deploy.training.evaluation import load_model
 
 SERVER_MODEL = "model"  # Paddle Inference writes model.json + model.pdiparams: the prefill (full) pass
 DECODE_MODEL = "decode"  # decode.json + decode.pdiparams: one token with the cache

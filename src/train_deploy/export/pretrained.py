@@ -50,7 +50,7 @@ def save_pretrained_folder(checkpoint: Path, tokenizer: TokenizerInfo, target: P
     """The checkpoint as PaddleNLP's ``save_pretrained`` writes it (``config.json`` with portable kernels,
     ``model.safetensors`` in float32) with the tokenizer's files, encodings beginning with the end-of-document id:
     what users load with ``LlamaForCausalLM.from_pretrained`` and ``training.init_from`` starts from."""
-    from train_deploy.evaluation import load_model
+    from train_deploy.training.evaluation import load_model
 
     model = load_model(checkpoint)
     model.config.bos_token_id = tokenizer.eos_id

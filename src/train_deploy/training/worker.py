@@ -31,7 +31,6 @@ from typing import Any
 import numpy as np
 
 from train_deploy.config import ConfigError
-from train_deploy.evaluation import mean_token_loss, next_token_loss, perplexity, validation_windows
 from train_deploy.handoffs import CheckpointState, TrainingResult, read_json, to_json, write_json
 from train_deploy.training.checkpoint import (
     latest_intact_checkpoint,
@@ -42,6 +41,7 @@ from train_deploy.training.checkpoint import (
 )
 from train_deploy.training.config import Layout, TrainingConfig
 from train_deploy.training.data import TokenWindows
+from train_deploy.training.evaluation import mean_token_loss, next_token_loss, perplexity, validation_windows
 from train_deploy.training.metrics import (
     MetricsLog,
     Throughput,

@@ -14,11 +14,11 @@ from kedro.runner import SequentialRunner
 from train_deploy.baselines import ngram_baselines
 from train_deploy.corpus.readers import CorpusError
 from train_deploy.datasets import ArtifactFolderDataset
-from train_deploy.evaluation import load_model, validation_loss, validation_windows
 from train_deploy.handoffs import CheckpointRef, SelectedCheckpoint
 from train_deploy.pipelines.averaging import create_pipeline
 from train_deploy.pipelines.averaging.nodes import UNVALIDATED_RUN_WINDOWS, average, evaluate
 from train_deploy.training.checkpoint import CheckpointError
+from train_deploy.training.evaluation import load_model, validation_loss, validation_windows
 
 pytestmark = pytest.mark.slow
 

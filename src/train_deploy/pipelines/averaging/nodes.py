@@ -10,9 +10,9 @@ from train_deploy.averaging.average import average_checkpoints, averaging_finger
 from train_deploy.averaging.config import AveragingConfig
 from train_deploy.baselines import Baselines, baselines_for
 from train_deploy.datasets import FolderWork
-from train_deploy.evaluation import load_model, perplexity, validation_loss, validation_windows
 from train_deploy.handoffs import CheckpointRef, SelectedCheckpoint, TokenManifest, TrainingResult
 from train_deploy.training.checkpoint import MODEL_FILE, check_trained_on, verify_checkpoint
+from train_deploy.training.evaluation import load_model, perplexity, validation_loss, validation_windows
 
 logger = logging.getLogger(__name__)
 

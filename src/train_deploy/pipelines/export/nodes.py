@@ -10,7 +10,6 @@ from typing import Any
 
 from train_deploy.baselines import Baselines, baselines_for
 from train_deploy.datasets import FolderWork
-from train_deploy.evaluation import validation_windows
 from train_deploy.export.bundle import bundle_fingerprint, export_bundle
 from train_deploy.export.config import ExportConfig
 from train_deploy.export.plots import TrainingCurves, read_training_curves, training_figure
@@ -24,6 +23,7 @@ from train_deploy.handoffs import (
     TrainingResult,
     WorkFolder,
 )
+from train_deploy.training.evaluation import validation_windows
 
 logger = logging.getLogger(__name__)
 

@@ -9,10 +9,10 @@ import logging
 from typing import Any
 
 from train_deploy.baselines import baselines_for
-from train_deploy.evaluation import validation_windows
 from train_deploy.handoffs import DataSpec, InitSource, TokenManifest, TrainingResult, WorkFolder
 from train_deploy.registry.champion import record_init_source
 from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
+from train_deploy.training.evaluation import validation_windows
 from train_deploy.training.launch import run_training
 from train_deploy.training.pretrained import check_layout, check_source_current, init_identity, warm_start
 from train_deploy.training.spec import RunSpec

@@ -8,7 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from train_deploy.evaluation import (
+from train_deploy.training.checkpoint import STATE_FILE, CheckpointError, write_checkpoint
+from train_deploy.training.config import TrainingConfig
+from train_deploy.training.evaluation import (
     PORTABLE_SETTINGS,
     load_model,
     mean_token_loss,
@@ -18,8 +20,6 @@ from train_deploy.evaluation import (
     validation_loss,
     validation_windows,
 )
-from train_deploy.training.checkpoint import STATE_FILE, CheckpointError, write_checkpoint
-from train_deploy.training.config import TrainingConfig
 
 VOCAB = 64
 
