@@ -52,12 +52,12 @@ def main() -> None:
 
     import paddle
 
+    from train_deploy.export.backends import OnnxRuntimeBackend, PaddleInferenceBackend
     from train_deploy.export.checks import latency_report
     from train_deploy.export.config import LatencyConfig, ServerConfig
     from train_deploy.export.edge import INT8_FILE, ONNX_FILE, convert_to_onnx, quantize_int8
     from train_deploy.export.graph import eager_logits, load_inference_model, save_server_model
     from train_deploy.export.probe import fused_kernels
-    from train_deploy.export.runtime import OnnxRuntimeBackend, PaddleInferenceBackend
     from train_deploy.training.evaluation import load_model
 
     shutil.rmtree(WORK, ignore_errors=True)

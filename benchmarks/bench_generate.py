@@ -111,11 +111,12 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
 
+    from train_deploy.export.backends import OnnxRuntimeBackend, PaddleInferenceBackend
     from train_deploy.export.config import ServerConfig
     from train_deploy.export.edge import INT8_FILE, ONNX_FILE, convert_to_onnx, quantize_int8
     from train_deploy.export.graph import DECODE_MODEL, load_inference_model, save_server_model
     from train_deploy.export.probe import fused_kernels
-    from train_deploy.export.runtime import LanguageModel, OnnxRuntimeBackend, PaddleInferenceBackend
+    from train_deploy.export.runtime import LanguageModel
 
     shutil.rmtree(WORK, ignore_errors=True)
     try:

@@ -75,9 +75,10 @@ def main() -> None:
 
     import paddle
 
+    from train_deploy.export.backends import PaddleInferenceBackend
     from train_deploy.export.config import ServerConfig
     from train_deploy.export.graph import eager_logits, load_inference_model, save_server_model
-    from train_deploy.export.runtime import PaddleInferenceBackend, disable_tf32
+    from train_deploy.export.hardware import disable_tf32
     from train_deploy.training.evaluation import load_model
 
     assert paddle.device.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0, "no CUDA device"

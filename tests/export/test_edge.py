@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tests.export.conftest import fused_here
+from train_deploy.export.backends import OnnxRuntimeBackend
 from train_deploy.export.edge import (
     ConversionError,
     convert_to_onnx,
@@ -16,7 +17,6 @@ from train_deploy.export.edge import (
     quantize_int8,
     unsupported_operators,
 )
-from train_deploy.export.runtime import OnnxRuntimeBackend
 
 pytestmark = pytest.mark.slow
 
@@ -85,8 +85,8 @@ def test_paddle2onnx_s_own_reason_is_kept_when_it_aborts(tmp_path, portable_pref
 @pytest.mark.parametrize("opset", [13, 21])
 def test_both_ends_of_the_allowed_opset_range_convert_and_compute_the_same_logits(tmp_path, tiny_bundle,
                                                                                   portable_prefix, opset):
+    from train_deploy.export.backends import PaddleInferenceBackend
     from train_deploy.export.config import ServerConfig
-    from train_deploy.export.runtime import PaddleInferenceBackend
 
     prefix = tiny_bundle / ("server" if fused_here() else "server_portable") / "model"  # ONNX: from the portable one
     ids = np.random.default_rng(opset).integers(3, 100, size=(2, 9))

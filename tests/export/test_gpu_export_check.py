@@ -42,8 +42,8 @@ def tiny_server(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def test_a_failing_engine_prints_its_error_and_the_working_engine_its_numbers(gpu_export_check, tiny_server):
+    from train_deploy.export.backends import PaddleInferenceBackend
     from train_deploy.export.graph import eager_logits
-    from train_deploy.export.runtime import PaddleInferenceBackend
     from train_deploy.training.evaluation import load_model
 
     checkpoint, prefix = tiny_server

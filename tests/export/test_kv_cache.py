@@ -11,9 +11,10 @@ import pytest
 
 from tests.export.conftest import fused_here
 from train_deploy.export import LanguageModel
+from train_deploy.export.backends import OnnxRuntimeBackend, PaddleInferenceBackend
 from train_deploy.export.checks import cache_parity_report
 from train_deploy.export.config import ParityConfig, ServerConfig
-from train_deploy.export.runtime import BundleError, OnnxRuntimeBackend, PaddleInferenceBackend
+from train_deploy.export.errors import BundleError
 
 pytestmark = pytest.mark.slow
 

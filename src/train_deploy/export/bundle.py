@@ -41,6 +41,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from train_deploy.export.backends import OnnxRuntimeBackend, PaddleInferenceBackend
 from train_deploy.export.card import model_card
 from train_deploy.export.checks import (
     add_cache_parity,
@@ -62,10 +63,10 @@ from train_deploy.export.graph import (
     load_inference_model,
     save_server_model,
 )
+from train_deploy.export.hardware import disable_tf32
 from train_deploy.export.plots import TrainingCurves, write_plots
 from train_deploy.export.pretrained import save_pretrained_folder
 from train_deploy.export.probe import fused_kernels
-from train_deploy.export.runtime import OnnxRuntimeBackend, PaddleInferenceBackend, disable_tf32
 from train_deploy.handoffs import (
     BUNDLE_FILE,
     CARD_FILE,

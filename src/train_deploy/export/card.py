@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from train_deploy.baselines import Baselines
-from train_deploy.export.runtime import FORM_FILES
+from train_deploy.export.engines import FORM_FILES
 
 
 def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, Any], latency: dict[str, Any]) -> str:

@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 
 from train_deploy.baselines import Baselines
+from train_deploy.export.backends import Logits
 from train_deploy.export.config import LatencyConfig, ParityConfig
-from train_deploy.export.runtime import Logits, log_softmax
+from train_deploy.export.runtime import log_softmax
 
 logger = logging.getLogger(__name__)
 

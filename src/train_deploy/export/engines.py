@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from train_deploy.export.edge import ONNX_FILE
+from train_deploy.export.edge import INT8_FILE, ONNX_FILE
 from train_deploy.export.graph import FUSED_DIR, FUSED_KERNELS, PORTABLE_DIR, SERVER_MODEL
 from train_deploy.export.probe import KernelProbe, fused_kernels
 from train_deploy.handoffs import BUNDLE_FILE, LATENCY_FILE, DescriptionError, from_json
@@ -28,6 +28,10 @@ from train_deploy.handoffs import BUNDLE_FILE, LATENCY_FILE, DescriptionError, f
 GRAPH_FORMS = {FUSED_DIR: "paddle_inference", PORTABLE_DIR: "paddle_portable"}
 """Each server graph's folder and its form's name in parity.json and latency.json."""
 BACKENDS = ("auto", "paddle", "onnx")
+FORM_FILES = {"paddle_inference": f"{FUSED_DIR}/{SERVER_MODEL}.pdiparams",
+              "paddle_portable": f"{PORTABLE_DIR}/{SERVER_MODEL}.pdiparams", "onnx_fp32": f"edge/{ONNX_FILE}",
+              "onnx_int8": f"edge/{INT8_FILE}"}
+"""The weights file of each exported form, relative to the bundle."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,11 +18,12 @@ Generation prefills the prompts once and decodes one token per step with the bun
 (``graph.py``): linear, not quadratic, in the output length; ``generate_stream`` yields the tokens as they come.
 Bundles exported before the current graphs (format < 7) are refused with a line saying to re-export them.
 
-The engine and graph are chosen from the host (``engines.py``): Paddle Inference runs the fused graph on GPU
-and on a CPU where the kernel probe passes (``probe.py``), else the portable graph; with no backend pinned,
-the fastest engine the host can run at the export's measured figures. A format 7 bundle (the fused graph
-only) on a CPU that cannot run it is refused in one line for ``backend="paddle"``; unpinned, it runs on ONNX
-Runtime. The load logs what it took and why; :attr:`LanguageModel.engine` says it too.
+The engine and graph are chosen from the host (``engines.py``) and run by ``backends.py``: Paddle Inference runs
+the fused graph on GPU and on a CPU where the kernel probe passes (``probe.py``), else the portable graph; with no
+backend pinned, the fastest engine the host can run at the export's measured figures. A format 7 bundle (the
+fused graph only) on a CPU that cannot run it is refused in one line for ``backend="paddle"``; unpinned, it runs
+on ONNX Runtime. The load logs what it took and why; :attr:`LanguageModel.engine` says it too. The hardware
+settings of the engines (MKL's code path, float32 on GPU, TensorRT) are in ``hardware.py``.
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -41,268 +40,17 @@ from typing import Any, Literal
 
 import numpy as np
 
-from train_deploy.environment import first_cpu, mkl_cpu_type
+from train_deploy.export.backends import OnnxRuntimeBackend, PaddleInferenceBackend, Step
 from train_deploy.export.config import ServerConfig
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE
 from train_deploy.export.engines import BACKENDS, choose_engine, server_prefix
-from train_deploy.export.graph import DECODE_MODEL, FUSED_DIR, PORTABLE_DIR, SERVER_MODEL, cache_names
+from train_deploy.export.errors import BundleError, TooLongError
 from train_deploy.handoffs import BUNDLE_FILE, TokenizerInfo, from_json
 
 logger = logging.getLogger(__name__)
 
-# The weights file of each exported form, relative to the bundle.
-FORM_FILES = {"paddle_inference": f"{FUSED_DIR}/{SERVER_MODEL}.pdiparams",
-              "paddle_portable": f"{PORTABLE_DIR}/{SERVER_MODEL}.pdiparams", "onnx_fp32": f"edge/{ONNX_FILE}",
-              "onnx_int8": f"edge/{INT8_FILE}"}
-Logits = Callable[[np.ndarray, np.ndarray], np.ndarray]
 OLDEST_FORMAT = 7  # bundle.json "format" this runtime reads: 6 added the KV-cache graphs (graph.py), 7 one cache
 # input and output per layer and Paddle's fused kernels in server/, 8 the portable graph beside it (engines.py)
-
-
-def prefer_mkl_avx2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Set ``MKL_DEBUG_CPU_TYPE`` where this CPU's MKL needs it (:func:`~train_deploy.environment.mkl_cpu_type`)
-    unless the environment sets it; True if set now. Run when ``train_deploy.export`` is imported, before Paddle
-    Inference makes its first product (4-6x faster products on an AMD EPYC); it changes nothing after that."""
-    cpu_type = mkl_cpu_type(first_cpu(cpuinfo))
-    if "MKL_DEBUG_CPU_TYPE" in os.environ or cpu_type is None:
-        return False
-    os.environ["MKL_DEBUG_CPU_TYPE"] = cpu_type
-    return True
-
-
-prefer_mkl_avx2()
-
-
-class BundleError(ValueError):
-    """A bundle or a request to it is unusable; the message names the file or the value."""
-
-
-class TooLongError(BundleError):
-    """A text longer than the context (``too_long: raise``): ``what`` holds ``tokens`` tokens, ``context`` fit; the
-    served model words its own fix from these (its clients cannot load with ``too_long``)."""
-
-    def __init__(self, what: str, tokens: int, context: int) -> None:
-        super().__init__(f"{what}: {tokens} tokens exceed the model's context of {context} (plus the document "
-                         "separator); shorten it or load with too_long='truncate'")
-        self.what, self.tokens, self.context = what, tokens, context
-
-    def __reduce__(self):  # pickled (another process) with its fields, not its message
-        return type(self), (self.what, self.tokens, self.context)
-
-
-class PaddleInferenceBackend:
-    """The bundle's two graphs (``graph.py``) on Paddle Inference predictors: ``(input_ids, attention_mask) ->
-    logits`` when called, :meth:`prefill` and :meth:`decode` with the KV cache for generation.
-
-    Predictors are run with Paddle tensors (``predictor.run(tensors)``): the caches a pass returns stay Paddle
-    tensors and are fed to the next step as they are, never copied out and back in; only logits become numpy.
-    A predictor keeps each output's buffer and writes the next run's output into it when it is large enough,
-    even while that buffer is an input of the run (after a larger batch, a decode step's concat would overwrite
-    the keys it reads). So after every run each output is pointed at a one-element placeholder
-    (``share_external_data``): the next run allocates its outputs afresh and every returned step stays valid.
-
-    On GPU it computes in float32 with TF32 off (:func:`disable_tf32`), in fp16 through Paddle Inference's
-    mixed-precision pass, or with TensorRT engines in the program that :func:`tensorrt_program` converts
-    when the model is loaded (``server.form_precision`` says which; the decode graph, whose cache inputs the
-    TensorRT profile does not describe, runs on the plain GPU predictor).
-    """
-
-    def __init__(self, prefix: Path, server: ServerConfig, context: int = 2048) -> None:
-        import paddle
-
-        self._paddle = paddle
-        self._converted: tempfile.TemporaryDirectory | None = None  # the TensorRT program, while the predictor lives
-        self._full = self._predictor(prefix, server, context)
-        decode = prefix.with_name(DECODE_MODEL)
-        self._decode = self._predictor(decode, dataclasses.replace(server, tensorrt=False), context) \
-            if decode.with_suffix(".json").is_file() else None
-        self._place = paddle.CPUPlace() if server.device == "cpu" else paddle.CUDAPlace(0)  # the predictors' device
-        self._placeholder = paddle.to_tensor(np.zeros(1, np.float32), place=self._place)
-
-    def _predictor(self, prefix: Path, server: ServerConfig, context: int):
-        import paddle
-        from paddle import inference
-
-        model, params = prefix.with_suffix(".json"), prefix.with_suffix(".pdiparams")
-        if not model.is_file() or not params.is_file():
-            raise BundleError(f"{prefix.parent}: no Paddle Inference model ({model.name}, {params.name})")
-        if server.device == "gpu":
-            if not paddle.device.is_compiled_with_cuda():
-                raise BundleError("export.server.device: gpu needs the paddlepaddle-gpu wheel")
-            if server.tensorrt:
-                self._converted = tempfile.TemporaryDirectory(prefix="train_deploy-tensorrt-")
-                model, params = tensorrt_program(prefix, Path(self._converted.name) / SERVER_MODEL, server, context)
-            config = inference.Config(str(model), str(params))
-            _configure_gpu(config, server)
-        else:
-            if server.tensorrt or server.precision != "fp32":
-                raise BundleError("export.server: tensorrt and precision fp16 need device: gpu")
-            config = inference.Config(str(model), str(params))
-            config.disable_gpu()
-            config.set_cpu_math_library_num_threads(server.cpu_threads)
-            config.enable_mkldnn() if server.onednn else config.disable_mkldnn()
-        config.disable_glog_info()
-        paddle.set_flags({"FLAGS_eager_delete_tensor_gb": server.gc_batch_mb / 1024})  # read at the first run
-        predictor = inference.create_predictor(config)
-        outputs = [predictor.get_output_handle(name) for name in predictor.get_output_names()]
-        return predictor, predictor.get_input_names(), outputs
-
-    def _run(self, graph, feed: dict[str, Any]) -> list:
-        """The graph's outputs (Paddle tensors) for ``feed`` (numpy arrays or Paddle tensors by input name)."""
-        predictor, names, outputs = graph
-        result = predictor.run([self._tensor(feed[name]) for name in names])
-        for handle in outputs:  # the next run must not write into a buffer returned now (class docstring)
-            handle.share_external_data(self._placeholder)
-        return result
-
-    def _tensor(self, value):
-        if not isinstance(value, self._paddle.Tensor):
-            return self._paddle.to_tensor(np.ascontiguousarray(value), place=self._place)
-        # a predictor reads a tensor's buffer as dense: a view (a slice of the cache) must be made contiguous
-        return value if value.is_contiguous() else value.contiguous()
-
-    def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        return self._run(self._full, _ids(input_ids, attention_mask))[0].numpy()
-
-    def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Step:
-        return _step(self._run(self._full, _ids(input_ids, attention_mask)), lambda logits: logits.numpy())
-
-    def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Sequence[Any],
-               values: Sequence[Any]) -> Step:
-        if self._decode is None:
-            raise BundleError("server/: no decode graph (decode.json); re-export the bundle")
-        return _step(self._run(self._decode, _cache_feed(input_ids, attention_mask, keys, values)),
-                     lambda logits: logits.numpy())
-
-
-def _ids(input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
-    return {"input_ids": np.asarray(input_ids, dtype=np.int64), "attention_mask": np.asarray(attention_mask,
-                                                                                            dtype=np.int64)}
-
-
-def _cache_feed(input_ids: np.ndarray, attention_mask: np.ndarray, keys: Sequence[Any],
-                values: Sequence[Any]) -> dict[str, Any]:
-    """A decode step's inputs by name (``graph.cache_names``)."""
-    return {**_ids(input_ids, attention_mask), **dict(zip(cache_names(len(keys)), [*keys, *values], strict=True))}
-
-
-def _step(outputs: Sequence[Any], logits: Callable[[Any], np.ndarray] = np.asarray) -> Step:
-    """A pass's outputs ``(logits, keys…, values…)`` as a :class:`Step`."""
-    layers = (len(outputs) - 1) // 2
-    return Step(logits(outputs[0]), list(outputs[1:1 + layers]), list(outputs[1 + layers:]))
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """What a prefill or decode pass returns: logits ``[batch, seq, vocab]`` and each layer's cache ``[batch,
-    kv_heads, cached positions, head_dim]`` (numpy arrays, or Paddle tensors on Paddle Inference), fed back as
-    they are to the next decode step."""
-
-    logits: np.ndarray
-    keys: list[Any]
-    values: list[Any]
-
-
-def _configure_gpu(config, server: ServerConfig) -> None:
-    from paddle import inference
-
-    half = server.precision == "fp16" and not server.tensorrt
-    # PIR programs: enable_use_gpu's precision Half adds the auto-mixed-precision pass
-    # (AnalysisPredictor::OptimizeInferencePirProgram, enable_gpu_mixed_); inputs and outputs keep their dtypes.
-    config.enable_use_gpu(server.gpu_memory_mb, 0,
-                          inference.PrecisionType.Half if half else inference.PrecisionType.Float32)
-    if not half:
-        disable_tf32()
-    if server.memory_optim:
-        config.enable_memory_optim()
-
-
-def disable_tf32() -> None:
-    """Float32 matrix products and convolutions on GPU in float32, not TF32 (process-wide).
-
-    Paddle's switches of cuBLAS's and cuDNN's TF32 tensor-core math, ``paddle.base.core.set_cublas_switch`` and
-    ``set_cudnn_switch`` (bound to ``phi::SetAllowTF32Cublas``/``SetAllowTF32Cudnn`` in Paddle's
-    ``paddle/fluid/pybind/pybind.cc``; on by default in CUDA wheels). Every GPU context, a predictor's too,
-    picks its TF32 cuBLAS handle only while ``phi::AllowTF32Cublas()`` holds. Nothing to do on a CPU wheel.
-    """
-    from paddle.base import core
-
-    for switch in ("set_cublas_switch", "set_cudnn_switch"):
-        if hasattr(core, switch):
-            getattr(core, switch)(False)
-
-
-def tensorrt_program(prefix: Path, target: Path, server: ServerConfig, context: int) -> tuple[Path, Path]:
-    """Convert the PIR program at ``prefix`` for TensorRT into ``target`` (a prefix); return its two files.
-
-    Paddle 3's documented route for PIR (``.json``) models, "GPU TensorRT 加速推理" in the Paddle Inference 3.0
-    guide (paddlepaddle.org.cn/inference/v3.0/guides/nv_gpu_infer/gpu_trt_infer.html) and
-    ``python/paddle/tensorrt/export.py``: ``paddle.tensorrt.export.convert`` with a ``TensorRTConfig`` of one
-    ``Input`` (min/optimal/max shape) per feed writes a program whose TensorRT subgraphs are
-    ``tensorrt_engine`` operators, which a plain GPU predictor runs. ``Config.enable_tensorrt_engine`` does not
-    apply to PIR programs: ``AnalysisPredictor::PreparePirProgram`` runs no TensorRT subgraph pass.
-    Raises :class:`BundleError` on a wheel without TensorRT or when the conversion fails.
-    """
-    import paddle
-
-    try:
-        from paddle.tensorrt.export import Input, PrecisionMode, TensorRTConfig, convert
-    except ImportError as exc:
-        raise BundleError(f"export.server.tensorrt: this Paddle wheel cannot convert for TensorRT ({exc}); use a "
-                          "paddlepaddle-gpu wheel built with TensorRT, with the tensorrt package installed") from None
-    shapes = {"min_input_shape": (1, 1), "optim_input_shape": (1, context),
-              "max_input_shape": (server.tensorrt_max_batch, context), "input_data_type": "int64"}
-    inputs = [Input(**shapes, input_range=(3, 10), name="input_ids"),
-              Input(**shapes, input_range=(1, 1), name="attention_mask")]  # warm-up data: no padding
-    precision = PrecisionMode.FP16 if server.tensorrt_precision == "fp16" else PrecisionMode.FP32
-    config = TensorRTConfig(inputs=inputs, precision_mode=precision, save_model_dir=str(target))
-    with paddle.pir_utils.IrGuard():  # as Paddle's test/tensorrt/test_export.py converts a saved model
-        paddle.enable_static()
-        try:
-            convert(str(prefix), config)
-        except Exception as exc:  # the converter raises whatever TensorRT or a missing converter raised
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise BundleError(f"{prefix.with_suffix('.json')}: TensorRT conversion failed ({reason})") from exc
-        finally:
-            paddle.disable_static()
-    return target.with_suffix(".json"), target.with_suffix(".pdiparams")
-
-
-class OnnxRuntimeBackend:
-    """The bundle's two ONNX graphs (``model.onnx`` or ``model.int8.onnx`` and the ``decode`` graph beside it) on
-    ONNX Runtime CPU sessions; called, prefilled and decoded as :class:`PaddleInferenceBackend`."""
-
-    def __init__(self, path: Path, threads: int) -> None:
-        self._threads = threads
-        self._full = self._session(path)
-        decode = path.with_name(path.name.replace("model", DECODE_MODEL, 1))
-        self._decode = self._session(decode) if decode.is_file() else None
-
-    def _session(self, path: Path):
-        import onnxruntime as ort
-
-        if not path.is_file():
-            raise BundleError(f"{path}: no ONNX model")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = self._threads, 1
-        options.log_severity_level = 3
-        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        return session, [output.name for output in session.get_outputs()]
-
-    def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        session, outputs = self._full
-        return session.run(outputs[:1], _ids(input_ids, attention_mask))[0]
-
-    def prefill(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> Step:
-        session, outputs = self._full
-        return _step(session.run(outputs, _ids(input_ids, attention_mask)))
-
-    def decode(self, input_ids: np.ndarray, attention_mask: np.ndarray, keys: Sequence[np.ndarray],
-               values: Sequence[np.ndarray]) -> Step:
-        if self._decode is None:
-            raise BundleError("edge/: no decode graph (decode.onnx); re-export the bundle")
-        session, outputs = self._decode
-        return _step(session.run(outputs, _cache_feed(input_ids, attention_mask, keys, values)))
 
 
 @dataclass(frozen=True, slots=True)

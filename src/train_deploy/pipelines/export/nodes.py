@@ -12,8 +12,8 @@ from train_deploy.baselines import Baselines, baselines_for
 from train_deploy.datasets import FolderWork
 from train_deploy.export.bundle import bundle_fingerprint, export_bundle
 from train_deploy.export.config import ExportConfig
+from train_deploy.export.engines import FORM_FILES
 from train_deploy.export.plots import TrainingCurves, read_training_curves, training_figure
-from train_deploy.export.runtime import FORM_FILES
 from train_deploy.handoffs import (
     METRICS_FILE,
     Bundle,
