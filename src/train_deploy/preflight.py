@@ -19,10 +19,10 @@ from train_deploy.config import check
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.environment import scoped_environment
 from train_deploy.export.config import ExportConfig
+from train_deploy.redaction import redact_uri
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.retrain import RetrainConfig
 from train_deploy.training.config import TrainingConfig
-from train_deploy.training.metrics import redact_uri
 
 # Parameter block → the class whose ``from_params`` validates it (``conf/base/parameters_<block>.yml``).
 STAGE_CONFIGS: dict[str, type] = {

@@ -107,7 +107,7 @@ def check_servable(tracking: str, registry: str, model_name: str, alias: str) ->
 
 
 def _shown(uri: str) -> str:
-    from train_deploy.training.metrics import redact_uri
+    from train_deploy.redaction import redact_uri
 
     return redact_uri(uri)
 

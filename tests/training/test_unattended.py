@@ -22,10 +22,11 @@ from tests.conftest import REPO
 from tests.training.conftest import launch, run_spec, training_params
 from train_deploy.config import ConfigError
 from train_deploy.handoffs import to_json
+from train_deploy.redaction import redact_uri
 from train_deploy.training.checkpoint import latest_checkpoint
 from train_deploy.training.config import TrainingConfig
 from train_deploy.training.launch import TrainingFailed, run_training, worker_environment
-from train_deploy.training.metrics import MetricsForwarder, redact_uri
+from train_deploy.training.metrics import MetricsForwarder
 
 STOP_WITHIN_S = 30.0
 

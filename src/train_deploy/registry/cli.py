@@ -18,11 +18,11 @@ import sys
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from train_deploy.redaction import redact_uri
 from train_deploy.registry.aliases import AliasMoveError, RollbackError, rollback
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.history import format_table, read_history
 from train_deploy.registry.retry import RegistryRefused, RegistryUnreachable, Retrying
-from train_deploy.training.metrics import redact_uri
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from train_deploy.environment import scoped_environment
+from train_deploy.redaction import redact_uri
 from train_deploy.registry.config import RetryConfig
-from train_deploy.training.metrics import redact_uri
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

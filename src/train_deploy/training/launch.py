@@ -44,9 +44,10 @@ import psutil
 
 from train_deploy.environment import first_cpu, mkl_cpu_type
 from train_deploy.handoffs import DescriptionError, TrainingResult, read_json, write_json
+from train_deploy.redaction import redact_uri
 from train_deploy.training import worker
 from train_deploy.training.config import TrainingConfig
-from train_deploy.training.metrics import MetricsForwarder, redact_uri
+from train_deploy.training.metrics import MetricsForwarder
 from train_deploy.training.spec import RunSpec
 
 logger = logging.getLogger(__name__)

@@ -7,24 +7,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from train_deploy.redaction import redact_uri
+
 logger = logging.getLogger("train_deploy.training.worker")  # the worker's log, which the launcher follows
 node_logger = logging.getLogger(__name__)
 
 MLFLOW_PREFIX = "train."
 _MAX_METRICS_PER_BATCH = 1000  # MLflow's limit for one log_batch call
-_USERINFO = re.compile(r"(?<=://)[^/@\s]+@")
-
-
-def redact_uri(text: str) -> str:
-    """``text`` (a URI, or a message holding URIs) without the ``user:password@`` of its URIs."""
-    return _USERINFO.sub("", text)
 
 
 class MetricsLog:
