@@ -51,6 +51,30 @@ class ServingCheckConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class ServingConfig:
+    """What one request to the served model may ask for. Recorded with the logged model (its ``model_config``, with
+    ``max_batch``), so the served model applies the limits it was logged with, without the project; a request over a
+    limit gets HTTP 400 naming the limit (docs/serving.md)."""
+
+    max_chars: int = 2000
+    """Most characters in one text (1 to 1000000); a longer text is refused before it is tokenized."""
+    max_tokens: int = 8192
+    """Most tokens one request may hold (1 to 10000000): its texts' tokens, plus ``max_new_tokens`` per prompt
+    when it generates."""
+    max_new_tokens: int = 256
+    """Most new tokens a generate request may ask for per prompt (1 to 100000)."""
+    time_budget_s: int = 30
+    """Seconds one request may spend in the model (1 to 3600), waiting for its engine included: a request that
+    cannot start in time, or a generation still running at the end of it, gets HTTP 503 naming the budget."""
+
+    def __post_init__(self) -> None:  # here, not in RegistryConfig: the served model builds it from its config
+        check_range("registry.serving.max_chars", self.max_chars, 1, 1_000_000)
+        check_range("registry.serving.max_tokens", self.max_tokens, 1, 10_000_000)
+        check_range("registry.serving.max_new_tokens", self.max_new_tokens, 1, 100_000)
+        check_range("registry.serving.time_budget_s", self.time_budget_s, 1, 3600)
+
+
+@dataclass(kw_only=True, slots=True)
 class RegistryConfig:
     """The ``registry`` block: which registered model the bundle becomes a version of, and when it is promoted."""
 
@@ -71,6 +95,8 @@ class RegistryConfig:
     """A run on another corpus than the one the model's evaluation set was made from (``corpus.reader.source`` and
     ``paths``): ``refuse`` stops it before its first node, saying to name a model of its own; ``compare`` gates it
     on that set anyway and says so in one line. Sets from ``eval_set.path`` are any corpus's."""
+    serving: ServingConfig = field(default_factory=ServingConfig)
+    """The served model's limits per request (`registry.serving`); recorded with the logged model."""
     eval_set: EvalSetConfig = field(default_factory=EvalSetConfig)
     """The fixed evaluation set (`registry.eval_set`)."""
     retries: RetryConfig = field(default_factory=RetryConfig)
