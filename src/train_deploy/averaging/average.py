@@ -10,7 +10,6 @@ its own size and hash the same way. Integer and boolean tensors are copied from 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ import numpy as np
 from train_deploy.averaging.config import AveragingConfig
 from train_deploy.averaging.streaming import DirectSink, ReadAhead
 from train_deploy.handoffs import AveragedSource, Averaging, CheckpointRef, CheckpointState, FileRecord
+from train_deploy.hashing import digest
 from train_deploy.training.checkpoint import (
     MODEL_FILE,
     STATE_FILE,
@@ -116,7 +116,7 @@ def averaging_fingerprint(paths: list[Path], config: AveragingConfig) -> str:
         sources.append([str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns,
                         (Path(path) / STATE_FILE).read_text(encoding="utf-8")])
     payload = {"sources": sources, "method": config.method, "decay": config.decay}
-    return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()
+    return digest(payload)
 
 
 def average_checkpoints(paths: list[Path], config: AveragingConfig, folder: Path) -> CheckpointRef:
@@ -131,8 +131,8 @@ def average_checkpoints(paths: list[Path], config: AveragingConfig, folder: Path
     copied, hashes, written = _write_average([p / MODEL_FILE for p in paths], weights, header,
                                              Path(folder) / MODEL_FILE,
                                              metadata={"format": "pt", "method": config.method})
-    for path, state, digest in zip(paths, states, hashes, strict=True):
-        check_digest(path / MODEL_FILE, state, digest)
+    for path, state, file_hash in zip(paths, states, hashes, strict=True):
+        check_digest(path / MODEL_FILE, state, file_hash)
     newest = checkpoint_state(paths[-1])
     state = CheckpointState(
         step=newest.step, model_config=newest.model_config, data=newest.data, training=newest.training,

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import logging
 import shutil
@@ -29,6 +28,7 @@ from typing import Any
 
 from train_deploy.config import ConfigError, to_dict
 from train_deploy.handoffs import InitSource
+from train_deploy.hashing import digest, hash_folder
 from train_deploy.training.config import Layout, ModelConfig, TrainingConfig, check_vocabulary, resolve_layout
 
 logger = logging.getLogger(__name__)
@@ -115,13 +115,9 @@ def folder_hash(folder: Path) -> str:
 
 @functools.lru_cache(maxsize=8)
 def _hash(folder: Path, files: tuple[tuple[str, int, int], ...]) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    for name, _, _ in files:
-        digest.update(name.encode() + b"\0")
-        with open(folder / name, "rb") as f:
-            while block := f.read(1 << 24):
-                digest.update(block)
-    return digest.hexdigest()
+    """:func:`hash_folder` of ``folder``, remembered by ``files`` (name, size, mtime): a champion's gigabytes are
+    read once per process, not at every identity check."""
+    return hash_folder(folder)
 
 
 def init_identity(init_from: str) -> str:
@@ -145,7 +141,7 @@ def tokenizer_config_fingerprint(corpus_config) -> str:
     Equal to the champion's tag: the champion's tokenizer is the one this configuration asks for."""
     tokenizer = {k: v for k, v in asdict(corpus_config.tokenizer).items() if k != "num_threads"}
     payload = {"cleaning": asdict(corpus_config.cleaning), "tokenizer": tokenizer}
-    return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()
+    return digest(payload)
 
 
 def load_pretrained_weights(model, folder: Path) -> None:

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 from typing import Any
 
 from train_deploy.baselines import baselines_for
 from train_deploy.handoffs import DataSpec, InitSource, TokenManifest, TrainingResult, WorkFolder
+from train_deploy.hashing import digest
 from train_deploy.registry.champion import record_init_source
 from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
 from train_deploy.training.evaluation import validation_windows
@@ -82,8 +81,7 @@ def _run_name(config: TrainingConfig, token_files: TokenManifest, init_source: I
     cadences, layout or launch resumes in it."""
     identity = config.identity(init_identity(config.init_from))
     identity |= {"init_from.hash": init_source.hash} if init_source and init_source.hash else {}
-    digest = hashlib.blake2b(json.dumps(identity, sort_keys=True).encode(), digest_size=4).hexdigest()
-    return f"{token_files.fingerprint[:12]}-{digest}"
+    return f"{token_files.fingerprint[:12]}-{digest(identity, size=4)}"
 
 
 def _mlflow_run_id() -> str | None:
