@@ -1,0 +1,57 @@
+"""The ``validation`` parameter block: the bounds within which tonight's corpus may differ from the champion's."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from train_deploy.config import check_range, from_mapping
+
+Mode = Literal["stop", "warn"]
+
+
+@dataclass(kw_only=True, slots=True)
+class ValidationConfig:
+    """Bounds on tonight's corpus statistics against the champion's (``train_deploy.validation.statistics``).
+    A bound set to null is not checked. Nothing is compared while the model has no champion, or its champion
+    records no statistics (registered before the data gate)."""
+
+    mode: Mode = "stop"
+    """stop: a corpus past a bound stops the run before training; warn: it is reported and training goes on."""
+    max_documents_decrease: float | None = 0.3
+    """Largest relative decrease of the documents kept (0.3: tonight keeps at least 70% of the champion's)."""
+    max_documents_increase: float | None = 4.0
+    """Largest relative increase of the documents kept (4.0: at most five times the champion's)."""
+    max_characters_decrease: float | None = 0.3
+    """Largest relative decrease of the characters kept."""
+    max_characters_increase: float | None = 4.0
+    """Largest relative increase of the characters kept."""
+    max_cjk_share_change: float | None = 0.1
+    """Largest absolute change of the share of CJK ideographs among the characters kept (another language, a
+    wrong decoding)."""
+    max_duplicate_share: float | None = 0.3
+    """Largest share of the documents read that are exact or near duplicates (tonight's, not a change)."""
+    max_byte_fallback_rate: float | None = 0.1
+    """Largest share of tokens that are byte-fallback pieces (characters the tokenizer has no piece for)."""
+    max_tokens_per_character_change: float | None = 0.25
+    """Largest relative change of tokens per character (0.25: within ±25% of the champion's)."""
+    max_length_quantile_factor: float | None = 2.0
+    """Each length quantile (10%, 50%, 90% of characters per kept document) within this factor of the
+    champion's, either way."""
+    max_drop_share_increase: float | None = 0.2
+    """Largest absolute increase of the share of documents read that any one drop reason takes (a filter's, or
+    duplicate, near_duplicate)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_documents_decrease", "max_characters_decrease"):
+            check_range(f"validation.{name}", getattr(self, name), 0, 1)
+        for name in ("max_documents_increase", "max_characters_increase", "max_tokens_per_character_change"):
+            check_range(f"validation.{name}", getattr(self, name), 0)
+        for name in ("max_cjk_share_change", "max_duplicate_share", "max_byte_fallback_rate",
+                     "max_drop_share_increase"):
+            check_range(f"validation.{name}", getattr(self, name), 0, 1)
+        check_range("validation.max_length_quantile_factor", self.max_length_quantile_factor, 1)
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any] | None) -> ValidationConfig:
+        return from_mapping(cls, params, "validation")
