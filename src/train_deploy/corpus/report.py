@@ -4,6 +4,10 @@ The encoding workers count document lengths into fixed power-of-two bins and kee
 of each outcome per chunk (:class:`QualitySample`); the parent adds them up in chunk order, so the report
 is the same for any worker count, and writes it beside the token files (``quality.json``). The corpus
 stage turns it into a PNG and a text file that the catalog logs to MLflow.
+
+The same pass also counts what the data gate compares night by night (``train_deploy.validation``): the
+characters and CJK ideographs of the documents the filters keep, and their lengths in finer bins (eight per
+octave) for quantiles. A report written before these counts existed holds zeros there.
 """
 
 from __future__ import annotations
@@ -21,6 +25,11 @@ from train_deploy.handoffs import TokenManifest
 REPORT_FILE = "quality.json"
 BINS = 32
 """Length bins: bin ``k`` holds lengths in ``[2**(k-1), 2**k)`` (bin 0: empty documents)."""
+FINE_PER_OCTAVE = 8
+FINE_BINS = FINE_PER_OCTAVE * BINS
+"""Fine length bins: bin ``k >= 1`` holds lengths in ``[2**((k-1)/8), 2**(k/8))`` (bin 0: empty documents)."""
+CJK_RANGES = ((0x3007, 0x3007), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF), (0x20000, 0x3FFFF))
+"""CJK ideographs (with 〇, the ideographic zero), as ``corpus.filters`` counts them for ``min_cjk_share``."""
 EXAMPLES = 3
 EXAMPLE_CHARS = 400
 KEPT = "kept"
@@ -36,6 +45,25 @@ def length_bins(lengths: np.ndarray) -> np.ndarray:
     return bins
 
 
+def fine_length_bins(lengths: np.ndarray) -> np.ndarray:
+    """Counts of ``lengths`` per fine bin (see :data:`FINE_BINS`)."""
+    bins = np.zeros(FINE_BINS, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths):
+        octaves = np.log2(np.maximum(lengths, 1)) * FINE_PER_OCTAVE
+        index = np.minimum(np.floor(octaves + 1e-9).astype(np.int64) + (lengths > 0), FINE_BINS - 1)
+        np.add.at(bins, index, 1)
+    return bins
+
+
+def cjk_characters(texts: list[str]) -> int:
+    """How many characters of ``texts`` are CJK ideographs (:data:`CJK_RANGES`)."""
+    if not texts:
+        return 0
+    codes = np.frombuffer("".join(texts).encode("utf-32-le"), dtype=np.uint32)
+    return int(sum(np.count_nonzero((codes >= low) & (codes <= high)) for low, high in CJK_RANGES))
+
+
 @dataclass(slots=True)
 class QualitySample:
     """Per chunk (then summed): character lengths of kept and dropped documents and the first few of each."""
@@ -44,12 +72,21 @@ class QualitySample:
     dropped_chars: list[int] = field(default_factory=lambda: [0] * BINS)
     examples: dict[str, list[str]] = field(default_factory=dict)
     """Outcome (``kept`` or a drop reason) → the first documents with it, cut to ``EXAMPLE_CHARS``."""
+    kept_characters: int = 0
+    """Characters of the documents the filters kept (before de-duplication)."""
+    kept_cjk: int = 0
+    """Of those, CJK ideographs (:data:`CJK_RANGES`)."""
+    kept_fine: list[int] = field(default_factory=lambda: [0] * FINE_BINS)
+    """Character lengths of the kept documents per fine bin (:data:`FINE_BINS`), for length quantiles."""
 
     def add(self, texts: list[str], reasons: list[str | None]) -> None:
         lengths = np.fromiter(map(len, texts), dtype=np.int64, count=len(texts))
         dropped = np.array([r is not None for r in reasons], dtype=bool)
         self.kept_chars = (np.asarray(self.kept_chars) + length_bins(lengths[~dropped])).tolist()
         self.dropped_chars = (np.asarray(self.dropped_chars) + length_bins(lengths[dropped])).tolist()
+        self.kept_fine = (np.asarray(self.kept_fine) + fine_length_bins(lengths[~dropped])).tolist()
+        self.kept_characters += int(lengths[~dropped].sum())
+        self.kept_cjk += cjk_characters([text for text, reason in zip(texts, reasons, strict=True) if reason is None])
         for text, reason in zip(texts, reasons, strict=True):
             self.example(reason or KEPT, text)
 
@@ -62,6 +99,9 @@ class QualitySample:
         """Add ``other`` (a later chunk): histograms summed, its examples after these."""
         self.kept_chars = [a + b for a, b in zip(self.kept_chars, other.kept_chars, strict=True)]
         self.dropped_chars = [a + b for a, b in zip(self.dropped_chars, other.dropped_chars, strict=True)]
+        self.kept_fine = [a + b for a, b in zip(self.kept_fine, other.kept_fine, strict=True)]
+        self.kept_characters += other.kept_characters
+        self.kept_cjk += other.kept_cjk
         for outcome, texts in other.examples.items():
             for text in texts:
                 self.example(outcome, text)
