@@ -21,6 +21,7 @@ from train_deploy.registry.config import RegistryConfig
 from train_deploy.retrain import RetrainConfig
 from train_deploy.run_lock import RunConfig
 from train_deploy.training.config import OptimizerConfig, ScheduleConfig, TrainingConfig
+from train_deploy.validation.config import ValidationConfig
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 
@@ -34,6 +35,7 @@ BLOCKS: dict[str, type] = {
     "run": RunConfig,
     "retrain": RetrainConfig,
     "notify": NotifyConfig,
+    "validation": ValidationConfig,
 }
 
 
