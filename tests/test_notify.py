@@ -5,42 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from tests.http_receiver import Receiver
 from train_deploy.config import ConfigError
 from train_deploy.notify import NotifyConfig, notify, receiver_name, verify
-
-
-class Receiver:
-    """An HTTP server on 127.0.0.1 that records each POST (headers, body) and answers ``status``."""
-
-    def __init__(self, status: int = 200, delay: float = 0.0) -> None:
-        self.status, self.delay, self.received = status, delay, []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.received.append((dict(self.headers), body))
-                time.sleep(receiver.delay)
-                self.send_response(receiver.status)
-                self.end_headers()
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hooks/T0KEN-secret-path"
-        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
@@ -59,6 +31,13 @@ def test_each_outcome_is_one_json_post(receiver):
     assert promoted["event"] == "promoted" and promoted["project"] == "project" and promoted["score"] == 1.25
     assert {"time", "host"} <= set(promoted) and headers["Content-Type"] == "application/json"
     assert json.loads(second)["stage"] == "export"
+
+
+def test_a_webhook_url_can_come_from_the_environment(receiver, monkeypatch):
+    monkeypatch.setenv("TD_TEAM_WEBHOOK", receiver.url)
+    config = NotifyConfig.from_params({"webhooks": ["env:TD_TEAM_WEBHOOK", "env:TD_UNSET_WEBHOOK"]})
+    failures = notify(config, "skipped", reason="unchanged")
+    assert len(receiver.received) == 1 and failures == ["notify.webhooks: env:TD_UNSET_WEBHOOK holds no http(s) URL"]
 
 
 def test_unwanted_events_are_not_sent(receiver):

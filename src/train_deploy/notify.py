@@ -16,6 +16,7 @@ docs/operations.md.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import hashlib
 import hmac
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 EVENTS = ("failed", "skipped", "promoted", "rejected", "validation_stopped")
 TIMESTAMP_HEADER, SIGNATURE_HEADER = "X-Train-Deploy-Timestamp", "X-Train-Deploy-Signature"
+_FROM_ENV = "env:"
 _MAX_FIELD = 2000  # characters of one text field a message carries (a reason is one line; a report is short)
 
 
@@ -47,7 +49,9 @@ class NotifyConfig:
     """The ``notify`` parameter block: who is told of each run's outcome."""
 
     webhooks: list[str] = field(default_factory=list)
-    """URLs (http or https) that each message is POSTed to as JSON, e.g. a chat's incoming webhook."""
+    """URLs (http or https) that each message is POSTed to as JSON, e.g. a chat's incoming webhook; ``env:NAME``
+    takes the URL from the environment variable ``NAME`` when the message is sent. Use that form for a URL that
+    carries a token: parameters are logged to MLflow, the environment is not."""
     command: str | None = None
     """A command line run with each message as JSON on its standard input (e.g. ``mail -s … team@…``)."""
     events: list[str] = field(default_factory=lambda: list(EVENTS))
@@ -61,6 +65,9 @@ class NotifyConfig:
 
     def __post_init__(self) -> None:
         for i, url in enumerate(self.webhooks):
+            if url.startswith(_FROM_ENV):
+                check(bool(url.removeprefix(_FROM_ENV).strip()), f"notify.webhooks[{i}]", "env: names no variable")
+                continue
             parts = urllib.parse.urlsplit(url)
             check(parts.scheme in ("http", "https") and bool(parts.netloc), f"notify.webhooks[{i}]",
                   f"expected an http(s) URL, got one with scheme {parts.scheme!r}")
@@ -123,6 +130,16 @@ def verify(secret: str, headers: dict[str, str], data: bytes, max_age: float = 3
     return hmac.compare_digest(sent, signature(secret, timestamp, data))
 
 
+def verify_mlflow(secret: str, headers: dict[str, str], data: bytes, max_age: float = 300.0) -> bool:
+    """A receiver's check of a delivery from MLflow's registry webhooks: ``X-MLflow-Signature`` is ``v1,`` and the
+    base64 HMAC-SHA256 of ``"<X-MLflow-Delivery-Id>.<X-MLflow-Timestamp>.<body>"`` under the webhook's secret."""
+    delivery, timestamp = headers.get("X-MLflow-Delivery-Id", ""), headers.get("X-MLflow-Timestamp", "")
+    if not timestamp.isdigit() or abs(time.time() - int(timestamp)) > max_age:
+        return False
+    mac = hmac.new(secret.encode(), f"{delivery}.{timestamp}.".encode() + data, hashlib.sha256).digest()
+    return hmac.compare_digest(headers.get("X-MLflow-Signature", ""), "v1," + base64.b64encode(mac).decode())
+
+
 def receiver_name(url: str) -> str:
     """What a log line may say of a webhook: its scheme and host (its path and query may hold a token)."""
     parts = urllib.parse.urlsplit(url)
@@ -130,6 +147,11 @@ def receiver_name(url: str) -> str:
 
 
 def _post(config: NotifyConfig, url: str, data: bytes) -> str | None:
+    if url.startswith(_FROM_ENV):
+        name = url.removeprefix(_FROM_ENV)
+        url = os.environ.get(name, "")
+        if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+            return f"notify.webhooks: env:{name} holds no http(s) URL"
     headers = {"Content-Type": "application/json", "User-Agent": "train-deploy-notify"}
     secret = os.environ.get(config.secret_env, "") if config.secret_env else ""
     if config.secret_env and not secret:

@@ -17,6 +17,7 @@ from train_deploy.hooks import (  # noqa: E402
     LocalMlflowStore,
     ProjectRunLock,
     RelativeArtifactLocation,
+    RunAlerts,
     ShowBundle,
     ShowRegistryDecision,
     SkipUnchanged,
@@ -33,11 +34,12 @@ def _artifact_location(tracking_uri: str) -> str | None:
 
 # pluggy calls the last registered first: the registry's decision is printed after the bundle, last of a run.
 # Of the two trylast hooks, the one listed first is called first: TagTrigger tags a run SkipUnchanged may end.
+# RunAlerts, registered last, wraps every other before_pipeline_run: it sees a run refused or skipped there.
 # Of the tryfirst ones, CheckConfiguration (listed after GateOnOwnCorpus) validates the parameters first.
 HOOKS = (ConsoleLogging(), ProjectRunLock(), LocalMlflowStore(), RelativeArtifactLocation(), GateOnOwnCorpus(),
          CheckConfiguration(),
          CloseMlflowRun(), EndStoppedRun(), TagTrigger(), SkipUnchanged(), LineageTags(), ShowRegistryDecision(),
-         ShowBundle())
+         ShowBundle(), RunAlerts())
 
 # kedro-telemetry is a dependency of kedro itself; its hooks never run in this project.
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro-telemetry", "kedro-viz")

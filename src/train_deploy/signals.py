@@ -23,6 +23,7 @@ import contextlib
 import ctypes
 import faulthandler
 import importlib.abc
+import json
 import logging
 import os
 import re
@@ -32,9 +33,12 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 logger = logging.getLogger("train_deploy.signals")  # also when run as __main__ (the watch)
+
+NOTIFY_VARIABLE = "TRAIN_DEPLOY_NOTIFY"
+"""The watch process's copy of the run's ``notify`` block (JSON)."""
 
 PADDLE_SIGNALS = tuple(getattr(signal, name) for name in ("SIGSEGV", "SIGILL", "SIGFPE", "SIGABRT", "SIGBUS",
                                                           "SIGTERM") if hasattr(signal, name))
@@ -204,9 +208,12 @@ class RunWatch:
     and MLflow run) and the fatal signal ``faulthandler`` wrote into ``log``, says so in three lines on the
     console and in the log, and ends the MLflow run ``FAILED`` (through ``tracking_uri``, in its environment)."""
 
-    def __init__(self, holder: Path, log: Path | None, tracking_uri: str | None) -> None:
+    def __init__(self, holder: Path, log: Path | None, tracking_uri: str | None,
+                 notify: dict[str, Any] | None = None) -> None:
         offset = log.stat().st_size if log is not None and log.is_file() else 0
         env = {**os.environ, **({"MLFLOW_TRACKING_URI": tracking_uri} if tracking_uri else {})}
+        if notify:  # the run's ``notify`` block: the watch sends the ``failed`` alert of a death
+            env[NOTIFY_VARIABLE] = json.dumps(notify)
         self._process = subprocess.Popen(
             [sys.executable, "-m", "train_deploy.signals", "watch", str(holder), str(log or ""), str(offset),
              str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, start_new_session=True)
@@ -240,9 +247,8 @@ def _watch(holder: Path, log: Path | None, offset: int, parent: int) -> int:
 
 
 def _report_death(holder: Path, log: Path | None, offset: int, pid: int) -> None:
-    """Say which stage died of which signal and where the log is; end the MLflow run ``FAILED``."""
-    import json
-
+    """Say which stage died of which signal and where the log is; end the MLflow run ``FAILED``; send the
+    ``failed`` alert when the run has ``notify`` receivers."""
     try:
         record = json.loads(holder.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -256,6 +262,12 @@ def _report_death(holder: Path, log: Path | None, offset: int, pid: int) -> None
                  where, stage, describe_signal(name), log if log is not None else "none (not opened yet)")
     if record.get("mlflow_run_id"):  # after the console line: MLflow takes seconds to import
         logger.error("%s", end_run_failed(record["mlflow_run_id"], f"{name} in {record.get('node') or 'the run'}"))
+    if os.environ.get(NOTIFY_VARIABLE):
+        from train_deploy.notify import NotifyConfig, notify
+
+        notify(NotifyConfig.from_params(json.loads(os.environ[NOTIFY_VARIABLE])), "failed", holder.parent.parent,
+               node=record.get("node"), stage=record.get("stage"), reason=f"killed by {describe_signal(name)}",
+               log=str(log) if log is not None else None, pipeline=record.get("pipeline"))
 
 
 def end_run_failed(run_id: str, cause: str) -> str:

@@ -8,6 +8,7 @@ import sys
 from kedro.framework.hooks import hook_impl
 
 from train_deploy.console import log_above_bars_on_terminal, log_to_file, plain_console_unless_terminal
+from train_deploy.handoffs import to_json
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ class ShowBundle:
         if "export_bundle" not in pipeline.all_outputs():
             return
         bundle = catalog.load("export_bundle")
-        folder, baselines = bundle.path, _baseline_line(bundle.meta["source"], bundle.parity)
+        folder, baselines = bundle.path, _baseline_line(to_json(bundle.meta.source), bundle.parity.record())
         prompt, sample = _validation_sample(folder, catalog.load("token_files"))
         call = (f"model.generate({prompt!r}, max_new_tokens={SAMPLE_TOKENS}, temperature={SAMPLE_TEMPERATURE}, "
                 f"top_k={SAMPLE_TOP_K}, seed=0)")

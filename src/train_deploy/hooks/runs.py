@@ -41,6 +41,7 @@ class ProjectRunLock:
         self._config = RunConfig()
         self._watch: RunWatch | None = None
         self._stages: dict[str, str] = {}
+        self._notify: dict | None = None
 
     @hook_impl
     def after_context_created(self, context) -> None:
@@ -49,6 +50,7 @@ class ProjectRunLock:
             log_fatal_signals(log)
         self._lock = RunLock(Path(context.project_path) / "data")
         self._config = RunConfig.from_params(context.params.get("run"))
+        self._notify = context.params.get("notify")
 
     @hook_impl(wrapper=True)
     def before_pipeline_run(self, run_params, catalog):
@@ -70,8 +72,9 @@ class ProjectRunLock:
     def _watch_run(self, lock: RunLock) -> None:
         run = mlflow.active_run()
         lock.record(mlflow_run_id=run.info.run_id if run else None)
-        self._stages = _stages_of_nodes()
-        self._watch = RunWatch(lock.holder_path, project_log_file(), mlflow.get_tracking_uri() if run else None)
+        self._stages = stages_of_nodes()
+        self._watch = RunWatch(lock.holder_path, project_log_file(), mlflow.get_tracking_uri() if run else None,
+                               self._notify)
 
     @hook_impl
     def before_node_run(self, node) -> None:
@@ -97,7 +100,7 @@ class ProjectRunLock:
             self._lock.release()
 
 
-def _stages_of_nodes() -> dict[str, str]:
+def stages_of_nodes() -> dict[str, str]:
     """The stage (pipeline of ``pipeline_registry.STAGES``) of each node."""
     from kedro.framework.project import pipelines
 

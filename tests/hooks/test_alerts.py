@@ -1,0 +1,91 @@
+"""RunAlerts sends one message per outcome to a real receiver on 127.0.0.1, called as Kedro calls a hook.
+
+The runs that really end in each outcome (a kill in a stage, a skipped night, a gate, the data gate) check their
+alert where they run: tests/test_signals.py, tests/test_retrain.py, tests/pipelines/registry, tests/validation.
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from tests.http_receiver import Receiver
+from train_deploy.hooks.alerts import RunAlerts
+from train_deploy.registry.gate import RegistryDecision
+from train_deploy.retrain import NothingToRetrain
+
+
+@pytest.fixture
+def receiver():
+    receiver = Receiver()
+    yield receiver
+    receiver.close()
+
+
+def started(receiver: Receiver, tmp_path) -> RunAlerts:
+    hook = RunAlerts()
+    hook.after_context_created(SimpleNamespace(params={"notify": {"webhooks": [receiver.url]}},
+                                               project_path=tmp_path / "news_project"))
+    return hook
+
+
+def messages(receiver: Receiver) -> list[dict]:
+    return [json.loads(body) for _, body in receiver.received]
+
+
+def run_hook(hook: RunAlerts, error: BaseException | None = None) -> None:
+    """``before_pipeline_run`` as pluggy drives a wrapper: to its yield, then the other hooks' result or error."""
+    wrapper = hook.before_pipeline_run()
+    next(wrapper)
+    with pytest.raises(StopIteration if error is None else type(error)):
+        wrapper.throw(error) if error is not None else wrapper.send(None)
+
+
+def decision(champion: bool) -> RegistryDecision:
+    return RegistryDecision(model_name="news_lm", version="7", run_id="r", decision="promoted" if champion else
+                            "rejected", reason="…", champion=champion, previous_champion="6", metric="nats_per_char",
+                            candidate_value=1.5, champion_value=1.6, eval_set_sha256="x", eval_texts=16, decided_at="t")
+
+
+@pytest.mark.parametrize("champion", [True, False])
+def test_a_gated_run_sends_promoted_or_rejected_with_both_scores(receiver, tmp_path, champion):
+    hook = started(receiver, tmp_path)
+    run_hook(hook)
+    hook.after_node_run({"registry_decision": decision(champion), "registry_history": "…"})
+    hook.after_pipeline_run()
+    (message,) = messages(receiver)
+    assert message["event"] == ("promoted" if champion else "rejected") and message["project"] == "news_project"
+    assert (message["score"], message["champion_score"], message["version"]) == (1.5, 1.6, "7")
+
+
+def test_a_skipped_night_sends_skipped_with_its_reason(receiver, tmp_path):
+    run_hook(started(receiver, tmp_path), NothingToRetrain("nothing changed since version 6"))
+    assert [(m["event"], m["reason"]) for m in messages(receiver)] == [("skipped", "nothing changed since version 6")]
+
+
+def test_a_failed_node_sends_failed_once_naming_the_node(receiver, tmp_path):
+    hook = started(receiver, tmp_path)
+    run_hook(hook)
+    hook.before_node_run(SimpleNamespace(name="export_bundle"))
+    hook.on_pipeline_error(RuntimeError("disk full\nwith a second line"))
+    hook._stopped()  # the exit handler after an error sends nothing more
+    (message,) = messages(receiver)
+    assert (message["event"], message["node"], message["reason"]) == ("failed", "export_bundle",
+                                                                      "RuntimeError: disk full")
+
+
+def test_a_run_refused_before_its_first_node_sends_failed(receiver, tmp_path):
+    run_hook(started(receiver, tmp_path), RuntimeError("another run holds the project"))
+    assert [m["event"] for m in messages(receiver)] == ["failed"]
+
+
+def test_no_receivers_no_messages_and_a_corpus_only_success_sends_nothing(receiver, tmp_path):
+    hook = started(receiver, tmp_path)
+    run_hook(hook)
+    hook.after_pipeline_run()
+    silent = RunAlerts()
+    silent.after_context_created(SimpleNamespace(params={}, project_path=tmp_path))
+    run_hook(silent, NothingToRetrain("unchanged"))
+    assert receiver.received == []
