@@ -148,6 +148,11 @@ def cli_params(params: dict, prefix: str = "") -> list[str]:
     return items
 
 
+NO_SERVING_CHECK = {"serving_check": {"enabled": False}}
+"""``registry`` keys that skip the serving check before promotion (a server start per promotion); the gate tests
+run it (tests/registry/test_gate.py, test_infra.py)."""
+
+
 def tiny_train_deploy_params(nproc: int = 1, **blocks: dict) -> dict:
     """A quick whole `train_deploy` (tiny model, 4 steps on ``nproc`` processes, light proofs), with ``blocks``
     merged over its blocks."""
@@ -160,6 +165,7 @@ def tiny_train_deploy_params(nproc: int = 1, **blocks: dict) -> dict:
         "launch": {"nproc_per_node": nproc},
     }
     params["export"] = {"parity": {"samples": 2}, "latency": {"batch_sizes": [1], "repeats": 1, "warmup": 0}}
+    params["registry"] = dict(NO_SERVING_CHECK)
     for name, values in blocks.items():
         params[name] = {**params.get(name, {}), **values}
     return params
@@ -203,7 +209,7 @@ def seed_champion(tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer):
 
     def seed(uri: str, **tags: str) -> None:
         bundle = Bundle.read_folder(tiny_bundle)
-        config = RegistryConfig.from_params({"eval_set": {"documents": 8, "max_chars": 60}})
+        config = RegistryConfig.from_params({"eval_set": {"documents": 8, "max_chars": 60}, **NO_SERVING_CHECK})
         mlflow.set_tracking_uri(uri)
         mlflow.set_registry_uri(uri)
         with mlflow.start_run(experiment_id=mlflow.set_experiment("seed").experiment_id):

@@ -15,6 +15,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
+from tests.conftest import NO_SERVING_CHECK
 from tests.mlflow_server import mlflow_server  # noqa: F401  (the fixture)
 from tests.registry.conftest import GateProcess, ModelStore
 from train_deploy.handoffs import Bundle, TrainingResult
@@ -23,6 +24,7 @@ from train_deploy.registry.config import RegistryConfig, RetryConfig
 from train_deploy.registry.evalset import EvalSetError, cut, jsonl_texts, validation_texts
 from train_deploy.registry.gate import (
     EVAL_SET_ARTIFACT,
+    SERVING_TAG,
     TAG_EVAL_SHA256,
     GateError,
     RegistryDecision,
@@ -73,8 +75,9 @@ def gate(uri: str, bundle: Bundle, result: TrainingResult, texts: partial, artif
 
 
 def registry_params(**registry) -> dict:
-    """The ``registry`` block of these tests, with ``registry`` over it."""
-    return {"model_name": MODEL, "eval_set": EVAL_SET, "min_improvement": MIN_IMPROVEMENT, **registry}
+    """The ``registry`` block of these tests (no serving check unless asked), with ``registry`` over it."""
+    return {"model_name": MODEL, "eval_set": EVAL_SET, "min_improvement": MIN_IMPROVEMENT, **NO_SERVING_CHECK,
+            **registry}
 
 
 def tags(bundle: Bundle, result: TrainingResult, texts: partial) -> dict[str, str]:
@@ -96,9 +99,11 @@ def test_promotion_sequence_first_worse_better_forced(store, step_bundles, tiny_
     uri, client = store.tracking_uri, MlflowClient(store.tracking_uri, store.tracking_uri)
     run = partial(gate, uri, result=tiny_run, texts=texts, artifacts=store.root / "artifacts")
 
-    first = run(step_bundles[3])
+    first = run(step_bundles[3], serving_check={"enabled": True})  # started as production starts it
     assert (first.decision, first.version, first.champion) == ("first", "1", True)
     assert aliases(uri) == {"champion": "1"}
+    check = client.get_model_version(MODEL, "1").tags[SERVING_TAG]
+    assert check.startswith("passed: served models:/gate_test_lm/1 from a fresh process") and "generate in" in check
 
     worse = run(step_bundles[1])
     assert (worse.decision, worse.version, worse.champion) == ("rejected", "2", False)
@@ -133,7 +138,7 @@ def test_promotion_sequence_first_worse_better_forced(store, step_bundles, tiny_
     version = client.get_model_version(MODEL, "3")
     assert version.run_id == better.run_id and version.tags["source.run_id"] == better.run_id
     assert version.tags["corpus.fingerprint"] == texts.args[0].fingerprint
-    assert version.tags["tokenizer.hash"] == step_bundles[6].meta["tokenizer"]["hash"]
+    assert version.tags["tokenizer.hash"] == step_bundles[6].meta.tokenizer["hash"]
     assert version.tags["git.commit"] == "0123abc"
     assert json.loads(version.tags["training.layout"]) == tiny_run.layout
     assert float(version.tags["parity.max_abs_logit_diff.paddle_inference"]) <= 1e-4
@@ -289,3 +294,19 @@ def test_two_gates_started_together_on_one_server_leave_the_better_candidate_cha
     printed = subprocess.run([str(Path(sys.executable).parent / "train-deploy-registry"), "history", "--model", MODEL,
                               "--tracking-uri", uri], capture_output=True, text=True, timeout=120, check=True).stdout
     assert [row.split()[3:5] for row in printed.splitlines()[1:]] == [[e["decision"], e["version"]] for e in history]
+
+
+@pytest.mark.slow
+def test_a_candidate_that_cannot_be_served_in_time_is_rejected_and_the_champion_kept(store, step_bundles, tiny_run,
+                                                                                    texts):
+    uri, client = store.tracking_uri, MlflowClient(store.tracking_uri, store.tracking_uri)
+    run = partial(gate, uri, result=tiny_run, texts=texts, artifacts=store.root / "artifacts")
+    run(step_bundles[3])
+    # Forced, so only the serving check stands between it and champion; no server starts and answers in 1 s.
+    late = run(step_bundles[6], force=True, serving_check={"enabled": True, "timeout_seconds": 1})
+    assert (late.decision, late.champion) == ("rejected", False)
+    assert late.reason.startswith("the serving check failed: the server did not answer /ping within the time limit")
+    assert aliases(uri) == {"champion": "1"}
+    tags = client.get_model_version(MODEL, "2").tags
+    assert tags["gate.decision"] == "rejected" and tags[SERVING_TAG].startswith("failed: the server did not answer")
+    assert [event["decision"] for event in read_history(client, MODEL)] == ["first", "rejected"]

@@ -9,6 +9,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
+from tests.conftest import NO_SERVING_CHECK
 from tests.registry.conftest import ModelStore, registry
 from train_deploy.handoffs import Bundle
 from train_deploy.registry.config import RegistryConfig
@@ -33,7 +34,7 @@ def promoted(tmp_path, tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer) 
     with store.active():
         experiment_id = mlflow.create_experiment("history-tests", artifact_location=str(store.root / "artifacts"))
         for force in (False, True):
-            config = RegistryConfig.from_params({"model_name": MODEL, "force": force,
+            config = RegistryConfig.from_params({"model_name": MODEL, "force": force, **NO_SERVING_CHECK,
                                                  "eval_set": {"documents": 4, "max_chars": 40}})
             with mlflow.start_run(experiment_id=experiment_id):
                 register_and_gate(bundle, config, tags, texts)

@@ -113,7 +113,7 @@ def test_own_corpus_after_the_default_run_gets_its_own_model_and_the_printed_ser
     assert "Traceback" not in refused.stderr + refused.stdout
     assert len(client.search_runs([client.get_experiment_by_name("train_deploy").experiment_id])) == runs
 
-    ran = _run(project, {**own, "registry": {"model_name": "news_lm"}}, env)
+    ran = _run(project, {**own, "registry": {**own["registry"], "model_name": "news_lm"}}, env)
     assert ran.returncode == 0, ran.stderr[-3000:]
     assert "Registered news_lm version 1: became champion [first]\n" in ran.stdout
     assert _state(client, "news_lm") == ({"champion": "1"}, ["1"]) and _state(client, DEMO) == demo

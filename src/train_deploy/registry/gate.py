@@ -10,6 +10,10 @@
 3. score the new version and the ``champion`` in this process on that set, in nats per character
    (``-Σ log p / Σ chars``: models with different tokenizers compare fairly); a champion that cannot be scored
    (its files gone or damaged) fails the gate, unless ``registry.force`` promotes without a comparison;
+   A candidate the scores would promote is then served as production serves it (``registry.serving_check``,
+   ``train_deploy.registry.infra``: ``mlflow models serve`` of the version in a fresh process, one score and one
+   generate request within a time limit); when that fails it is rejected, the reason on the version
+   (``gate.serving_check``), and the champion stays;
 4. take the model's registry lock (``train_deploy.registry.aliases``, which says why a lock and what window is
    left), complete any alias move an interrupted run recorded, and read ``champion`` again: when it changed since
    step 3 (another gate or a rollback in between), score the new champion on the same set and decide again;
@@ -56,6 +60,7 @@ from train_deploy.registry import evalset
 from train_deploy.registry.aliases import AliasLock, Move
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.history import CHAMPION, alias_version, event_key, record_event
+from train_deploy.registry.infra import ServingCheckFailed, check_serving
 from train_deploy.registry.retry import RegistryUnreachable, Retrying
 from train_deploy.training.pretrained import TOKENIZER_TAG
 
@@ -70,6 +75,8 @@ Decision = Literal["first", "promoted", "rejected", "forced"]
 DECIDED = frozenset(get_args(Decision))
 """The decisions of a gate that finished; a version without one (or tagged ``failed``) was never gated."""
 DECISION_TAG, FAILED = "gate.decision", "failed"
+SERVING_TAG = "gate.serving_check"
+"""The serving check's outcome on the version: ``passed: …`` or ``failed: …`` (see ``registry/infra.py``)."""
 
 
 class GateError(RuntimeError):
@@ -144,6 +151,7 @@ def gate_version(client: MlflowClient, retry: Retrying, config: RegistryConfig, 
     champion = retry("find the champion", lambda: alias_version(client, name, CHAMPION))
     candidate_value = retry("score the candidate", lambda: score(f"models:/{name}/{version}", stored.texts, config))
     verdict = judge(candidate_value, champion, stored, config, retry)
+    unservable = serving_failure(client, retry, config, version) if verdict[0] != "rejected" else None
     with AliasLock(client, name, f"gate of version {version}", retry) as lock:
         lock.repair()
         now = retry("find the champion again", lambda: alias_version(client, name, CHAMPION))
@@ -154,6 +162,8 @@ def gate_version(client: MlflowClient, retry: Retrying, config: RegistryConfig, 
             verdict = decision, reason + (f" (compared again: {CHAMPION} moved from version {champion} to {now} "
                                           "while the candidate was scored)"), champion_value
         decision, reason, champion_value = verdict
+        if unservable and decision != "rejected":
+            decision, reason = "rejected", f"the serving check failed: {unservable} (the score: {reason})"
         result = RegistryDecision(
             model_name=name, version=version, run_id=run_id, decision=decision, reason=reason,
             champion=decision != "rejected", previous_champion=now, metric=METRIC,
@@ -167,6 +177,28 @@ def gate_version(client: MlflowClient, retry: Retrying, config: RegistryConfig, 
             retry("tag the version", lambda: tag_decision(client, result))
             retry("record the history", lambda: record_event(client, name, event))
     return result
+
+
+def serving_failure(client: MlflowClient, retry: Retrying, config: RegistryConfig, version: str) -> str | None:
+    """Run the serving check (``registry.serving_check``) on the candidate about to be promoted: None when it
+    passed or is off, else why it failed, in one line. The outcome is tagged on the version either way."""
+    if not config.serving_check.enabled:
+        return None
+    uri = f"models:/{config.model_name}/{version}"
+    try:
+        passed = check_serving(uri, mlflow.get_tracking_uri(), mlflow.get_registry_uri(), config.serving_check,
+                               Path.cwd())
+    except ServingCheckFailed as exc:
+        failure = str(exc)
+        logger.warning("%s version %s: the serving check failed, so it cannot be promoted: %s", config.model_name,
+                       version, failure)
+        retry("tag the serving check", lambda: client.set_model_version_tag(
+            config.model_name, version, SERVING_TAG, f"failed: {failure}"[:5000]))
+        return failure
+    logger.info("%s version %s: serving check passed (%s)", config.model_name, version, passed)
+    retry("tag the serving check", lambda: client.set_model_version_tag(config.model_name, version, SERVING_TAG,
+                                                                           f"passed: {passed}"[:5000]))
+    return None
 
 
 def judge(candidate_value: float, champion: str | None, stored: EvalSet, config: RegistryConfig,
@@ -288,18 +320,17 @@ def version_tags(bundle: Bundle, token_files: TokenManifest, training_result: Tr
     meta, parity = bundle.meta, bundle.parity
     tags = {
         "corpus.fingerprint": token_files.fingerprint,
-        "tokenizer.hash": meta["tokenizer"]["hash"],
+        "tokenizer.hash": meta.tokenizer["hash"],
         "bundle.fingerprint": bundle.fingerprint,
-        "bundle.version": str(meta.get("version", "")),
+        "bundle.version": meta.version,
         "git.commit": commit,
         "training.run_name": training_result.run_name,
         "training.step": str(training_result.step),
         "training.layout": json.dumps(training_result.layout, sort_keys=True),
-        "parity.passed": str(parity.get("passed")),
+        "parity.passed": str(parity.passed),
     }
-    tags |= {f"parity.max_abs_logit_diff.{form}": f"{value:.3g}"
-             for form, value in parity.get("max_abs_logit_diff", {}).items()}
-    tags |= {f"parity.perplexity.{form}": f"{value:.6g}" for form, value in parity.get("perplexity", {}).items()}
+    tags |= {f"parity.max_abs_logit_diff.{form}": f"{value:.3g}" for form, value in parity.max_abs_logit_diff.items()}
+    tags |= {f"parity.perplexity.{form}": f"{value:.6g}" for form, value in parity.perplexity.items()}
     tags |= warm_start_tags(training_result)
     return tags
 
