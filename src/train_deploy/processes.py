@@ -1,6 +1,7 @@
 """Stopping a process tree: SIGTERM to a process and its descendants, SIGKILL to those left after a grace period.
 
-The one helper for the job: ``train-deploy schedule`` stops a run with it.
+The one helper for the job: ``train-deploy schedule`` stops a run with it, the training node its launcher and
+workers (``training/launch.py``), the corpus stage its encoding helpers, and the serving check its server.
 """
 
 from __future__ import annotations

@@ -44,6 +44,7 @@ import psutil
 
 from train_deploy.environment import first_cpu, mkl_cpu_type
 from train_deploy.handoffs import DescriptionError, TrainingResult, read_json, write_json
+from train_deploy.processes import stop_process_tree
 from train_deploy.redaction import redact_uri
 from train_deploy.training import worker
 from train_deploy.training.config import TrainingConfig
@@ -306,34 +307,14 @@ class _Job:
                 self.processes.setdefault(process.pid, process)
 
     def stop(self) -> None:
-        """SIGTERM to every process of the job still alive, SIGKILL to those left after ``STOP_GRACE_S``."""
+        """SIGTERM to every process of the job still alive, SIGKILL to those left after ``STOP_GRACE_S``
+        (:func:`~train_deploy.processes.stop_process_tree`, over the launcher and the workers it started)."""
         if self.launcher.poll() is None:
             self.track()
-        for signum, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
-            alive = self._alive()
-            if not alive:
-                break
-            logger.info("Stopping the training job: %s to %d process(es)", signum.name, len(alive))
-            for process in alive:
-                with contextlib.suppress(psutil.Error):
-                    process.send_signal(signum)
-                    process.send_signal(signal.SIGCONT)  # a stopped process acts on SIGTERM only once continued
-            deadline = time.monotonic() + grace
-            while self._alive() and time.monotonic() < deadline:
-                self.launcher.poll()  # reap the launcher, this process's child
-                time.sleep(0.1)
+        logger.info("Stopping the training job")
+        stop_process_tree(self.launcher, STOP_GRACE_S, known=self.processes.values())
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.launcher.wait(timeout=5.0)
-        if left := self._alive():
-            logger.warning("Training processes %s survived SIGKILL", [p.pid for p in left])
-
-    def _alive(self) -> list[psutil.Process]:
-        alive = []
-        for process in self.processes.values():
-            with contextlib.suppress(psutil.Error):
-                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(process)
-        return alive
 
 
 class _LogFollower:
