@@ -18,26 +18,22 @@ done is completed before the champion is read (``train_deploy.registry.aliases``
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 from mlflow import MlflowClient
 
-from train_deploy import __version__
 from train_deploy.config import from_mapping
-from train_deploy.corpus.build import FORMAT, tokenizer_fingerprint
 from train_deploy.corpus.config import CorpusConfig
-from train_deploy.corpus.readers import CorpusPlan, plan_corpus
-from train_deploy.corpus.tokenizer import tokenizer_hash
+from train_deploy.corpus.fingerprints import source_fingerprint
+from train_deploy.corpus.readers import plan_corpus
+from train_deploy.hashing import digest
+from train_deploy.pipelines.corpus.nodes import configure_corpus_training
 from train_deploy.registry.aliases import repair_interrupted
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.gate import DECIDED, DECISION_TAG
 from train_deploy.registry.history import CHAMPION, alias_version
 from train_deploy.registry.retry import Retrying
-from train_deploy.training.config import TrainingConfig
 from train_deploy.training.pretrained import init_identity
 
 CORPUS_TAG, TRAINING_TAG = "retrain.corpus_fingerprint", "retrain.training_identity"
@@ -127,21 +123,11 @@ def run_fingerprints(run_id: str) -> dict[str, str]:
 
 
 def current_fingerprints(params: dict[str, Any]) -> dict[str, str]:
-    """The run's fingerprints; reads every corpus input once (as the corpus stage's plan does) and nothing more."""
+    """The run's fingerprints; reads every corpus input once, and the corpus stage's plan of the same unchanged
+    inputs in this process is then a lookup (:func:`~train_deploy.corpus.readers.plan_corpus`). The training
+    block is validated by the corpus stage's own configure node
+    (:func:`~train_deploy.pipelines.corpus.nodes.configure_corpus_training`)."""
     corpus = CorpusConfig.from_params(params.get("corpus"))
-    training = TrainingConfig.from_params(params.get("training"))
-    return {CORPUS_TAG: corpus_source_fingerprint(corpus, plan_corpus(corpus.reader)),
-            TRAINING_TAG: _digest(training.identity(init_identity(training.init_from)))}
-
-
-def corpus_source_fingerprint(config: CorpusConfig, plan: CorpusPlan) -> str:
-    """What the token files are made of, before any tokenizing: inputs, reading, cleaning, tokenizer, split."""
-    t, e = config.tokenizer, config.encoding
-    tokenizer = tokenizer_hash(Path(t.load_path)) if t.mode == "load" else tokenizer_fingerprint(config, plan)
-    return _digest({"format": FORMAT, "version": __version__, "input": plan.input_hash,
-                    "reader": asdict(config.reader), "cleaning": asdict(config.cleaning), "tokenizer": tokenizer,
-                    "split": {"validation_fraction": e.validation_fraction, "split_seed": e.split_seed}})
-
-
-def _digest(payload: dict[str, Any]) -> str:
-    return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()
+    training = configure_corpus_training(params.get("training"))
+    return {CORPUS_TAG: source_fingerprint(corpus, plan_corpus(corpus.reader)),
+            TRAINING_TAG: digest(training.identity(init_identity(training.init_from)))}

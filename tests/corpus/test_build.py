@@ -18,7 +18,7 @@ from train_deploy.corpus.filters import QualityFilter
 from train_deploy.corpus.readers import ReadStats, iter_documents, plan_corpus
 from train_deploy.corpus.tokenizer import TokenEncoder, tokenizer_hash
 from train_deploy.handoffs import TokenizerInfo, TokenManifest, to_json
-from train_deploy.pipelines.corpus.nodes import encode_tokens, plan_inputs
+from train_deploy.pipelines.corpus.nodes import configure_corpus_training, encode_tokens, plan_inputs
 
 
 def encode(tmp_path: Path, tokenizer: TokenizerInfo, **blocks) -> tuple[CorpusConfig, TokenManifest]:
@@ -29,16 +29,6 @@ def encode(tmp_path: Path, tokenizer: TokenizerInfo, **blocks) -> tuple[CorpusCo
 
 def output_bytes(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix in (".bin", ".idx")}
-
-
-def test_output_is_byte_identical_with_one_and_two_workers(tmp_path, tiny_tokenizer):
-    _, one = encode(tmp_path / "w1", tiny_tokenizer, encoding={"workers": 1})
-    _, two = encode(tmp_path / "w2", tiny_tokenizer, encoding={"workers": 2})
-    assert one.input["chunks"] > 2 and two.workers == 2
-    first, second = output_bytes(tmp_path / "w1" / "tokens"), output_bytes(tmp_path / "w2" / "tokens")
-    assert set(first) == {"train.bin", "train.idx", "valid.bin", "valid.idx"}
-    assert first == second
-    assert one.fingerprint == two.fingerprint
 
 
 def test_a_multistream_wiki_dump_is_shared_by_the_workers_and_encodes_like_a_single_stream(tmp_path, tiny_tokenizer):
@@ -138,13 +128,6 @@ def test_duplicates_are_dropped_and_counted(tmp_path, tiny_tokenizer):
     assert 0 < manifest.splits["valid"].documents < 40
 
 
-def test_validation_split_is_chosen_by_document_hash_and_seed(tmp_path, tiny_tokenizer):
-    _, a = encode(tmp_path / "a", tiny_tokenizer, encoding={"validation_fraction": 0.1})
-    _, b = encode(tmp_path / "b", tiny_tokenizer, encoding={"validation_fraction": 0.1, "split_seed": 7})
-    assert 0.05 < a.splits["valid"].documents / a.documents.kept < 0.15
-    assert (tmp_path / "a/tokens/valid.bin").read_bytes() != (tmp_path / "b/tokens/valid.bin").read_bytes()
-
-
 def test_manifest_records_fingerprint_counts_and_throughput(tmp_path, tiny_tokenizer):
     _, manifest = encode(tmp_path, tiny_tokenizer)
     on_disk = json.loads((tmp_path / "tokens" / "manifest.json").read_text(encoding="utf-8"))
@@ -193,30 +176,14 @@ def test_token_dtype_follows_paddlenlp(vocab, dtype):
     assert token_dtype(vocab) == np.dtype(dtype)
 
 
-def test_helpers_start_without_importing_the_parents_main_module(monkeypatch):
-    import sys
-    import types
-
-    from train_deploy.corpus.build import _main_module_hidden
-
-    main = types.ModuleType("__main__")
-    main.__file__, main.__spec__ = "/venv/bin/kedro", types.SimpleNamespace(name="kedro")
-    monkeypatch.setitem(sys.modules, "__main__", main)
-    with _main_module_hidden():
-        from multiprocessing.spawn import get_preparation_data
-
-        data = get_preparation_data("helper")
-        assert "init_main_from_path" not in data and "init_main_from_name" not in data
-    assert main.__file__ == "/venv/bin/kedro" and main.__spec__.name == "kedro"
-
-
 def test_token_files_that_cannot_fill_one_training_window_are_refused_built_or_kept(tmp_path, tiny_tokenizer,
                                                                                    caplog):
     from kedro.io import DatasetError
 
     def publish_checked(fraction: float, training: dict) -> TokenManifest:
         config, plan = plan_inputs(corpus_params(encoding={"validation_fraction": fraction}))
-        return publish(encode_tokens(config, plan, tiny_tokenizer, training), tmp_path / "tokens", TokenManifest,
+        return publish(encode_tokens(config, plan, tiny_tokenizer, configure_corpus_training(training)),
+                       tmp_path / "tokens", TokenManifest,
                        by_fingerprint=True)
 
     with pytest.raises(DatasetError) as refused:  # built: 1 validation document of 87 tokens, not 129

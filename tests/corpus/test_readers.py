@@ -5,6 +5,7 @@ from __future__ import annotations
 import bz2
 import gzip
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,28 @@ def test_glob_and_folder_inputs_are_sorted_and_deduplicated(tmp_path):
         (tmp_path / name).write_text(f"{name}\n", encoding="utf-8")
     plan = plan_corpus(ReaderConfig(source="text", paths=[str(tmp_path), str(tmp_path / "*.txt")]))
     assert [Path(f).name for f in plan.files] == ["a.txt", "b.txt"]
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read through read() calls so far (the kernel's count, /proc/self/io)."""
+    with open("/proc/self/io", encoding="ascii") as io_counts:
+        return int(next(line for line in io_counts if line.startswith("rchar:")).split()[1])
+
+
+def test_planning_unchanged_inputs_again_reads_nothing_and_a_changed_file_is_read_again(tmp_path):
+    corpus = tmp_path / "a.txt"
+    corpus.write_text(blank_line_corpus(20_000), encoding="utf-8")  # ~0.9 MB
+    size, reader = corpus.stat().st_size, ReaderConfig(source="text", paths=[str(corpus)], chunk_bytes=65536)
+    fresh = plan_corpus(reader)  # written just now: its times are not trusted yet, so the plan is not kept
+    before = _bytes_read()
+    assert plan_corpus(reader) == fresh and _bytes_read() - before >= size
+    past = corpus.stat().st_mtime_ns - 10 * 10**9
+    os.utime(corpus, ns=(past, past))  # settled ten seconds ago
+    first = plan_corpus(reader)
+    before = _bytes_read()
+    assert plan_corpus(reader) == first and _bytes_read() - before < size // 100  # a lookup, not a second read
+    data = corpus.read_bytes()
+    corpus.write_bytes(data.replace("第1篇".encode(), "第9篇".encode(), 1))  # same size, same modification time
+    os.utime(corpus, ns=(past, past))
+    changed = plan_corpus(reader)
+    assert changed.input_hash != first.input_hash and changed.input_bytes == size  # the change time told

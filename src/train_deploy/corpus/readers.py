@@ -12,6 +12,7 @@ parallelism. :func:`iter_documents` then reads one chunk with bounded memory.
 from __future__ import annotations
 
 import bz2
+import copy
 import glob
 import gzip
 import importlib.resources
@@ -20,10 +21,11 @@ import itertools
 import json
 import os
 import re
+import time
 import zlib
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import IO
 from xml.etree import ElementTree
@@ -138,13 +140,41 @@ def resolve_inputs(reader: ReaderConfig) -> list[Path]:
 
 
 def plan_corpus(reader: ReaderConfig) -> CorpusPlan:
-    """Resolve the inputs, fingerprint their contents, and cut them into chunks."""
+    """Resolve the inputs, fingerprint their contents, and cut them into chunks.
+
+    The last plan is kept in this process with what it was made from: the reader's settings and each input's
+    path, size, modification and change times and inode. Planning the same unchanged inputs again (a scheduled
+    run's skip-unchanged check, then its corpus stage) is then a lookup instead of a second read of every byte. A
+    file modified within the last two seconds is not trusted to its times (a rewrite of the same size can keep
+    them on a coarse clock): such a plan is not kept."""
+    global _PLANNED
+    files = resolve_inputs(reader)
+    # the text depends on the program that renders it (auto and the program it finds are the same one)
+    renderer = renderer_version(find_renderer(reader.man_renderer)) if reader.source == "man" else None
+    settings = {**asdict(reader), "man_renderer": renderer}
+    started = time.time_ns()
+    stats = [(str(path), path.stat()) for path in files]
+    key = (settings, [(name, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev) for name, st in stats])
+    if _PLANNED is not None and _PLANNED[0] == key:
+        return copy.deepcopy(_PLANNED[1])
+    plan = _plan(reader, files, renderer)
+    settled = all(st.st_mtime_ns < started - _SETTLED_NS for _, st in stats)
+    _PLANNED = (key, copy.deepcopy(plan)) if settled else None
+    return plan
+
+
+_PLANNED: tuple[tuple, CorpusPlan] | None = None
+"""The last plan made in this process and what it was made from (:func:`plan_corpus`)."""
+_SETTLED_NS = 2_000_000_000
+
+
+def _plan(reader: ReaderConfig, files: list[Path], renderer: str | None) -> CorpusPlan:
+    """The plan of ``files`` (``renderer``: the man page renderer's version, part of the fingerprint)."""
     import xxhash
 
-    files = resolve_inputs(reader)
     digest = xxhash.xxh3_128()  # content fingerprint at memory speed (blake2b ran at ~1 GB/s)
-    if reader.source == "man":  # the text depends on the program that renders it
-        digest.update(renderer_version(find_renderer(reader.man_renderer)).encode() + b"\0")
+    if renderer is not None:
+        digest.update(renderer.encode() + b"\0")
     chunks: list[Chunk] = []
     skipped: dict[str, str] = {}
     budget = reader.max_bytes

@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
+import pytest
 from kedro.io import DataCatalog, MemoryDataset
 from kedro.runner import SequentialRunner
 
 from tests.conftest import corpus_params
+from train_deploy.config import ConfigError
 from train_deploy.datasets import ArtifactFolderDataset, WorkFolderDataset
 from train_deploy.handoffs import DocumentCounts, TokenManifest
 from train_deploy.pipelines.corpus import create_pipeline
 from train_deploy.pipelines.corpus.nodes import report_corpus
 
+SRC = Path(__file__).resolve().parents[3] / "src" / "train_deploy"
 
-def _catalog(tmp_path, **encoding) -> DataCatalog:
+
+def _catalog(tmp_path, training: dict | None = None, **encoding) -> DataCatalog:
     """The corpus stage's catalog entries as conf/base/catalog.yml declares them, in ``tmp_path``."""
     return DataCatalog({
         "params:corpus": MemoryDataset(corpus_params(encoding=encoding)),
-        "params:training": MemoryDataset({}),  # init_from: scratch
+        "params:training": MemoryDataset(training or {}),  # init_from: scratch
         "params:registry": MemoryDataset({}),
         "init_cache": WorkFolderDataset(path=str(tmp_path / "init_from")),
         "tokenizer": ArtifactFolderDataset(path=str(tmp_path / "tokenizer"), by_fingerprint=True,
@@ -69,3 +74,13 @@ def test_corpus_report_flattens_counts_for_mlflow(tiny_token_files):
     assert metrics["skipped.invalid_utf8"]["value"] == 3.0
     assert metrics["reused"]["value"] == 1.0
     assert logged["documents"]["read"] == 10 and "path" not in logged and "reused" not in logged
+
+
+def test_the_training_block_is_validated_once_at_the_head_of_the_stage_and_an_invalid_one_encodes_nothing(tmp_path):
+    with pytest.raises(ConfigError, match=r"^training\.batch\.seq_length: must be at least 2 \(got 0\)$"):
+        SequentialRunner().run(create_pipeline(), _catalog(tmp_path, training={"batch": {"seq_length": 0}}))
+    assert not (tmp_path / "tokenizer").exists() and not (tmp_path / "tokens").exists()
+    # the stage's one configure node validates it; the retrain check validates it through that node
+    callers = {path.relative_to(SRC).as_posix(): path.read_text(encoding="utf-8").count("TrainingConfig.from_params")
+               for path in (SRC / "pipelines" / "corpus" / "nodes.py", SRC / "retrain.py")}
+    assert callers == {"pipelines/corpus/nodes.py": 1, "retrain.py": 0}

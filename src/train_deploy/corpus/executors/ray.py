@@ -1,7 +1,7 @@
 """The corpus stage's chunks as Ray tasks (``corpus.encoding.executor: ray``).
 
-One task per planned chunk runs the local executor's own read → clean → encode → shard function
-(:func:`train_deploy.corpus.build._encode_chunk`); the driver merges the shards in chunk order as before, so
+One task per planned chunk runs the local executor's own read → clean → encode → shard kernel
+(:class:`train_deploy.corpus.encode.ChunkEncoder`); the driver merges the shards in chunk order as before, so
 the token files, the manifest's counts and the fingerprint do not depend on the executor. A task whose worker
 process or node dies is run again by Ray (``max_retries``); bad input (:class:`CorpusError`) is not retried and
 is raised here with its own one-line message. The tokenizer the driver trained reaches the tasks through
@@ -16,23 +16,23 @@ import os
 import shutil
 import socket
 import tempfile
-import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from train_deploy.corpus import build
-from train_deploy.corpus.build import ChunkResult, chunk_place, peak_rss_mb
 from train_deploy.corpus.config import CorpusConfig, EncodingConfig
-from train_deploy.corpus.readers import Chunk, CorpusError, CorpusPlan
+from train_deploy.corpus.encode import ChunkEncoder, ChunkResult, chunk_place
+from train_deploy.corpus.errors import CorpusError
+from train_deploy.corpus.executors.progress import ProgressBar
+from train_deploy.corpus.readers import Chunk, CorpusPlan
 from train_deploy.handoffs import TokenizerInfo
 
 logger = logging.getLogger(__name__)
 
 _PROBE_TIMEOUT = 300  # seconds: a node that cannot start one small task in this time is not usable
-_PREPARED: tuple[CorpusConfig, str] | None = None
-"""In a Ray worker process: the configuration and tokenizer hash its encoder was set up for."""
+_PREPARED: tuple[tuple[CorpusConfig, str], ChunkEncoder] | None = None
+"""In a Ray worker process: the configuration and tokenizer hash its encoder was set up for, and that encoder."""
 
 
 def run_on_ray(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, work: Path) -> list[ChunkResult]:
@@ -133,9 +133,9 @@ def _read_probe(path: str) -> tuple[str, str | None]:
 
 
 def _collect(ray: Any, pending: dict[Any, Chunk], work: Path, e: EncodingConfig) -> list[ChunkResult]:
-    """Wait for every chunk's task (the progress bar counts chunks and tokens); write shards returned through the
-    object store into ``work``; raise the first failure after cancelling the other tasks."""
-    bar = _ChunkBar(len(pending), e.progress)
+    """Wait for every chunk's task (the progress bar counts documents and tokens as chunks finish); write shards
+    returned through the object store into ``work``; raise the first failure after cancelling the other tasks."""
+    bar = ProgressBar(e.progress)
     results: list[ChunkResult] = []
     try:
         while pending:
@@ -145,7 +145,7 @@ def _collect(ray: Any, pending: dict[Any, Chunk], work: Path, e: EncodingConfig)
                 for name, data in (shards or {}).items():
                     (work / name).write_bytes(data)
                 results.append(result)
-                bar.update(result.tokens_encoded)
+                bar.add(result.documents_read - sum(result.dropped.values()), result.tokens_encoded)
     finally:
         for ref in pending:
             ray.cancel(ref, force=True)
@@ -172,15 +172,14 @@ def _encode_task(config: CorpusConfig, tokenizer: TokenizerInfo, tokenizer_files
     shards into ``shared_work`` (renames: a worker killed mid-chunk leaves no partial shard there), or return
     them (file name → bytes) for the object store."""
     global _PREPARED
-    if _PREPARED != (config, tokenizer.hash):  # a worker process sets its encoder up once, not once per chunk
+    if _PREPARED is None or _PREPARED[0] != (config, tokenizer.hash):  # set up once per worker process, not per chunk
         local = replace(tokenizer, path=str(_materialise(tokenizer, tokenizer_files)))
-        build._init_worker(config, local, Path(), None, None, None)
-        _PREPARED = (config, tokenizer.hash)
+        _PREPARED = (config, tokenizer.hash), ChunkEncoder(config, local)
+    encoder = _PREPARED[1]
     parent = Path(shared_work) if shared_work is not None else None
     attempt = Path(tempfile.mkdtemp(prefix=f".chunk-{chunk.index:06d}-", dir=parent))
     try:
-        result = build._encode_chunk(chunk, attempt)
-        result.process, result.peak_rss_mb = os.getpid(), peak_rss_mb()
+        result = encoder.encode(chunk, attempt).stamp()
         if parent is None:
             return result, {f.name: f.read_bytes() for f in sorted(attempt.iterdir())}
         for file in attempt.iterdir():
@@ -221,26 +220,3 @@ def _session_folder() -> Path:
     except (ImportError, AttributeError):
         return Path(tempfile.gettempdir())
 
-
-class _ChunkBar:
-    """The driver's progress: finished chunks, tokens and tokens/s."""
-
-    def __init__(self, chunks: int, enabled: bool) -> None:
-        self._bar = None
-        if enabled:
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=chunks, desc="encoding on Ray", unit=" chunks", dynamic_ncols=True,
-                             mininterval=0.5, disable=None)
-        self._tokens, self._started = 0, time.perf_counter()
-
-    def update(self, tokens: int) -> None:
-        self._tokens += tokens
-        if self._bar is not None:
-            rate = self._tokens / max(time.perf_counter() - self._started, 1e-9)
-            self._bar.set_postfix_str(f"{self._tokens / 1e6:.1f} M tokens, {rate / 1e6:.2f} M tokens/s", refresh=False)
-            self._bar.update(1)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()

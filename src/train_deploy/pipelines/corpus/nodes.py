@@ -9,15 +9,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from train_deploy.corpus.build import (
-    check_splits,
-    corpus_fingerprint,
-    encode_corpus,
-    sample_documents,
-    token_files_are_current,
-    tokenizer_fingerprint,
-)
+from train_deploy.corpus.build import check_splits, encode_corpus, sample_documents, token_files_are_current
 from train_deploy.corpus.config import CorpusConfig
+from train_deploy.corpus.fingerprints import corpus_fingerprint, tokenizer_fingerprint
 from train_deploy.corpus.readers import CorpusPlan, plan_corpus, resolved
 from train_deploy.corpus.report import CorpusQuality, examples_text, report_figure
 from train_deploy.corpus.tokenizer import load_tokenizer, tokenizer_is_current, train_tokenizer, training_sentences
@@ -40,12 +34,19 @@ def plan_inputs(corpus: dict[str, Any]) -> tuple[CorpusConfig, CorpusPlan]:
     return config, plan
 
 
-def resolve_init(training: dict[str, Any], registry: dict[str, Any], corpus_config: CorpusConfig,
+def configure_corpus_training(training: dict[str, Any]) -> TrainingConfig:
+    """Return the ``training`` block validated once for this stage, which reads two things of it: where training
+    starts (``init_from``, :func:`resolve_init`) and the window and batch the token files must fill (``batch``,
+    :func:`encode_tokens`). The training stage validates it with a warm start's shape on its own."""
+    return TrainingConfig.from_params(training)
+
+
+def resolve_init(training: TrainingConfig, registry: dict[str, Any], corpus_config: CorpusConfig,
                  init_cache: WorkFolder) -> InitSource:
     """Return where training starts (``training.init_from``): scratch, a model folder, or the champion's
     ``pretrained/`` folder downloaded into ``init_cache`` (scratch, with the reason, when it cannot be used)."""
-    init_from = TrainingConfig.from_params(training).init_from
-    source = resolve_init_source(init_from, corpus_config, RegistryConfig.from_params(registry), Path(init_cache.path))
+    source = resolve_init_source(training.init_from, corpus_config, RegistryConfig.from_params(registry),
+                                 Path(init_cache.path))
     record_init_source(source)
     return source
 
@@ -74,16 +75,16 @@ def prepare_tokenizer(corpus_config: CorpusConfig, corpus_plan: CorpusPlan,
 
 
 def encode_tokens(corpus_config: CorpusConfig, corpus_plan: CorpusPlan, tokenizer: TokenizerInfo,
-                  training: dict[str, Any] | None = None) -> FolderWork[TokenManifest]:
+                  training: TrainingConfig | None = None) -> FolderWork[TokenManifest]:
     """Return how to fill the token folder: encode the corpus in parallel (kept when its fingerprint is unchanged),
     refusing token files that cannot fill one window of ``training``'s ``seq_length`` in each split, and warning
     of a validation split smaller than one evaluation batch (:func:`~train_deploy.corpus.build.check_splits`),
     encoded or kept, before the training stage starts."""
-    fingerprint = corpus_fingerprint(corpus_config, corpus_plan, tokenizer)
+    fingerprint = corpus_fingerprint(corpus_config, corpus_plan, tokenizer.hash)
     keep = partial(token_files_are_current, fingerprint=fingerprint) if corpus_config.encoding.reuse else None
     build = partial(encode_corpus, corpus_config, corpus_plan, tokenizer)
     if training is not None:
-        batch = TrainingConfig.from_params(training).batch
+        batch = training.batch
         check = partial(check_splits, window=batch.seq_length + 1, batch=batch.micro_batch_size,
                         validation_fraction=corpus_config.encoding.validation_fraction)
         build, keep = _checked(build, keep, check)

@@ -24,9 +24,9 @@ import psutil
 import pytest
 
 from tests.conftest import TINY_SLICE, TINY_TOKENIZER, cli_params, corpus_params, publish
+from tests.corpus.executors.test_local import stopped_mid_chunk
 from tests.corpus.test_bad_input import GOOD
 from tests.corpus.test_build import encode, output_bytes
-from tests.corpus.test_faults import stopped_mid_chunk
 from tests.corpus.test_readers import multistream_dump, sample_pages
 from train_deploy.atomic import atomic_folder
 from train_deploy.corpus.build import encode_corpus

@@ -1,4 +1,5 @@
-"""A corpus helper that dies (the OOM killer) fails the stage at once, names its chunk and publishes nothing."""
+"""The local executor: this process and spawned helpers write the same bytes for any worker count; a helper that
+dies (the OOM killer) fails the stage at once, names its chunk and publishes nothing."""
 
 from __future__ import annotations
 
@@ -14,11 +15,10 @@ import pytest
 from kedro.io import DatasetError
 
 from tests.conftest import corpus_params, publish
+from tests.corpus.test_build import encode, output_bytes
 from train_deploy.corpus.readers import people_daily_path
 from train_deploy.handoffs import TokenManifest
 from train_deploy.pipelines.corpus.nodes import encode_tokens, plan_inputs
-
-pytestmark = pytest.mark.slow
 
 SHARD = re.compile(r"/\.shards\.tdstage-[a-z0-9_]+/(\d{6})\.(?:train|valid)\.bin$")
 
@@ -52,6 +52,33 @@ def stopped_mid_chunk(deadline: float, candidates: Callable[[], list[psutil.Proc
     pytest.fail(f"no process with {marker!r} was seen encoding a chunk")
 
 
+def test_output_is_byte_identical_with_one_and_two_workers(tmp_path, tiny_tokenizer):
+    _, one = encode(tmp_path / "w1", tiny_tokenizer, encoding={"workers": 1})
+    _, two = encode(tmp_path / "w2", tiny_tokenizer, encoding={"workers": 2})
+    assert one.input["chunks"] > 2 and two.workers == 2
+    first, second = output_bytes(tmp_path / "w1" / "tokens"), output_bytes(tmp_path / "w2" / "tokens")
+    assert set(first) == {"train.bin", "train.idx", "valid.bin", "valid.idx"}
+    assert first == second
+
+
+def test_helpers_start_without_importing_the_parents_main_module(monkeypatch):
+    import sys
+    import types
+
+    from train_deploy.corpus.executors.local import _main_module_hidden
+
+    main = types.ModuleType("__main__")
+    main.__file__, main.__spec__ = "/venv/bin/kedro", types.SimpleNamespace(name="kedro")
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    with _main_module_hidden():
+        from multiprocessing.spawn import get_preparation_data
+
+        data = get_preparation_data("helper")
+        assert "init_main_from_path" not in data and "init_main_from_name" not in data
+    assert main.__file__ == "/venv/bin/kedro" and main.__spec__.name == "kedro"
+
+
+@pytest.mark.slow
 def test_a_killed_helper_fails_the_stage_within_a_minute_naming_its_chunk(tmp_path, tiny_tokenizer):
     tokens = tmp_path / "tokens"
     publish(encode_tokens(*plan_inputs(corpus_params()), tiny_tokenizer), tokens, TokenManifest)
