@@ -14,7 +14,7 @@ from safetensors.numpy import load_file
 from tests.conftest import corpus_params
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.handoffs import WorkFolder
-from train_deploy.pipelines.corpus.nodes import resolve_init
+from train_deploy.pipelines.corpus.nodes import configure_corpus_training, resolve_init
 from train_deploy.training.pretrained import TOKENIZER_TAG, tokenizer_config_fingerprint
 
 MODEL = "init_from_champion_lm"  # its own registered model: the other tests' champion is not touched
@@ -36,7 +36,8 @@ def champion(model_store, tiny_bundle) -> str:
 def start(model_store, corpus: CorpusConfig, cache, name: str = MODEL):
     """The corpus stage's init node in an MLflow run; return its InitSource and the run's params and tags."""
     with model_store.active(), mlflow.start_run() as run:
-        source = resolve_init({"init_from": "champion"}, {"model_name": name}, corpus, WorkFolder(path=str(cache)))
+        source = resolve_init(configure_corpus_training({"init_from": "champion"}), {"model_name": name}, corpus,
+                              WorkFolder(path=str(cache)))
     data = MlflowClient(model_store.tracking_uri).get_run(run.info.run_id).data
     return source, data.params, data.tags
 
