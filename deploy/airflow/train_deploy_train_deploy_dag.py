@@ -99,7 +99,7 @@ def train_deploy():
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
             session.run(pipeline_names=["train_deploy"], node_names=[
-                "plan_corpus_inputs", "resolve_init_source", "prepare_tokenizer", "encode_corpus"])
+                "configure_corpus_training", "plan_corpus_inputs", "resolve_init_source", "prepare_tokenizer", "encode_corpus"])
 
     @task.external_python(task_id="train-model", python=PROJECT_PYTHON, expect_airflow=False)
     def train_model(project: str, trigger: str, mlflow_run_id: str) -> None:
