@@ -49,11 +49,7 @@ FLOORS = {
 }
 KNOWN_VIOLATIONS: set[tuple[str, str]] = set()
 """(importer, imported) pairs that go up a floor today; each must still exist, so the list only shrinks."""
-KNOWN_CIRCLES = {
-    # issue 27 "split by concern" (H5's open work): ray_executor calls build's private _init_worker/_encode_chunk,
-    # which corpus/encode.py and corpus/executors/ will hold
-    "corpus.build → corpus.ray_executor → corpus.build",
-}
+KNOWN_CIRCLES: set[str] = set()
 """Circles found today, each written from its first module in sorted order; the list only shrinks too."""
 
 
