@@ -26,6 +26,7 @@ from dataclasses import asdict
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from train_deploy.atomic import atomic_folder
 from train_deploy.config import ConfigError, to_dict
 from train_deploy.handoffs import InitSource
 from train_deploy.hashing import digest, hash_folder
@@ -128,11 +129,9 @@ def init_identity(init_from: str) -> str:
 def copy_tokenizer(folder: Path, target: Path) -> Path:
     """``target`` holding ``folder``'s files but its weights (the tokenizer and configuration), made once."""
     if not target.is_dir():
-        staging = target.with_name(f".{target.name}.tmp")
-        shutil.rmtree(staging, ignore_errors=True)
-        shutil.copytree(folder, staging, ignore=shutil.ignore_patterns("*.safetensors", WEIGHTS_INDEX,
-                                                                       *PICKLED_WEIGHTS))
-        staging.rename(target)
+        with atomic_folder(target, "the pretrained folder's tokenizer") as staging:
+            shutil.copytree(folder, staging, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("*.safetensors", WEIGHTS_INDEX, *PICKLED_WEIGHTS))
     return target
 
 
@@ -171,16 +170,16 @@ def load_pretrained_weights(model, folder: Path) -> None:
 def folder_source(folder: Path, requested: str, fingerprint: str, cache: Path) -> InitSource:
     """A model folder checked (configuration, safetensors weights, tokenizer) and hashed; its tokenizer copied
     alone under ``cache`` for the corpus stage."""
-    digest = folder_hash(folder)
+    content = folder_hash(folder)
     shape = model_config(folder)
     weight_files(folder)
     if not (folder / "tokenizer_config.json").is_file():
         raise ConfigError(f"{folder}: no tokenizer_config.json; save the model's tokenizer beside it with "
                           "tokenizer.save_pretrained(folder) (training.init_from)")
-    tokenizer = copy_tokenizer(folder, cache / "tokenizers" / digest)
+    tokenizer = copy_tokenizer(folder, cache / "tokenizers" / content)
     logger.info("Starting from %s (content hash %s): its weights, its tokenizer and its config.json's shape", folder,
-                digest[:12])
-    return InitSource(requested=requested, path=str(folder), hash=digest, tokenizer_path=str(tokenizer), shape=shape,
+                content[:12])
+    return InitSource(requested=requested, path=str(folder), hash=content, tokenizer_path=str(tokenizer), shape=shape,
                       tokenizer_config_fingerprint=fingerprint)
 
 
