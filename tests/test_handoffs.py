@@ -70,3 +70,25 @@ def test_a_checkpoint_state_is_written_back_byte_for_byte_in_its_writers_key_ord
         (tmp_path / "state.json").write_text(text, encoding="utf-8")
         CheckpointState.read(tmp_path).write(again)
         assert (again / "state.json").read_text(encoding="utf-8") == text
+
+
+BUNDLE_DESCRIPTION = {"version": "v", "fingerprint": "f", "created_at": "", "source": {"checkpoint": "c", "step": 1},
+                      "model": {"architecture": "llama", "context": 8, "vocab_size": 8, "eos_id": 0, "hidden_size": 8,
+                                "layers": 1, "heads": 1},
+                      "tokenizer": {}, "too_long": "raise", "server": {}, "edge": {}, "software": {}}
+
+
+def test_bundle_json_is_read_typed_with_sizes_of_both_formats_and_an_old_format_refused_in_one_line(tmp_path):
+    from train_deploy.handoffs import BundleMeta, FileRecord
+
+    (tmp_path / "bundle.json").write_text(json.dumps(BUNDLE_DESCRIPTION | {"format": 8, "files": {"a": 3}}))
+    assert BundleMeta.read(tmp_path).sizes() == {"a": 3}  # format 8: sizes alone
+    record = {"bytes": 5, "xxh3_128": "00"}
+    (tmp_path / "bundle.json").write_text(json.dumps(BUNDLE_DESCRIPTION | {"format": 9, "files": {"a": record}}))
+    meta = BundleMeta.read(tmp_path)
+    assert meta.files == {"a": FileRecord(**record)} and meta.sizes() == {"a": 5} and meta.model.context == 8
+    (tmp_path / "bundle.json").write_text(json.dumps({"format": 6, "model": {}}))
+    with pytest.raises(DescriptionError, match=rf"^{tmp_path}/bundle.json: bundle format 6 is older than the graphs "
+                                               r"this runtime runs \(format 7\); re-export it \(kedro run "
+                                               r"--pipelines export\)$"):
+        BundleMeta.read(tmp_path)

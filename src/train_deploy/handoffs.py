@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from train_deploy.atomic import atomic_path
+from train_deploy import atomic
 from train_deploy.config import ConfigError, from_mapping
 
 T = TypeVar("T")
@@ -61,9 +61,8 @@ def from_json(cls: type[T], data: Any, where: str) -> T:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Write ``obj`` (a description or plain JSON data) as indented UTF-8 JSON, atomically."""
-    with atomic_path(Path(path)) as tmp:
-        tmp.write_text(json.dumps(to_json(obj), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    """Write ``obj`` (a description or plain JSON data) as indented UTF-8 JSON, atomically (``atomic.write_json``)."""
+    atomic.write_json(Path(path), to_json(obj))
 
 
 def read_json(cls: type[T], file: Path, **local: Any) -> T:
@@ -394,6 +393,173 @@ class SelectedCheckpoint:
 
 # --- export ------------------------------------------------------------------------------------------
 
+OLDEST_BUNDLE_FORMAT = 7
+"""The oldest ``bundle.json`` ``format`` read (``train_deploy.export.bundle.FORMAT`` says what each added); older
+bundles are refused with a line that says to re-export them."""
+HASHED_BUNDLE_FORMAT = 9
+"""The first ``format`` whose ``files`` record each file's size and xxh3-128 hash (before: sizes only)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class BundleSource:
+    """What a bundle was exported from (``bundle.json`` ``source``)."""
+
+    checkpoint: str
+    """The checkpoint folder, as the exporting machine named it."""
+    step: int
+    val_loss: float | None = None
+    """The checkpoint's validation loss; the evaluation node's for the selected weights when given."""
+    averaged: str | None = None
+    """``uniform`` or ``ema`` for averaged weights."""
+    selection: str = ""
+    """Why this checkpoint was selected."""
+    val_baselines: dict[str, Any] | None = None
+    """The n-gram baselines of the windows ``val_loss`` was measured on (``Baselines`` report)."""
+    corpus: dict[str, Any] = field(default_factory=dict)
+    """The corpus: ``fingerprint``, ``reader`` and each split's documents and tokens."""
+
+
+@dataclass(kw_only=True, slots=True)
+class BundleModel:
+    """The exported model's shape (``bundle.json`` ``model``)."""
+
+    architecture: str
+    parameters: int | None = None
+    context: int
+    """Tokens a sequence may hold (``max_position_embeddings``), the end-of-document id included."""
+    vocab_size: int
+    eos_id: int
+    hidden_size: int
+    layers: int
+    heads: int
+    kv_heads: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServerGraph:
+    """One Paddle Inference graph of a bundle (``bundle.json`` ``graphs.<folder>``)."""
+
+    kernels: list[str] = field(default_factory=list)
+    """The fused CPU kernels it calls (empty: portable operators only)."""
+    needs: list[str] = field(default_factory=list)
+    """What a host needs to run it: ``probe:<kernel>`` (the kernel probe passes on this CPU, or a GPU)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class BundleMeta:
+    """``bundle.json``: what a bundle is (``train_deploy.export.bundle``), read by :meth:`read` alone."""
+
+    format: int
+    """What the bundle holds (``train_deploy.export.bundle.FORMAT``); at least :data:`OLDEST_BUNDLE_FORMAT`."""
+    version: str
+    fingerprint: str
+    """Of the checkpoint, tokenizer, export configuration and training curves: equal ones, equal bundles."""
+    created_at: str
+    source: BundleSource
+    model: BundleModel
+    tokenizer: dict[str, Any]
+    """The tokenizer's :class:`TokenizerInfo` in its JSON form, ``path`` relative to the bundle."""
+    too_long: str
+    """``raise`` or ``truncate``: what a text longer than the context gets."""
+    server: dict[str, Any]
+    """The ``export.server`` settings (``ServerConfig``) the bundle was proven with and loads with."""
+    edge: dict[str, Any]
+    """The ``export.edge`` settings (``EdgeConfig``)."""
+    software: dict[str, str]
+    """Versions of what exported it: ``paddlepaddle``, ``paddle2onnx``, ``onnxruntime``."""
+    graphs: dict[str, ServerGraph] | None = None
+    """The Paddle Inference graphs by folder (None: format 7, the fused graph only)."""
+    kernel_probe: dict[str, Any] | None = None
+    """Whether the exporting machine ran the fused kernels (``runs``) and why (``reason``)."""
+    plots: dict[str, str] = field(default_factory=dict)
+    """Each picture's file, relative to the bundle."""
+    training_curves: dict[str, Any] = field(default_factory=dict)
+    """Where the training picture's curves came from, or why there are none."""
+    files: dict[str, FileRecord | int] = field(default_factory=dict)
+    """Every other file of the bundle by relative POSIX name: its size and xxh3-128 hash (format 9 on; before:
+    its size alone), which loading checks (``train_deploy.export.integrity``)."""
+
+    @classmethod
+    def read(cls, folder: Path) -> BundleMeta:
+        """``folder``'s ``bundle.json``, every key and type checked; an older format than this code reads is
+        refused in one line that says to re-export."""
+        path = Path(folder) / BUNDLE_FILE
+        data = _bundle_part(path, Path(folder))
+        found = data.get("format") if isinstance(data, dict) else None
+        if not isinstance(found, int) or found < OLDEST_BUNDLE_FORMAT:
+            raise DescriptionError(f"{path}: bundle format {found} is older than the graphs this runtime runs "
+                                   f"(format {OLDEST_BUNDLE_FORMAT}); re-export it (kedro run --pipelines export)")
+        return from_json(cls, data, str(path))
+
+    def sizes(self) -> dict[str, int]:
+        """Each recorded file's size in bytes, by relative name."""
+        return {name: record.bytes if isinstance(record, FileRecord) else record for name, record in self.files.items()}
+
+
+@dataclass(kw_only=True, slots=True)
+class ParityReport:
+    """``parity.json``: every form's logits against the trained model (``train_deploy.export.checks``)."""
+
+    samples: int
+    seq_length: int
+    reference: str
+    precision: dict[str, str] = field(default_factory=dict)
+    """Each form's precision (``fp32``, ``fp16``, ``int8``)."""
+    max_abs_logit_diff: dict[str, float]
+    perplexity: dict[str, float]
+    """Of the reference (``trained``) and of each form, on the parity windows."""
+    limits: dict[str, float]
+    baselines: dict[str, Any] | None = None
+    """The n-gram baselines of the parity windows (``Baselines`` report; None before format 4)."""
+    fp16_perplexity_increase: dict[str, float] | None = None
+    int8_perplexity_increase: float | None = None
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    passed: bool
+    kv_cache: dict[str, Any] | None = None
+    """Generation with the KV cache against full recomputation (``cache_parity_report``)."""
+    not_shipped: dict[str, str] | None = None
+    """Graphs the bundle does not ship, and why."""
+
+    def record(self) -> dict[str, Any]:
+        """The JSON form, without the keys a report does not have."""
+        return {key: value for key, value in to_json(self).items() if value is not None}
+
+    @classmethod
+    def read(cls, folder: Path) -> ParityReport:
+        path = Path(folder) / PARITY_FILE
+        return from_json(cls, _bundle_part(path, Path(folder)), str(path))
+
+
+@dataclass(kw_only=True, slots=True)
+class LatencyReport:
+    """``latency.json``: each form's forward pass (p50/p95 by batch) and generation speed, measured at export."""
+
+    seq_length: int
+    repeats: int
+    unit: str
+    forms: dict[str, dict[str, dict[str, float]]]
+    """``forms.<form>.batch_<n>``: ``p50``, ``p95``, … in :attr:`unit`."""
+    generation: dict[str, Any] | None = None
+    """Milliseconds per new token of a short greedy generation (``forms.<form>.ms_per_token``)."""
+
+    def record(self) -> dict[str, Any]:
+        return {key: value for key, value in to_json(self).items() if value is not None}
+
+    @classmethod
+    def read(cls, folder: Path) -> LatencyReport:
+        path = Path(folder) / LATENCY_FILE
+        return from_json(cls, _bundle_part(path, Path(folder)), str(path))
+
+
+def _bundle_part(path: Path, folder: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DescriptionError(f"{path}: missing; is {folder} an exported bundle?") from None
+    except (OSError, ValueError) as exc:
+        raise DescriptionError(f"{path}: unreadable ({exc})") from None
+
 
 @dataclass(kw_only=True, slots=True)
 class Bundle:
@@ -402,30 +568,23 @@ class Bundle:
     path: str = field(default="", metadata=_LOCAL)
     reused: bool = field(default=False, metadata=_LOCAL)
     """This run found the same checkpoint, tokenizer and configuration already exported."""
-    meta: dict[str, Any]
-    """``bundle.json``: source, model shape, tokenizer, runtime settings, files and their sizes."""
-    parity: dict[str, Any]
-    latency: dict[str, Any]
+    meta: BundleMeta
+    """``bundle.json``: source, model shape, tokenizer, runtime settings, files and their records."""
+    parity: ParityReport
+    latency: LatencyReport
     card: str
     """``MODEL_CARD.md``."""
 
     @property
     def fingerprint(self) -> str:
-        return self.meta["fingerprint"]
+        return self.meta.fingerprint
 
     @classmethod
     def read_folder(cls, folder: Path) -> Bundle:
         folder = Path(folder)
-        parts = {}
-        for key, name in (("meta", BUNDLE_FILE), ("parity", PARITY_FILE), ("latency", LATENCY_FILE)):
-            try:
-                parts[key] = json.loads((folder / name).read_text(encoding="utf-8"))
-            except FileNotFoundError:
-                raise DescriptionError(f"{folder / name}: missing; is {folder} an exported bundle?") from None
-            except (OSError, ValueError) as exc:
-                raise DescriptionError(f"{folder / name}: unreadable ({exc})") from None
+        meta, parity, latency = BundleMeta.read(folder), ParityReport.read(folder), LatencyReport.read(folder)
         try:
             card = (folder / CARD_FILE).read_text(encoding="utf-8")
         except OSError as exc:
             raise DescriptionError(f"{folder / CARD_FILE}: unreadable ({exc})") from None
-        return from_json(cls, {**parts, "card": card, "path": str(folder)}, str(folder / BUNDLE_FILE))
+        return cls(path=str(folder), meta=meta, parity=parity, latency=latency, card=card)

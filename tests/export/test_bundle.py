@@ -16,7 +16,17 @@ from tests.export.conftest import export_into, export_params, fused_here, select
 from train_deploy.baselines import Baselines, ngram_baselines
 from train_deploy.export.card import model_card
 from train_deploy.export.checks import ParityError
-from train_deploy.handoffs import Bundle
+from train_deploy.handoffs import (
+    Bundle,
+    BundleMeta,
+    CheckpointState,
+    LatencyReport,
+    ParityReport,
+    ServerGraph,
+    from_json,
+    to_json,
+)
+from train_deploy.hashing import file_record
 from train_deploy.pipelines.export.nodes import report_export
 from train_deploy.training.checkpoint import CheckpointError
 from train_deploy.training.evaluation import validation_windows
@@ -31,8 +41,10 @@ def test_bundle_holds_server_edge_tokenizer_proofs_and_card(tiny_bundle):
                  "edge/model.onnx", "edge/model.int8.onnx", "tokenizer/sentencepiece.bpe.model", "parity.json",
                  "latency.json", *(("server/model.json", "server/model.pdiparams", "server/decode.json") if fused
                                    else ())):
-        assert meta["files"][name] == (tiny_bundle / name).stat().st_size > 0
-    assert meta["model"]["context"] == 128 and meta["source"]["step"] == 6 and meta["format"] == 8
+        assert meta["files"][name] == file_record(tiny_bundle / name) and meta["files"][name]["bytes"] > 0
+    assert set(meta["files"]) == {p.relative_to(tiny_bundle).as_posix() for p in tiny_bundle.rglob("*")
+                                  if p.is_file()} - {"bundle.json"}  # every other file, the card too
+    assert meta["model"]["context"] == 128 and meta["source"]["step"] == 6 and meta["format"] == 9
     assert meta["graphs"] == {"server_portable": {"kernels": [], "needs": []}} | (
         {"server": {"kernels": ["swiglu", "fused_rms_norm"], "needs": ["probe:swiglu", "probe:fused_rms_norm"]}}
         if fused else {})
@@ -100,7 +112,8 @@ def test_parity_and_card_carry_the_ngram_baselines_and_warn_when_the_model_loses
     better = {**parity, "baselines": {**baselines, "model_loss": Baselines.from_report(baselines).strongest()[1] - 0.5,
                                       "model_beats_bigram": True, "model_beats_strongest": True}}
     meta["source"]["val_loss"] = best - 0.5
-    winning = model_card(meta, state, better, latency)
+    winning = model_card(from_json(BundleMeta, meta, "bundle.json"), from_json(CheckpointState, state, "state.json"),
+                         from_json(ParityReport, better, "parity.json"), from_json(LatencyReport, latency, "latency"))
     assert "Warning" not in winning and winning.count("is below the strongest (") == 2
 
 
@@ -184,9 +197,9 @@ def test_a_checkpoint_trained_with_flash_attention_exports_with_portable_kernels
     (checkpoint / "state.json").write_text(json.dumps(state), encoding="utf-8")
     bundle = export_into(tmp_path / "out" / "bundle", checkpoint, tiny_tokenizer, tiny_token_files,
                          edge={"int8": False}, latency={"batch_sizes": [1]})
-    assert bundle.parity["passed"] and bundle.parity["max_abs_logit_diff"]["paddle_portable"] <= 1e-4
-    assert bundle.parity["max_abs_logit_diff"].get("paddle_inference", 0) <= 1e-4
-    assert "flash" not in json.dumps(bundle.meta) and "flash" not in bundle.card
+    assert bundle.parity.passed and bundle.parity.max_abs_logit_diff["paddle_portable"] <= 1e-4
+    assert bundle.parity.max_abs_logit_diff.get("paddle_inference", 0) <= 1e-4
+    assert "flash" not in json.dumps(to_json(bundle.meta)) and "flash" not in bundle.card
 
 
 def test_where_the_fused_kernels_cannot_run_the_export_ships_the_portable_graph_alone_and_says_why(
@@ -214,11 +227,11 @@ def test_where_the_fused_kernels_cannot_run_the_export_ships_the_portable_graph_
     # a bundle without the fused graph is another bundle: never reused where the fused kernels run
     assert fingerprints["on"] != fingerprints["off"]
     assert not (folder / "server").exists() and (folder / "server_portable" / "decode.pdiparams").is_file()
-    assert bundle.meta["graphs"] == {"server_portable": {"kernels": [], "needs": []}}
-    assert bundle.meta["kernel_probe"] == {"runs": False, "reason": "TRAIN_DEPLOY_FUSED_KERNELS=off"}
-    assert bundle.parity["passed"] and set(bundle.parity["max_abs_logit_diff"]) == {"paddle_portable", "onnx_fp32"}
+    assert bundle.meta.graphs == {"server_portable": ServerGraph()}
+    assert bundle.meta.kernel_probe == {"runs": False, "reason": "TRAIN_DEPLOY_FUSED_KERNELS=off"}
+    assert bundle.parity.passed and set(bundle.parity.max_abs_logit_diff) == {"paddle_portable", "onnx_fp32"}
     why = "the fused graph could not be checked on the exporting machine: TRAIN_DEPLOY_FUSED_KERNELS=off"
-    assert bundle.parity["not_shipped"] == {"server": why}
+    assert bundle.parity.not_shipped == {"server": why}
     assert f"- `server/` not shipped: {why}." in bundle.card
-    assert set(bundle.latency["generation"]["forms"]) == {"paddle_portable", "onnx_fp32"}
+    assert set(bundle.latency.generation["forms"]) == {"paddle_portable", "onnx_fp32"}
     assert model.engine == "paddle_portable"

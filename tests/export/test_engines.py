@@ -11,26 +11,34 @@ import pytest
 
 from train_deploy.export import probe
 from train_deploy.export.engines import bundle_graphs, choose_engine, graph_record
-from train_deploy.handoffs import DescriptionError
+from train_deploy.handoffs import BundleMeta, DescriptionError
 
 BOTH = {"server_portable": graph_record(False), "server": graph_record(True)}
 
 
+# What bundle.json holds besides the graphs (BundleMeta's required keys), as a tiny export writes it.
+DESCRIPTION = {"version": "v", "fingerprint": "f", "created_at": "", "source": {"checkpoint": "c", "step": 1},
+               "model": {"architecture": "llama", "context": 8, "vocab_size": 8, "eos_id": 0, "hidden_size": 8,
+                         "layers": 1, "heads": 1},
+               "tokenizer": {}, "too_long": "raise", "server": {}, "edge": {}, "software": {}}
+
+
 def bundle_folder(root: Path, graphs: dict | None, generation: dict[str, float] | None = None,
-                  forward: dict[str, float] | None = None) -> tuple[Path, dict]:
+                  forward: dict[str, float] | None = None) -> tuple[Path, BundleMeta]:
     """A folder with ``bundle.json`` (format 8 with ``graphs``, 7 without), ``latency.json`` of the given
-    figures (ms per token, forward p50 at batch 1) and an ONNX model file."""
+    figures (ms per token, forward p50 at batch 1) and an ONNX model file; and its description."""
     root.mkdir()
-    meta = {"format": 7 if graphs is None else 8} | ({} if graphs is None else {"graphs": graphs})
+    meta = DESCRIPTION | {"format": 7 if graphs is None else 8} | ({} if graphs is None else {"graphs": graphs})
     (root / "bundle.json").write_text(json.dumps(meta), encoding="utf-8")
-    latency = {"forms": {name: {"batch_1": {"p50": ms, "p95": ms}, "batch_8": {"p50": 8 * ms, "p95": 8 * ms}}
+    latency = {"seq_length": 16, "repeats": 1, "unit": "ms",
+               "forms": {name: {"batch_1": {"p50": ms, "p95": ms}, "batch_8": {"p50": 8 * ms, "p95": 8 * ms}}
                          for name, ms in (forward or {}).items()}}
     if generation:
         latency["generation"] = {"forms": {name: {"ms_per_token": ms} for name, ms in generation.items()}}
     (root / "latency.json").write_text(json.dumps(latency), encoding="utf-8")
     (root / "edge").mkdir()
     (root / "edge" / "model.onnx").write_bytes(b"onnx")
-    return root, meta
+    return root, BundleMeta.read(root)
 
 
 @pytest.fixture
@@ -107,8 +115,8 @@ def test_a_format_7_bundle_on_a_cpu_that_cannot_run_it_is_refused_in_one_line_or
 
 
 def test_graphs_of_bundle_json_are_read_typed_and_named(tmp_path):
-    folder, meta = bundle_folder(tmp_path / "b", {"server_portable": {"kernels": "swiglu", "needs": []}})
-    with pytest.raises(DescriptionError, match=r"bundle.json.graphs.server_portable: kernels: .*list"):
-        bundle_graphs(folder, meta)
+    with pytest.raises(DescriptionError, match=r"bundle.json: graphs.server_portable.kernels: .*list"):
+        bundle_folder(tmp_path / "b", {"server_portable": {"kernels": "swiglu", "needs": []}})
+    folder, _ = bundle_folder(tmp_path / "c", {"server_tiny": {}})
     with pytest.raises(DescriptionError, match=r"bundle.json: graphs.server_tiny: unknown graph"):
-        bundle_graphs(folder, {"graphs": {"server_tiny": {}}})
+        bundle_graphs(folder, BundleMeta.read(folder))

@@ -130,7 +130,7 @@ def test_bundle_holds_both_pictures_and_the_card_embeds_them(tiny_bundle, tiny_r
     assert _png_size(tiny_bundle / "plots" / "training.png") == (1000, 700)
     assert _png_size(tiny_bundle / "plots" / "latency.png")[1] == 400
     for name in meta["plots"].values():
-        assert meta["files"][name] == (tiny_bundle / name).stat().st_size > 10_000
+        assert meta["files"][name]["bytes"] == (tiny_bundle / name).stat().st_size > 10_000
     card = (tiny_bundle / "MODEL_CARD.md").read_text(encoding="utf-8")
     assert f"by step, steps 1-{tiny_run.step}](plots/training.png)" in card
     assert "![Latency by form and batch](plots/latency.png)" in card

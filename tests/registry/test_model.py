@@ -112,7 +112,7 @@ def test_logged_model_holds_the_package_as_code_and_no_serialised_object(downloa
     assert flavor["code"] == "code" and flavor["loader_module"] == "mlflow.pyfunc.loaders.code_model"
     assert (downloaded / Path(flavor["model_code_path"]).name).is_file()
     assert sorted(p.suffix for p in downloaded.rglob("*.pkl")) == []
-    assert read_bundle(downloaded / "artifacts" / "bundle")["model"]["context"] > 0
+    assert read_bundle(downloaded / "artifacts" / "bundle").model.context > 0
 
 
 def test_logged_model_pins_this_environments_versions(downloaded):
@@ -179,7 +179,7 @@ def test_nats_per_char_divides_the_summed_log_likelihood_by_the_characters(loade
 
 
 def _long_text(bundle: Path) -> str:
-    return "中华人民共和国" * read_bundle(bundle)["model"]["context"]
+    return "中华人民共和国" * read_bundle(bundle).model.context
 
 
 BAD_REQUESTS = {

@@ -64,7 +64,7 @@ def test_the_int8_onnx_model_is_chosen_by_parameters(server, tiny_bundle):
 
 
 def _too_long(bundle) -> str:
-    return "中华人民共和国" * read_bundle(bundle)["model"]["context"]
+    return "中华人民共和国" * read_bundle(bundle).model.context
 
 
 BAD_REQUESTS = {

@@ -3,7 +3,8 @@
 A bundle is one folder (the catalog's versioned ``export_bundle``: ``<path>/<version>/bundle/``)::
 
     bundle.json      what it is: source checkpoint, model shape, tokenizer, runtime settings, the server graphs
-                     (``graphs``: each one's fused kernels and what it needs, engines.py), files
+                     (``graphs``: each one's fused kernels and what it needs, engines.py), and every other file's
+                     size and xxh3-128 hash (``files``), which loading checks (integrity.py)
     server/          Paddle Inference, the fused graph (Paddle's fused CPU kernels): the prefill/full pass
                      (model.json + model.pdiparams) and the one-token decode step with the KV cache
                      (decode.json + decode.pdiparams), see graph.py
@@ -34,8 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import hashlib
-import json
 import logging
 import shutil
 from pathlib import Path
@@ -64,6 +63,7 @@ from train_deploy.export.graph import (
     save_server_model,
 )
 from train_deploy.export.hardware import disable_tf32
+from train_deploy.export.integrity import bundle_file_records
 from train_deploy.export.plots import TrainingCurves, write_plots
 from train_deploy.export.pretrained import save_pretrained_folder
 from train_deploy.export.probe import fused_kernels
@@ -74,16 +74,24 @@ from train_deploy.handoffs import (
     PARITY_FILE,
     TOKENIZER_FILE,
     Bundle,
+    BundleMeta,
+    CheckpointState,
+    FileRecord,
+    LatencyReport,
+    ParityReport,
     TokenizerInfo,
     TokenManifest,
+    from_json,
     to_json,
     write_json,
 )
+from train_deploy.hashing import digest, file_record
 from train_deploy.training.checkpoint import (
     MODEL_FILE,
     STATE_FILE,
     CheckpointError,
     check_trained_on,
+    checkpoint_state,
     verify_checkpoint,
 )
 
@@ -91,10 +99,11 @@ logger = logging.getLogger(__name__)
 
 PRETRAINED_DIR = "pretrained"
 
-FORMAT = 8  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json,
+FORMAT = 9  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json,
 # 5: pretrained/, 6: prefill and decode graphs with a KV cache, 7: a cache input and output per layer, Paddle's fused
-# kernels in server/, 8: the portable graph in server_portable/ and bundle.json's graphs (LanguageModel refuses
-# bundles older than 7: re-export)
+# kernels in server/, 8: the portable graph in server_portable/ and bundle.json's graphs, 9: each file's size and
+# xxh3-128 hash in bundle.json's files, checked on load (integrity.py; LanguageModel refuses bundles older than 7:
+# re-export, and loads 7 and 8 with a warning that their contents are not verified)
 
 
 def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManifest, config: ExportConfig,
@@ -110,8 +119,9 @@ def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManif
     another corpus stops it first with :class:`CheckpointError`.
     """
     checkpoint, folder = Path(checkpoint), Path(folder)
-    state = verify_checkpoint(checkpoint, [MODEL_FILE])
-    check_trained_on(state, tokens.fingerprint, checkpoint)
+    record = verify_checkpoint(checkpoint, [MODEL_FILE])
+    check_trained_on(record, tokens.fingerprint, checkpoint)
+    state = checkpoint_state(checkpoint)
     check_tokenizer(tokenizer, state, checkpoint)
     version = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H.%M.%S.%fZ")
     model = load_inference_model(checkpoint)
@@ -137,15 +147,22 @@ def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManif
     check_parity(parity, f"the bundle of {checkpoint}")
     write_json(folder / LATENCY_FILE, latency)
     # Titled by the step, not the bundle version: equal inputs draw equal bytes.
-    meta["plots"] = write_plots(folder, curves, latency, title=f"training up to step {state['step']}")
+    meta["plots"] = write_plots(folder, curves, latency, title=f"training up to step {state.step}")
     meta["training_curves"] = curves.summary()
-    meta["files"] = {p.relative_to(folder).as_posix(): p.stat().st_size
-                     for p in sorted(folder.rglob("*")) if p.is_file()}
-    write_json(folder / BUNDLE_FILE, meta)
-    card = model_card(meta, state, parity, latency)
-    (folder / CARD_FILE).write_text(card, encoding="utf-8")
+    _write_card_and_records(folder, meta, state)
     logger.info("Exported %s", checkpoint)
-    return Bundle(path=str(folder), meta=meta, parity=parity, latency=latency, card=card)
+    return Bundle.read_folder(folder)
+
+
+def _write_card_and_records(folder: Path, meta: dict[str, Any], state: CheckpointState) -> None:
+    """Write the model card, then ``bundle.json`` with every other file's size and xxh3-128 hash (the card's too),
+    which loading checks (``integrity.py``)."""
+    meta["files"] = bundle_file_records(folder)
+    card = model_card(from_json(BundleMeta, to_json(meta), str(folder / BUNDLE_FILE)), state,
+                      ParityReport.read(folder), LatencyReport.read(folder))
+    (folder / CARD_FILE).write_text(card, encoding="utf-8")
+    meta["files"] = dict(sorted({**meta["files"], CARD_FILE: FileRecord(**file_record(folder / CARD_FILE))}.items()))
+    write_json(folder / BUNDLE_FILE, meta)
 
 
 def _save_edge_models(prefix: Path, edge: Path, config: ExportConfig) -> None:
@@ -158,10 +175,10 @@ def _save_edge_models(prefix: Path, edge: Path, config: ExportConfig) -> None:
             quantize_int8(onnx_file, edge / INT8_FILE.replace("model", graph.name, 1), config.edge.per_channel)
 
 
-def check_tokenizer(tokenizer: TokenizerInfo, state: dict[str, Any], checkpoint: Path) -> None:
+def check_tokenizer(tokenizer: TokenizerInfo, state: CheckpointState, checkpoint: Path) -> None:
     """The tokenizer must be the one the checkpoint was trained with (same ids, same vocabulary)."""
-    trained = state.get("data", {})
-    model_vocab = state["model_config"]["vocab_size"]
+    trained = state.data or {}
+    model_vocab = (state.model_config or {})["vocab_size"]
     if tokenizer.vocab_size > model_vocab or tokenizer.vocab_size != trained.get("vocab_size", tokenizer.vocab_size):
         raise CheckpointError(f"{tokenizer.path}: the tokenizer has {tokenizer.vocab_size} ids but {checkpoint} was "
                               f"trained with {trained.get('vocab_size', model_vocab)}; export with the training "
@@ -171,7 +188,7 @@ def check_tokenizer(tokenizer: TokenizerInfo, state: dict[str, Any], checkpoint:
                               f"with ({trained['tokenizer_hash']}); export with the training tokenizer")
 
 
-def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str, Any], config: ExportConfig,
+def _prove(folder: Path, checkpoint: Path, state: CheckpointState, meta: dict[str, Any], config: ExportConfig,
            tokens: TokenManifest) -> tuple[dict[str, Any], dict[str, Any]]:
     """Parity and latency of every form (each server graph the bundle ships, ONNX), the trained model (Paddle
     eager) as reference; latency with each form's generation speed."""
@@ -190,7 +207,7 @@ def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str
     if config.edge.int8:
         forms["onnx_int8"] = OnnxRuntimeBackend(folder / "edge" / INT8_FILE, config.edge.threads)
     context, vocab = meta["model"]["context"], meta["model"]["vocab_size"]
-    seq = min(config.parity.seq_length or state["training"]["batch"]["seq_length"], context)
+    seq = min(config.parity.seq_length or (state.training or {})["batch"]["seq_length"], context)
     windows = validation_windows(tokens.prefix("valid"), tokens.dtype, seq, config.parity.samples)
     precisions = {GRAPH_FORMS[name]: config.server.form_precision for name in meta["graphs"]}
     parity = parity_report(windows, lambda ids, mask: eager_logits(trained, ids), forms, vocab, config.parity,
@@ -203,22 +220,22 @@ def _prove(folder: Path, checkpoint: Path, state: dict[str, Any], meta: dict[str
     return parity, latency | ({"generation": generation} if generation else {})
 
 
-def _bundle_meta(state: dict[str, Any], checkpoint: Path, tokenizer: TokenizerInfo, config: ExportConfig,
+def _bundle_meta(state: CheckpointState, checkpoint: Path, tokenizer: TokenizerInfo, config: ExportConfig,
                  fingerprint: str, version: str, provenance: dict[str, Any]) -> dict[str, Any]:
     import onnxruntime
     import paddle
     import paddle2onnx
 
-    model = state["model_config"]
+    model = state.model_config or {}
     return {
         "format": FORMAT, "version": version, "fingerprint": fingerprint,
         "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         # An averaged checkpoint's state carries its newest source's validation loss: only the evaluation
         # node's number (in ``provenance``) describes the averaged weights.
-        "source": {"checkpoint": str(checkpoint), "step": state["step"],
-                   "val_loss": None if "averaged" in state else state.get("val_loss"),
-                   "averaged": state.get("averaged", {}).get("method"), **provenance},
-        "model": {"architecture": "llama", "parameters": state.get("parameters"), "context":
+        "source": {"checkpoint": str(checkpoint), "step": state.step,
+                   "val_loss": None if state.averaged is not None else state.val_loss,
+                   "averaged": state.averaged.method if state.averaged is not None else None, **provenance},
+        "model": {"architecture": "llama", "parameters": state.parameters, "context":
                   model["max_position_embeddings"], "vocab_size": model["vocab_size"], "eos_id": tokenizer.eos_id,
                   "hidden_size": model["hidden_size"], "layers": model["num_hidden_layers"],
                   "heads": model["num_attention_heads"], "kv_heads": model.get("num_key_value_heads")},
@@ -249,4 +266,4 @@ def bundle_fingerprint(checkpoint: Path, tokenizer: TokenizerInfo, config: Expor
                "config": {k: v for k, v in config.to_dict().items() if k != "reuse"}, "format": FORMAT,
                "training_curves": curves.digest,
                "fused_graph": fused_kernels(config.server.device).runs}  # a bundle without it is another bundle
-    return hashlib.blake2b(json.dumps(payload, sort_keys=True).encode(), digest_size=16).hexdigest()
+    return digest(payload)

@@ -10,43 +10,44 @@ from typing import Any
 
 from train_deploy.baselines import Baselines
 from train_deploy.export.engines import FORM_FILES
+from train_deploy.handoffs import BundleMeta, BundleSource, CheckpointState, LatencyReport, ParityReport
 
 
-def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, Any], latency: dict[str, Any]) -> str:
-    model, source, training = meta["model"], meta["source"], state.get("training", {})
+def model_card(meta: BundleMeta, state: CheckpointState, parity: ParityReport, latency: LatencyReport) -> str:
+    model, source, training = meta.model, meta.source, state.training or {}
     batch, optimizer, schedule = (training.get(k, {}) for k in ("batch", "optimizer", "schedule"))
-    corpus = source.get("corpus", {})
-    files = meta.get("files", {})
+    corpus = source.corpus
+    files = meta.sizes()
     lines = [
-        f"# Model card: train_deploy causal LM, bundle {meta['version']}",
+        f"# Model card: train_deploy causal LM, bundle {meta.version}",
         *_baseline_warning(source, parity),
         "",
         "## Model",
-        f"- Llama-architecture decoder, {_count(model.get('parameters'))} parameters: {model['layers']} layers, "
-        f"hidden size {model['hidden_size']}, {model['heads']} attention heads ({model['kv_heads']} key/value), "
-        f"context {model['context']} tokens, vocabulary {model['vocab_size']}.",
-        f"- Source checkpoint: `{source['checkpoint']}` (step {source['step']}"
-        + (f", average of checkpoints ({source['averaged']})" if source.get("averaged") else "") + ").",
-        f"- Selected because: {source['selection']}." if source.get("selection") else None,
+        f"- Llama-architecture decoder, {_count(model.parameters)} parameters: {model.layers} layers, "
+        f"hidden size {model.hidden_size}, {model.heads} attention heads ({model.kv_heads} key/value), "
+        f"context {model.context} tokens, vocabulary {model.vocab_size}.",
+        f"- Source checkpoint: `{source.checkpoint}` (step {source.step}"
+        + (f", average of checkpoints ({source.averaged})" if source.averaged else "") + ").",
+        f"- Selected because: {source.selection}." if source.selection else None,
         "",
         "## Data",
         f"- Corpus fingerprint `{corpus.get('fingerprint', '?')}`, reader `{corpus.get('reader', '?')}`: "
         f"{corpus.get('train_documents', '?')} training documents ({corpus.get('train_tokens', '?')} tokens), "
         f"{corpus.get('valid_documents', '?')} validation documents ({corpus.get('valid_tokens', '?')} tokens).",
-        f"- Tokenizer: {meta['tokenizer']['encoder']} ({meta['tokenizer']['vocab_size']} ids, hash "
-        f"`{meta['tokenizer']['hash']}`), in `tokenizer/`.",
+        f"- Tokenizer: {meta.tokenizer['encoder']} ({meta.tokenizer['vocab_size']} ids, hash "
+        f"`{meta.tokenizer['hash']}`), in `tokenizer/`.",
         "",
         "## Training",
         f"- Preset `{training.get('model', {}).get('preset', '?')}`, sequence length {batch.get('seq_length', '?')}, "
         f"global batch {batch.get('global_batch_size', '?')}, {schedule.get('max_steps', '?')} steps, AdamW at "
         f"learning rate {optimizer.get('learning_rate', '?')} "
         f"(reference batch {optimizer.get('reference_batch_size', '?')}).",
-        f"- Parallel layout of the run: {state['layout']}." if state.get("layout") else None,  # none when averaged
-        f"- Validation loss {_num(source.get('val_loss'))} nats/token on the "
-        + (f"{source['val_baselines']['windows']} " if source.get("val_baselines") else "")
+        f"- Parallel layout of the run: {state.layout}." if state.layout else None,  # none when averaged
+        f"- Validation loss {_num(source.val_loss)} nats/token on the "
+        + (f"{source.val_baselines['windows']} " if source.val_baselines else "")
         + "evaluation windows of the validation split.",
-        f"- Perplexity {_num(parity['perplexity'].get('trained'))} on the {parity['samples']} parity windows of "
-        f"{parity['seq_length']} tokens (another set: the windows the export compares its forms on).",
+        f"- Perplexity {_num(parity.perplexity.get('trained'))} on the {parity.samples} parity windows of "
+        f"{parity.seq_length} tokens (another set: the windows the export compares its forms on).",
         *_baseline_lines(source, parity),
         *_training_curves_section(meta),
         "",
@@ -56,31 +57,31 @@ def model_card(meta: dict[str, Any], state: dict[str, Any], parity: dict[str, An
         "| form | file | size | max abs logit diff | perplexity |",
         "|---|---|---:|---:|---:|",
     ]
-    for name, diff in parity["max_abs_logit_diff"].items():
+    for name, diff in parity.max_abs_logit_diff.items():
         path = FORM_FILES.get(name, "")
         lines.append(f"| {name} | `{path}` | {_size(files.get(path, 0))} | {diff:.2e} | "
-                     f"{parity['perplexity'][name]:.4g} |")
-    for name, increase in parity.get("fp16_perplexity_increase", {}).items():
-        lines += ["", f"{name} ({parity['precision'][name]}) perplexity vs the trained model: {increase:+.2%} "
-                  f"(limit {parity['limits']['max_fp16_perplexity_increase']:+.1%})."]
-    if "int8_perplexity_increase" in parity:
-        lines += ["", f"int8 perplexity vs ONNX fp32: {parity['int8_perplexity_increase']:+.2%} "
-                  f"(limit {parity['limits']['max_int8_perplexity_increase']:+.0%})."]
+                     f"{parity.perplexity[name]:.4g} |")
+    for name, increase in (parity.fp16_perplexity_increase or {}).items():
+        lines += ["", f"{name} ({parity.precision[name]}) perplexity vs the trained model: {increase:+.2%} "
+                  f"(limit {parity.limits['max_fp16_perplexity_increase']:+.1%})."]
+    if parity.int8_perplexity_increase is not None:
+        lines += ["", f"int8 perplexity vs ONNX fp32: {parity.int8_perplexity_increase:+.2%} "
+                  f"(limit {parity.limits['max_int8_perplexity_increase']:+.0%})."]
     lines += _cache_lines(parity)
     lines += _graph_lines(meta, parity)
-    lines += _latency_section(latency, meta.get("plots", {}))
+    lines += _latency_section(latency, meta.plots)
     lines += [
         "",
-        f"Measured on the exporting machine with {meta['server']['cpu_threads']} threads "
-        f"(Paddle {meta['software']['paddlepaddle']}, ONNX Runtime {meta['software']['onnxruntime']}).",
+        f"Measured on the exporting machine with {meta.server['cpu_threads']} threads "
+        f"(Paddle {meta.software['paddlepaddle']}, ONNX Runtime {meta.software['onnxruntime']}).",
         "",
         "## Intended use and limits",
         "- Scoring (per-token log-probabilities, perplexity) and short continuations of Chinese text similar to the "
         "training corpus; a research and engineering baseline, not an assistant.",
         "- The model reproduces the style and the biases of its corpus and can state falsehoods fluently; do not use "
         "its output as fact or for decisions about people without review.",
-        f"- Inputs longer than {model['context']} tokens are "
-        + ("rejected" if meta["too_long"] == "raise" else "cut to their last tokens") + " (`too_long`).",
+        f"- Inputs longer than {model.context} tokens are "
+        + ("rejected" if meta.too_long == "raise" else "cut to their last tokens") + " (`too_long`).",
         "- Generation uses a KV cache (a prefill and a one-token decode graph): its cost grows linearly with the "
         "output length; `parity.json` (`kv_cache`) proves every decode step equals full recomputation.",
     ] + _load_lines()
@@ -102,30 +103,30 @@ def _load_lines() -> list[str]:
     ]
 
 
-def _graph_lines(meta: dict[str, Any], parity: dict[str, Any]) -> list[str]:
+def _graph_lines(meta: BundleMeta, parity: ParityReport) -> list[str]:
     """The Paddle Inference graphs shipped, what each needs, and the one not shipped (bundles of format 8 on)."""
-    graphs = meta.get("graphs")
+    graphs = meta.graphs
     if not graphs:
         return []
     lines = ["", "## Server graphs (Paddle Inference)", ""]
     for name, graph in graphs.items():
-        if graph["kernels"]:
-            lines.append(f"- `{name}/`: Paddle's fused kernels ({', '.join(graph['kernels'])}); runs on GPU and on a "
+        if graph.kernels:
+            lines.append(f"- `{name}/`: Paddle's fused kernels ({', '.join(graph.kernels)}); runs on GPU and on a "
                          "CPU where they run in a probe (`probe.py`; Paddle 3.3.1's CPU `fused_rms_norm` needs "
-                         "AVX-512): needs " + ", ".join(f"`{need}`" for need in graph["needs"]) + ".")
+                         "AVX-512): needs " + ", ".join(f"`{need}`" for need in graph.needs) + ".")
         else:
             lines.append(f"- `{name}/`: portable operators only; runs on every CPU Paddle supports. The ONNX models "
                          "are converted from it.")
-    for name, why in parity.get("not_shipped", {}).items():
+    for name, why in (parity.not_shipped or {}).items():
         lines.append(f"- `{name}/` not shipped: {why}.")
     lines.append("- `LanguageModel.load` and the served model take the fused graph where it runs, else the portable "
                  "one; unpinned, the fastest engine the host runs by the generation figures below.")
     return lines
 
 
-def _cache_lines(parity: dict[str, Any]) -> list[str]:
+def _cache_lines(parity: ParityReport) -> list[str]:
     """Generation with the KV cache against full recomputation (bundles of format 6 on)."""
-    cache = parity.get("kv_cache")
+    cache = parity.kv_cache
     if not cache:
         return []
     diffs = ", ".join(f"{name} {diff:.2e}" for name, diff in cache["max_abs_logit_diff"].items())
@@ -135,21 +136,20 @@ def _cache_lines(parity: dict[str, Any]) -> list[str]:
                 "pass)."]
 
 
-def _comparisons(source: dict[str, Any], parity: dict[str, Any]) -> list[tuple[str, float, dict[str, Any]]]:
+def _comparisons(source: BundleSource, parity: ParityReport) -> list[tuple[str, float, dict[str, Any]]]:
     """(which windows, the model's loss on them, their n-gram baselines): the evaluation windows the validation
     loss was measured on, then the parity windows; bundles made before the baselines have none."""
     found = []
-    if source.get("val_baselines") and source.get("val_loss") is not None:
-        base = source["val_baselines"]
-        found.append((f"the {base['windows']} evaluation windows of {base['seq_length']} tokens", source["val_loss"],
+    if source.val_baselines and source.val_loss is not None:
+        base = source.val_baselines
+        found.append((f"the {base['windows']} evaluation windows of {base['seq_length']} tokens", source.val_loss,
                       base))
-    if parity.get("baselines"):
-        found.append((f"the {parity['samples']} parity windows", parity["baselines"]["model_loss"],
-                      parity["baselines"]))
+    if parity.baselines:
+        found.append((f"the {parity.samples} parity windows", parity.baselines["model_loss"], parity.baselines))
     return found
 
 
-def _baseline_warning(source: dict[str, Any], parity: dict[str, Any]) -> list[str]:
+def _baseline_warning(source: BundleSource, parity: ParityReport) -> list[str]:
     """A plain warning at the top when the model does not beat the strongest n-gram baseline on the most windows
     compared."""
     comparisons = _comparisons(source, parity)
@@ -163,7 +163,7 @@ def _baseline_warning(source: dict[str, Any], parity: dict[str, Any]) -> list[st
                 "better; until then do not rely on its scores or output."]
 
 
-def _baseline_lines(source: dict[str, Any], parity: dict[str, Any]) -> list[str]:
+def _baseline_lines(source: BundleSource, parity: ParityReport) -> list[str]:
     """The model's loss beside the n-gram baselines of the same windows, in nats/token."""
     lines = []
     for where, loss, base in _comparisons(source, parity):
@@ -179,10 +179,10 @@ def _baseline_lines(source: dict[str, Any], parity: dict[str, Any]) -> list[str]
     return lines
 
 
-def _training_curves_section(meta: dict[str, Any]) -> list[str]:
+def _training_curves_section(meta: BundleMeta) -> list[str]:
     """The training picture, or one line saying why there is none (bundles made before plots say nothing)."""
-    plots, curves = meta.get("plots"), meta.get("training_curves", {})
-    if plots is None:
+    plots, curves = meta.plots, meta.training_curves
+    if not plots:
         return []
     if "training" in plots:
         return ["", f"![Training loss and validation loss, learning rate, tokens/s and gradient norm by step, "
@@ -190,17 +190,17 @@ def _training_curves_section(meta: dict[str, Any]) -> list[str]:
     return ["", f"No training curves: {curves.get('missing', 'no training metrics')}."]
 
 
-def _latency_section(latency: dict[str, Any], plots: dict[str, str]) -> list[str]:
-    lines = ["", f"## Latency (one forward pass, sequence {latency['seq_length']}, ms, p50 / p95)", ""]
+def _latency_section(latency: LatencyReport, plots: dict[str, str]) -> list[str]:
+    lines = ["", f"## Latency (one forward pass, sequence {latency.seq_length}, ms, p50 / p95)", ""]
     if "latency" in plots:
         lines += [f"![Latency by form and batch]({plots['latency']})", ""]
-    batches = list(next(iter(latency["forms"].values())))
+    batches = list(next(iter(latency.forms.values())))
     lines.append("| form | " + " | ".join(b.replace("_", " ") for b in batches) + " |")
     lines.append("|---|" + "---:|" * len(batches))
-    for name, rows in latency["forms"].items():
+    for name, rows in latency.forms.items():
         cells = (f"{rows[b]['p50']:.1f} / {rows[b]['p95']:.1f}" for b in batches)
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    generation = latency.get("generation")
+    generation = latency.generation
     if generation:
         lines += ["", f"Greedy generation, batch 1, {generation['prompt_tokens']}-token prompt, "
                       f"{generation['new_tokens']} new tokens (prefill included):", "",

@@ -1,7 +1,7 @@
 """Which engine and graph a host runs a bundle on: what the bundle ships, what the host can run, what is fastest.
 
 A bundle (format 8) records its Paddle Inference graphs in ``bundle.json`` under ``graphs``, each with the
-fused CPU kernels it uses and what that needs (:class:`ServerGraph`): ``server/`` uses Paddle's fused kernels
+fused CPU kernels it uses and what that needs (``handoffs.ServerGraph``): ``server/`` uses Paddle's fused kernels
 (``graph.py``), ``server_portable/`` only operators every CPU runs. The fused graph runs on GPU, and on a CPU
 where the kernel probe passes (``probe.py``); otherwise the portable graph does. A format 7 bundle has only
 the fused graph.
@@ -15,15 +15,14 @@ the smallest batch); on GPU, Paddle Inference's fused graph.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE
 from train_deploy.export.graph import FUSED_DIR, FUSED_KERNELS, PORTABLE_DIR, SERVER_MODEL
 from train_deploy.export.probe import KernelProbe, fused_kernels
-from train_deploy.handoffs import BUNDLE_FILE, LATENCY_FILE, DescriptionError, from_json
+from train_deploy.handoffs import BUNDLE_FILE, BundleMeta, DescriptionError, LatencyReport, ServerGraph, from_json
 
 GRAPH_FORMS = {FUSED_DIR: "paddle_inference", PORTABLE_DIR: "paddle_portable"}
 """Each server graph's folder and its form's name in parity.json and latency.json."""
@@ -34,34 +33,24 @@ FORM_FILES = {"paddle_inference": f"{FUSED_DIR}/{SERVER_MODEL}.pdiparams",
 """The weights file of each exported form, relative to the bundle."""
 
 
-@dataclass(frozen=True, slots=True)
-class ServerGraph:
-    """One Paddle Inference graph of a bundle (``bundle.json`` ``graphs.<folder>``)."""
-
-    kernels: list[str] = field(default_factory=list)
-    """The fused CPU kernels it calls (empty: portable operators only)."""
-    needs: list[str] = field(default_factory=list)
-    """What a host needs to run it: ``probe:<kernel>`` (the kernel probe passes on this CPU, or a GPU)."""
-
-
 def graph_record(fused: bool) -> dict[str, Any]:
     """``bundle.json``'s ``graphs`` entry of the fused (``server/``) or the portable graph."""
     kernels = list(FUSED_KERNELS) if fused else []
     return {"kernels": kernels, "needs": [f"probe:{kernel}" for kernel in kernels]}
 
 
-def bundle_graphs(folder: Path, meta: dict[str, Any]) -> dict[str, ServerGraph]:
-    """The bundle's server graphs by folder, typed: ``graphs`` of a format 8 bundle, the one fused graph of a
-    format 7 one. Raises :class:`DescriptionError` naming ``bundle.json`` and the key."""
+def bundle_graphs(folder: Path, meta: BundleMeta) -> dict[str, ServerGraph]:
+    """The bundle's server graphs by folder: ``graphs`` of a format 8 bundle, the one fused graph of a format 7
+    one. Raises :class:`DescriptionError` naming ``bundle.json`` and the key."""
     where = str(Path(folder) / BUNDLE_FILE)
-    if "graphs" not in meta:
+    if meta.graphs is None:
         return {FUSED_DIR: from_json(ServerGraph, graph_record(True), where)}
-    if not isinstance(meta["graphs"], dict) or not meta["graphs"]:
+    if not meta.graphs:
         raise DescriptionError(f"{where}: graphs: expected a mapping of the server graphs' folders")
-    unknown = sorted(set(meta["graphs"]) - set(GRAPH_FORMS))
+    unknown = sorted(set(meta.graphs) - set(GRAPH_FORMS))
     if unknown:
         raise DescriptionError(f"{where}: graphs.{unknown[0]}: unknown graph (known: {', '.join(GRAPH_FORMS)})")
-    return {name: from_json(ServerGraph, value, f"{where}.graphs.{name}") for name, value in meta["graphs"].items()}
+    return dict(meta.graphs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +66,7 @@ class Choice:
     refusal: str | None = None
 
 
-def choose_engine(folder: Path, meta: dict[str, Any], backend: str | None, device: str) -> Choice:
+def choose_engine(folder: Path, meta: BundleMeta, backend: str | None, device: str) -> Choice:
     """The engine and graph to load ``folder`` with on this host (module docstring)."""
     backend = backend or "auto"
     if backend == "onnx":
@@ -120,10 +109,10 @@ def _graph_reason(graph: str | None, graphs: dict[str, ServerGraph], probe: Kern
     return f"portable graph ({graph}/" + (f"; not {fused[0]}/: {probe.reason})" if fused and not probe.runs else ")")
 
 
-def _refusal(folder: Path, meta: dict[str, Any], probe: KernelProbe | None) -> str:
+def _refusal(folder: Path, meta: BundleMeta, probe: KernelProbe | None) -> str:
     failed = next((f"probe: {name}: {outcome}" for name, outcome in (probe.kernels if probe else {}).items()
                    if outcome != "ok"), probe.reason if probe else "no graph")
-    return (f"{Path(folder) / BUNDLE_FILE}: format {meta.get('format')} bundle has only the fused server graph, "
+    return (f"{Path(folder) / BUNDLE_FILE}: format {meta.format} bundle has only the fused server graph, "
             f"which this CPU cannot run ({failed}); re-export it with kedro run --pipelines export")
 
 
@@ -132,15 +121,15 @@ def speed_figures(folder: Path, forms: list[str]) -> tuple[dict[str, float], str
     per generated token when every form has one, else the forward pass's p50 at the smallest batch; none
     when ``latency.json`` is missing or unreadable."""
     try:
-        latency = json.loads((Path(folder) / LATENCY_FILE).read_text(encoding="utf-8"))
-        generation = latency.get("generation", {}).get("forms", {})
+        latency = LatencyReport.read(folder)
+        generation = (latency.generation or {}).get("forms", {})
         if forms and all(name in generation for name in forms):
             return {name: float(generation[name]["ms_per_token"]) for name in forms}, "ms/token"
-        rows = {name: latency["forms"][name] for name in forms if name in latency.get("forms", {})}
+        rows = {name: latency.forms[name] for name in forms if name in latency.forms}
         if len(rows) == len(forms) and forms:
             batch = min(next(iter(rows.values())), key=lambda b: int(b.removeprefix("batch_")))
             return {name: float(row[batch]["p50"]) for name, row in rows.items()}, f"ms p50 at {batch}"
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (ValueError, KeyError, TypeError, AttributeError):  # DescriptionError is a ValueError
         pass
     return {}, ""
 

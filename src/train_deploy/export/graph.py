@@ -57,7 +57,7 @@ from typing import Any
 import numpy as np
 
 from train_deploy.export.probe import KERNELS
-from train_deploy.training.checkpoint import STATE_FILE, CheckpointError, read_state
+from train_deploy.training.checkpoint import STATE_FILE, CheckpointError, checkpoint_state
 from train_deploy.training.evaluation import load_model
 
 SERVER_MODEL = "model"  # Paddle Inference writes model.json + model.pdiparams: the prefill (full) pass
@@ -72,7 +72,7 @@ _SUPPORTED = {"alibi": False, "rope_scaling_type": None, "use_long_sequence_stra
 
 def load_inference_model(checkpoint: Path):
     """The traced graph: :class:`CompactLlama` with ``checkpoint``'s weights."""
-    config = read_state(checkpoint)["model_config"]
+    config = checkpoint_state(checkpoint).model_config or {}
     for key, value in _SUPPORTED.items():
         if config.get(key, value) != value:
             raise CheckpointError(f"{Path(checkpoint) / STATE_FILE}: model_config.{key} = {config[key]!r} is not "

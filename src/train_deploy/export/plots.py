@@ -8,13 +8,14 @@ the exported step only: for a given checkpoint they are fixed, and the bundle fi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from train_deploy.hashing import digest
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class TrainingCurves:
         """What the training picture depends on, for the bundle fingerprint; None without rows."""
         if not self.rows:
             return None
-        return hashlib.blake2b(json.dumps(self.rows, sort_keys=True).encode(), digest_size=16).hexdigest()
+        return digest(self.rows)
 
     def summary(self) -> dict[str, Any]:
         """For ``bundle.json``: where the curves came from and their steps, or why there are none."""

@@ -17,6 +17,8 @@ so in the log when loaded.
 Generation prefills the prompts once and decodes one token per step with the bundle's KV cache
 (``graph.py``): linear, not quadratic, in the output length; ``generate_stream`` yields the tokens as they come.
 Bundles exported before the current graphs (format < 7) are refused with a line saying to re-export them.
+Every file is checked against ``bundle.json``'s record of its size and hash when the bundle is loaded
+(``integrity.py``): a missing, truncated or altered file is a :class:`BundleError` naming it.
 
 The engine and graph are chosen from the host (``engines.py``) and run by ``backends.py``: Paddle Inference runs
 the fused graph on GPU and on a CPU where the kernel probe passes (``probe.py``), else the portable graph; with no
@@ -29,9 +31,9 @@ settings of the engines (MKL's code path, float32 on GPU, TensorRT) are in ``har
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -45,12 +47,13 @@ from train_deploy.export.config import ServerConfig
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE
 from train_deploy.export.engines import BACKENDS, choose_engine, server_prefix
 from train_deploy.export.errors import BundleError, TooLongError
-from train_deploy.handoffs import BUNDLE_FILE, TokenizerInfo, from_json
+from train_deploy.export.integrity import verify_bundle
+from train_deploy.handoffs import BUNDLE_FILE, BundleMeta, DescriptionError, TokenizerInfo, from_json
 
 logger = logging.getLogger(__name__)
 
-OLDEST_FORMAT = 7  # bundle.json "format" this runtime reads: 6 added the KV-cache graphs (graph.py), 7 one cache
-# input and output per layer and Paddle's fused kernels in server/, 8 the portable graph beside it (engines.py)
+_MAX_NATS = math.log(sys.float_info.max)  # a larger mean negative log-probability overflows math.exp
+
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,27 +125,24 @@ class LanguageModel:
         recorded at export."""
         folder = Path(bundle)
         meta = read_bundle(folder)
-        if meta.get("format", 0) < OLDEST_FORMAT:
-            raise BundleError(f"{folder / BUNDLE_FILE}: bundle format {meta.get('format')} is older than the graphs "
-                              f"this runtime runs (format {OLDEST_FORMAT}); re-export it "
-                              "(kedro run --pipelines export)")
         if backend not in (None, *BACKENDS):
             raise BundleError(f"backend: {backend!r} is not one of {', '.join(map(repr, BACKENDS))}")
         if int8 and backend != "onnx":
             raise BundleError("int8: the int8 model is ONNX; load it with backend='onnx'")
-        server = server or ServerConfig(**meta["server"])
+        verify_bundle(folder, meta)  # every file as bundle.json records it (integrity.py), before it is opened
+        server = server or ServerConfig(**meta.server)
         if threads is not None:
             server = dataclasses.replace(server, cpu_threads=threads)
         choice = choose_engine(folder, meta, backend, server.device)
         if choice.refusal:
             raise BundleError(choice.refusal)
         if choice.backend == "paddle":
-            form: Any = PaddleInferenceBackend(server_prefix(folder, choice), server, meta["model"]["context"])
+            form: Any = PaddleInferenceBackend(server_prefix(folder, choice), server, meta.model.context)
         else:
             form = OnnxRuntimeBackend(folder / "edge" / (INT8_FILE if int8 else ONNX_FILE),
-                                      threads or meta["edge"]["threads"])
-        model = cls(form, bundle_tokenizer(folder, meta), context=meta["model"]["context"],
-                    eos_id=meta["model"]["eos_id"], too_long=too_long or meta["too_long"])
+                                      threads or meta.edge["threads"])
+        model = cls(form, bundle_tokenizer(folder, meta), context=meta.model.context, eos_id=meta.model.eos_id,
+                    too_long=too_long or meta.too_long)
         model.engine = "onnx_int8" if int8 else choice.form
         logger.info("Loaded %s: %s", folder, "ONNX Runtime int8 (asked for)" if int8 else choice.why)
         if model.normalization is None:
@@ -171,9 +171,21 @@ class LanguageModel:
             for row, sequence in enumerate(batch):
                 steps = np.arange(len(sequence) - 1)
                 token_lp = log_probs[row, steps, sequence[1:]].astype(np.float64)
-                ppl = math.exp(-token_lp.mean()) if len(token_lp) else float("nan")
+                ppl = self._perplexity(token_lp, f"text {first + row}")
                 scores.append(TextScore(texts[first + row], sequence[1:], token_lp.tolist(), ppl))
         return scores
+
+    def _perplexity(self, token_lp: np.ndarray, what: str) -> float:
+        """exp of the mean negative log-probability (NaN for no tokens); log-probabilities that are not finite,
+        or a perplexity beyond the float range, come only from broken weights: :class:`BundleError`."""
+        if not len(token_lp):
+            return float("nan")
+        nats = -float(token_lp.mean())
+        if not math.isfinite(nats) or nats > _MAX_NATS:
+            found = "not finite (inf or NaN logits)" if not math.isfinite(nats) else f"{nats:.3g} nats per token"
+            raise BundleError(f"{what}: the model's log-probabilities are {found}, beyond what a trained model "
+                              f"gives ({self.engine or 'this engine'}); its weights are damaged: re-export the bundle")
+        return math.exp(nats)
 
     def generate(self, prompt: str | Sequence[str], max_new_tokens: int = 32, temperature: float = 1.0,
                  top_k: int = 50, seed: int | None = None, *, top_p: float = 1.0) -> str | list[str]:
@@ -263,21 +275,20 @@ class LanguageModel:
         raise TooLongError(what, len(ids) - 1, self.context - 1)
 
 
-def read_bundle(folder: Path) -> dict[str, Any]:
-    path = Path(folder) / BUNDLE_FILE
+def read_bundle(folder: Path) -> BundleMeta:
+    """``folder``'s ``bundle.json`` (:meth:`BundleMeta.read`); a missing, unreadable or too old one raises
+    :class:`BundleError` naming the file."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise BundleError(f"{path}: missing; is {folder} an exported bundle?") from None
-    except ValueError as exc:
-        raise BundleError(f"{path}: unreadable ({exc})") from None
+        return BundleMeta.read(Path(folder))
+    except DescriptionError as exc:
+        raise BundleError(str(exc)) from None
 
 
-def bundle_tokenizer(folder: Path, meta: dict[str, Any]):
+def bundle_tokenizer(folder: Path, meta: BundleMeta):
     from train_deploy.corpus.tokenizer import TokenEncoder
 
     where = str(Path(folder) / BUNDLE_FILE)
-    return TokenEncoder(from_json(TokenizerInfo, {**meta["tokenizer"], "path": str(Path(folder) / "tokenizer")}, where))
+    return TokenEncoder(from_json(TokenizerInfo, {**meta.tokenizer, "path": str(Path(folder) / "tokenizer")}, where))
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

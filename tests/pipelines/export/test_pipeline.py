@@ -30,7 +30,7 @@ def test_export_pipeline_turns_the_selected_checkpoint_into_a_reported_bundle(tm
     (version,) = (tmp_path / "bundle").iterdir()
     folder = version / "bundle"
     bundle = catalog["export_bundle"].load()
-    assert isinstance(bundle, Bundle) and Path(bundle.path) == folder and bundle.parity["passed"]
+    assert isinstance(bundle, Bundle) and Path(bundle.path) == folder and bundle.parity.passed
     assert bundle.card == (folder / "MODEL_CARD.md").read_text(encoding="utf-8")
     assert f"{tiny_token_files.splits['train'].documents} training documents" in bundle.card
     assert Bundle.read_folder(folder) == bundle  # what a later run loads from disk is what this one returned
@@ -42,5 +42,5 @@ def test_export_pipeline_turns_the_selected_checkpoint_into_a_reported_bundle(tm
     # The training curves go to the run as a figure too, drawn from the same rows as the bundle's picture.
     figure = outputs["training_curves"].load()
     assert [axis.get_title() for axis in figure.axes] == ["loss", "learning rate", "throughput", "gradient norm"]
-    assert len(figure.axes[0].get_lines()[0].get_xdata()) == bundle.meta["training_curves"]["rows"] == tiny_run.step
+    assert len(figure.axes[0].get_lines()[0].get_xdata()) == bundle.meta.training_curves["rows"] == tiny_run.step
     assert (folder / "plots" / "training.png").is_file()

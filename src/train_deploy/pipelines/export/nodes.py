@@ -81,13 +81,13 @@ def _training_curves(selected: SelectedCheckpoint, training_result: TrainingResu
 def report_export(export_bundle: Bundle) -> dict[str, Any]:
     """Return the parity, latency and size metrics for MLflow (logged with the prefix `export.`), with the
     n-gram baselines of the parity windows and the trained model's loss on them."""
-    parity, latency, files = export_bundle.parity, export_bundle.latency, export_bundle.meta["files"]
-    metrics = {f"max_logit_diff_{name}": value for name, value in parity["max_abs_logit_diff"].items()}
-    metrics |= {f"perplexity_{name}": value for name, value in parity["perplexity"].items()}
-    if "baselines" in parity:  # bundles before format 4 have none
-        metrics |= Baselines.from_report(parity["baselines"]).metrics()  # Kneser–Ney from bundles of this code on
-        metrics["model_loss"] = parity["baselines"]["model_loss"]
-    metrics |= {f"latency_p50_ms_{name}_{batch}": row["p50"] for name, rows in latency["forms"].items()
+    parity, latency, files = export_bundle.parity, export_bundle.latency, export_bundle.meta.sizes()
+    metrics = {f"max_logit_diff_{name}": value for name, value in parity.max_abs_logit_diff.items()}
+    metrics |= {f"perplexity_{name}": value for name, value in parity.perplexity.items()}
+    if parity.baselines:  # bundles before format 4 have none
+        metrics |= Baselines.from_report(parity.baselines).metrics()  # Kneser–Ney from bundles of this code on
+        metrics["model_loss"] = parity.baselines["model_loss"]
+    metrics |= {f"latency_p50_ms_{name}_{batch}": row["p50"] for name, rows in latency.forms.items()
                 for batch, row in rows.items()}
     metrics |= {f"size_mb_{form}": files[path] / 2**20 for form, path in FORM_FILES.items() if path in files}
     logger.info("Bundle %s: %s", "kept" if export_bundle.reused else "ready", export_bundle.path)
