@@ -311,7 +311,6 @@ class _Job:
         (:func:`~train_deploy.processes.stop_process_tree`, over the launcher and the workers it started)."""
         if self.launcher.poll() is None:
             self.track()
-        logger.info("Stopping the training job")
         stop_process_tree(self.launcher, STOP_GRACE_S, known=self.processes.values())
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.launcher.wait(timeout=5.0)
