@@ -61,6 +61,8 @@ class ModelStore:
         tracking, registry = mlflow.get_tracking_uri(), mlflow.get_registry_uri()
         mlflow.set_tracking_uri(self.tracking_uri)
         mlflow.set_registry_uri(self.tracking_uri)
+        if mlflow.get_experiment_by_name("registry-tests") is None:  # artifacts under root, never in the cwd
+            mlflow.create_experiment("registry-tests", artifact_location=str(self.root / "artifacts"))
         mlflow.set_experiment("registry-tests")  # runs go here, not to an experiment id of another test's store
         try:
             yield
@@ -73,10 +75,7 @@ class ModelStore:
         from train_deploy.registry.model import log_bundle_model
 
         with self.active():
-            experiment = mlflow.get_experiment_by_name("registry-tests")
-            experiment_id = (experiment.experiment_id if experiment else
-                             mlflow.create_experiment("registry-tests", artifact_location=str(self.root / "artifacts")))
-            with mlflow.start_run(experiment_id=experiment_id):
+            with mlflow.start_run(experiment_id=mlflow.get_experiment_by_name("registry-tests").experiment_id):
                 return log_bundle_model(bundle, **kwargs)
 
     def environment(self) -> dict[str, str]:
