@@ -14,6 +14,8 @@ from train_deploy.registry.evalset import jsonl_texts, validation_texts
 from train_deploy.registry.gate import RegistryDecision, git_commit, promotion_event, register_and_gate, version_tags
 from train_deploy.registry.lineage import warm_start_run_tags
 from train_deploy.retrain import run_fingerprints
+from train_deploy.validation.records import statistics_tags
+from train_deploy.validation.statistics import corpus_statistics
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +36,7 @@ def register_bundle(registry: dict[str, Any], export_bundle: Bundle, export_metr
     tags |= export_figures(export_metrics)
     tags |= _checked_fingerprints()  # what the next scheduled run compares itself with (train_deploy.retrain)
     tags |= warm_start_run_tags()  # the run's init_from.* tags, init_from.champion_version among them
+    tags |= statistics_tags(corpus_statistics(token_files, tokenizer))  # what the next night's data gate compares
     decision = register_and_gate(export_bundle, config, tags, build_texts)
     return decision, json.dumps(promotion_event(decision), ensure_ascii=False) + "\n"
 

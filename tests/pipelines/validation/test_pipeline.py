@@ -1,0 +1,77 @@
+"""The data gate as `kedro run` runs it: between the corpus and training in `train_deploy`, against the statistics the
+registry stage recorded on the champion's version."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow import MlflowClient
+
+from tests.conftest import cli_params, tiny_train_deploy_params
+from train_deploy.cli import VALIDATION_STOPPED, run
+from train_deploy.handoffs import Bundle, TokenizerInfo, TokenManifest
+from train_deploy.pipelines.registry.nodes import register_bundle
+from train_deploy.pipelines.validation.nodes import validate_corpus
+from train_deploy.registry.config import RegistryConfig
+from train_deploy.validation.records import STATISTICS_TAG, champion_statistics
+from train_deploy.validation.statistics import CorpusStatistics, corpus_statistics
+
+pytestmark = pytest.mark.slow
+
+MODEL = RegistryConfig().model_name
+REGISTRY = {"eval_set": {"documents": 8, "max_chars": 60}, "serving_check": {"enabled": False}}  # not tested here
+
+
+def test_a_truncated_night_stops_before_training_with_its_report_and_warn_or_force_let_it_through(
+        project, tmp_path, capfd, caplog, tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer):
+    uri = f"sqlite:///{tmp_path / 'mlruns.db'}"  # the project fixture's store
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    # The champion: the tiny slice's version, registered by the registry stage's node, which records its statistics.
+    with mlflow.start_run(experiment_id=mlflow.set_experiment("champion").experiment_id):
+        register_bundle(REGISTRY, Bundle.read_folder(tiny_bundle), {}, tiny_token_files, tiny_tokenizer, tiny_run)
+    client = MlflowClient(uri, uri)
+    version, recorded = champion_statistics(RegistryConfig())
+    tonight = corpus_statistics(tiny_token_files, tiny_tokenizer)
+    assert version == "1" and recorded == CorpusStatistics.from_json(json.loads(tonight.compact()))  # 6 digits
+    assert json.loads(client.get_model_version(MODEL, "1").tags[STATISTICS_TAG])["documents_kept"] > 0
+
+    # Tonight's dump is a fifth of it: `kedro run` stops after the corpus stage, exit status 3, one line.
+    params = tiny_train_deploy_params(1, registry=REGISTRY)
+    params["corpus"]["reader"]["max_bytes"] = 40_000
+    with pytest.raises(SystemExit) as stopped:
+        run.main(["--pipelines", "train_deploy", "--params", ",".join(cli_params(params))], standalone_mode=False)
+    assert stopped.value.code == VALIDATION_STOPPED
+    err = capfd.readouterr().err
+    (line,) = [text for text in err.splitlines() if text.startswith("ValidationStopped: ")]
+    assert f"against {MODEL} version 1 (documents_kept " in line and "retrain.force: true trains anyway" in line
+    (report,) = _logged(caplog, logging.ERROR)  # the report, one line per statistic past its bound
+    assert "documents_kept: champion" in report and "(validation.max_documents_decrease)" in report
+
+    (night,) = client.search_runs([mlflow.get_experiment_by_name("train_deploy").experiment_id])
+    assert night.info.status == "FAILED"
+    assert night.data.tags["outcome"] == "validation_stopped" and night.data.tags["validation.outcome"] == "stopped"
+    assert "documents_kept" in night.data.tags["validation.failed"].split(",")
+    artifact = Path(client.download_artifacts(night.info.run_id, "validation/report.json", str(tmp_path)))
+    failed = {f["statistic"]: f for f in json.loads(artifact.read_text(encoding="utf-8"))["failures"]}
+    assert failed["documents_kept"]["champion"] == recorded.documents_kept > failed["documents_kept"]["tonight"]
+    assert not any(key.startswith("train.") for key in night.data.metrics)  # nothing trained
+    assert [str(v.version) for v in client.search_model_versions(f"name='{MODEL}'")] == ["1"]
+
+    # The same token files pass with a warning under validation.mode: warn, or retrain.force.
+    tokens = TokenManifest.read_folder(project / "data/04_feature/tokens")
+    tokenizer = TokenizerInfo.read_folder(project / "data/06_models/tokenizer")
+    caplog.clear()
+    assert validate_corpus({"mode": "warn"}, {}, REGISTRY, tokens, tokenizer) is tokens
+    assert validate_corpus({}, {"force": True}, REGISTRY, tokens, tokenizer) is tokens
+    warnings = _logged(caplog, logging.WARNING)
+    assert "training anyway (validation.mode: warn)" in warnings[0] and "(retrain.force: true)" in warnings[1]
+
+
+def _logged(caplog, level: int) -> list[str]:
+    """The data gate's reports logged at ``level``."""
+    return [r.getMessage() for r in caplog.records if r.levelno == level and "data gate" in r.getMessage()]
