@@ -4,6 +4,8 @@ Kedro loads this module's ``cli`` group over its own commands and takes its ``ru
 (Kedro's way to run a packaged project). ``run`` is ``kedro run``, except that
 
 - a run stopped because there is nothing to retrain (``train_deploy.retrain``) says so in one line and exits 0;
+- a run the data gate stopped before training (``train_deploy.validation``) prints its one line after the report
+  and exits 3 (:data:`VALIDATION_STOPPED`): a night not worth retrying until the corpus changes;
 - a run failing with one of the project's own errors (configuration, corpus, checkpoint, bundle, training, …)
   prints its one-line message and where the traceback is (the project's log file, ``train_deploy.console``),
   and exits 1; any other error keeps its whole traceback on the console.
@@ -25,8 +27,11 @@ quiet_third_party()  # Kedro's CLI imports this module before the project's sett
 
 from train_deploy.params import with_project_params  # noqa: E402
 from train_deploy.retrain import NothingToRetrain  # noqa: E402
+from train_deploy.validation.report import ValidationStopped  # noqa: E402
 
 PACKAGE = "train_deploy"
+VALIDATION_STOPPED = 3
+"""Exit status of a run the data gate stopped (1: any other project error)."""
 
 @click.group(name=PACKAGE)
 def cli() -> None:
@@ -47,7 +52,7 @@ def _run(**options: Any) -> Any:
         where = f"\n  traceback: {log}" if log else ""
         sys.stderr.write(f"{type(own).__name__}: {str(own).strip().splitlines()[0] if str(own).strip() else ''}"
                          f"{where}\n")
-        raise SystemExit(1) from None
+        raise SystemExit(VALIDATION_STOPPED if isinstance(own, ValidationStopped) else 1) from None
 
 
 def project_error(error: BaseException) -> BaseException | None:
