@@ -54,3 +54,18 @@ def test_a_read_only_output_folder_stops_the_run_before_the_first_node(project, 
         bundles.chmod(0o755)
     _refused_before_any_node(done, project, "export_bundle", f"07_model_output is not writable ({why}")
     assert not list(bundles.iterdir())
+
+
+def test_a_run_past_the_disk_budget_stops_before_the_first_node_naming_what_uses_the_space(project, tmp_path):
+    checkpoints = project / "data" / "06_models" / "checkpoints" / "an-old-run"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "model.safetensors").write_bytes(os.urandom(256 * 1024))
+    (project / "conf" / "local" / "parameters_retention.yml").write_text(
+        "retention:\n  disk:\n    budget: 64KiB\n    run_estimate: 1KiB\n", encoding="utf-8")
+    done = _kedro_run(project, tmp_path)
+    assert done.returncode == 1, done.stderr[-2000:]
+    line = next(line for line in done.stderr.splitlines() if "OverBudget" in line)
+    assert "retention.disk.budget: the project uses " in line and "of its budget 64.0 KiB" in line, line
+    assert "data/06_models/checkpoints 26" in line.split("biggest: ")[1] and "train-deploy gc" in line, line
+    assert "Running node" not in done.stdout + done.stderr
+    assert not (project / "data" / "04_feature").exists()

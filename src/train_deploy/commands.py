@@ -3,7 +3,8 @@
 - ``train-deploy run …``: ``kedro run`` with the project's one-line errors (``train_deploy.cli.run``, which
   ``python -m train_deploy`` runs too);
 - ``train-deploy schedule …``: retrain on a cron schedule, or once (``train_deploy.schedule``);
-- ``train-deploy serve``: the registered champion over HTTP, from any folder (``train_deploy.serve``).
+- ``train-deploy serve``: the registered champion over HTTP, from any folder (``train_deploy.serve``);
+- ``train-deploy gc [--dry-run]``: remove what retention no longer keeps (``train_deploy.retention``).
 
 Each command imports what it needs when it runs: ``train-deploy schedule`` starts in a fraction of a second, so
 a SIGTERM right after its start (systemd, a test) meets its handler, not Kedro's and MLflow's imports.
@@ -36,6 +37,7 @@ def main(context: click.Context) -> None:
       train-deploy run --pipelines train_deploy      the whole chain (kedro run; also python -m train_deploy)
       train-deploy schedule --cron "0 3 * * *"       retrain on a schedule (or --once)
       train-deploy serve                             serve the registered champion over HTTP
+      train-deploy gc --dry-run                      what retention would remove, and the bytes freed
 
     `train-deploy COMMAND --help` says more.
     """
@@ -87,3 +89,34 @@ def _serve_command(model_name: str | None, alias: str, host: str, port: int, wor
         serve(project=project, env=env, model_name=model_name, alias=alias, host=host, port=port, workers=workers)
     except ServeError as error:
         raise click.ClickException(str(error)) from None
+
+
+@main.command("gc", short_help="Remove what retention no longer keeps (--dry-run: list it and the bytes freed).")
+@click.option("--dry-run", is_flag=True, help="list what would be removed and the bytes freed; remove nothing")
+@click.option("--project", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+              help="the project folder (default: here)")
+@click.option("--env", "-e", help="Kedro environment whose parameters, catalog and mlflow.yml to read (default: local)")
+@click.option("--after-run", is_flag=True, hidden=True, help="the scheduler's call: honours after_scheduled_run")
+def _gc_command(dry_run: bool, project: Path, env: str | None, after_run: bool) -> None:
+    """Remove old checkpoints, log folders, bundle versions, token and tokenizer folders, and rejected versions'
+    MLflow artifacts, as `retention` in conf/base/parameters_retention.yml says; never what the versions holding
+    an alias (champion, previous) need. Each removal is logged and recorded (retention.record)."""
+    from train_deploy.cli import project_error
+    from train_deploy.retention import NothingToCollect, collect_project, human
+
+    try:
+        plan, record = collect_project(project, env, dry_run=dry_run, after_run=after_run)
+    except NothingToCollect as off:
+        click.echo(str(off))
+        return
+    except Exception as error:
+        own = project_error(error)
+        if own is None:
+            raise
+        raise click.ClickException(f"{type(own).__name__}: {str(own).strip().splitlines()[0]}") from None
+    lines = plan.lines(project.resolve())
+    if dry_run:
+        click.echo("\n".join(["Dry run: nothing removed.", *lines]))
+    else:
+        click.echo(f"Removed {len(record['removed'])}, freed {human(record['bytes_freed'])}; now "
+                   f"{human(record['usage_bytes'])} in use; kept for their aliases: {plan.kept.describe()}")

@@ -21,6 +21,7 @@ from train_deploy.environment import scoped_environment
 from train_deploy.export.config import ExportConfig
 from train_deploy.redaction import redact_uri
 from train_deploy.registry.config import RegistryConfig
+from train_deploy.retention import Layout, RetentionConfig, check_budget, last_run_bytes
 from train_deploy.retrain import RetrainConfig
 from train_deploy.training.config import TrainingConfig
 
@@ -32,6 +33,7 @@ STAGE_CONFIGS: dict[str, type] = {
     "export": ExportConfig,
     "registry": RegistryConfig,
     "retrain": RetrainConfig,  # not a stage: whether a run of the whole chain trains (train_deploy.retrain)
+    "retention": RetentionConfig,  # not a stage: what train-deploy gc keeps, the disk budget (train_deploy.retention)
 }
 
 
@@ -52,7 +54,11 @@ def check_writable(catalog, pipeline) -> None:
     """Every local catalog location the ``pipeline`` writes (its outputs, and the work folders its nodes write
     into) can be written, or :class:`UnwritableLocation` names the first that cannot: found before the first
     node, not after hours of training. A location that does not exist yet is checked at the folder it would be
-    made in; each is checked by creating (and removing) a file there, which also catches a read-only mount."""
+    made in; each is checked by creating (and removing) a file there, which also catches a read-only mount.
+    Then the room: :func:`check_disk_budget` (``retention.disk``) for the project in the current folder, where
+    ``kedro run`` runs."""
+    import mlflow
+
     from train_deploy.datasets import WorkFolderDataset
 
     for name in sorted(pipeline.datasets()):
@@ -64,6 +70,22 @@ def check_writable(catalog, pipeline) -> None:
             if reason:
                 raise UnwritableLocation(f"catalog entry {name!r}: {reason}; make it writable or move the entry "
                                          "in conf/local/catalog.yml")
+    check_disk_budget(catalog, Path.cwd(), mlflow.get_tracking_uri())
+
+
+def check_disk_budget(catalog, project: Path, tracking_uri: str) -> None:
+    """The run fits: the project's folders (``data/``, a local MLflow store) plus what it will add stay within
+    ``retention.disk.budget``, and the disk has that much free; else :class:`~train_deploy.retention.OverBudget`
+    says in one line how much is used, by which folders. What the run adds is ``retention.disk.run_estimate``, or
+    the last run's outputs as measured on disk (nothing before the first run)."""
+    config = RetentionConfig.from_params(catalog.load("parameters").get("retention")).disk
+    layout = Layout.from_catalog(catalog, project, tracking_uri)
+    if config.estimate_bytes is not None:
+        needed, how = config.estimate_bytes, "retention.disk.run_estimate"
+    else:
+        needed = last_run_bytes(layout)
+        how = "the last run's outputs" if needed else "no run yet to measure"
+    check_budget(layout.roots, config.budget_bytes, needed, how, project)
 
 
 def _unwritable(location: Path) -> str | None:

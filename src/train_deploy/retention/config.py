@@ -1,0 +1,138 @@
+"""The ``retention`` parameter block (``conf/base/parameters_retention.yml``): what ``train-deploy gc`` keeps, and the
+disk budget a run is checked against before its first node."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from train_deploy.config import ConfigError, check, check_range, from_mapping
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+
+
+def parse_size(value: int | float | str | None, key: str) -> int | None:
+    """Bytes of ``value``: a number of bytes, or a text such as ``"20GiB"``, ``"500 MB"`` (None stays None)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected bytes or a size such as '20GiB', got {value!r}")
+    if isinstance(value, int | float):
+        check(value >= 0, key, f"must not be negative (got {value!r})")
+        return int(value)
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ConfigError(f"{key}: {value!r} is not a size (bytes, or a number with B, KB, MB, GB, TB, KiB, MiB, "
+                          "GiB or TiB, e.g. '20GiB')")
+    return int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
+
+
+@dataclass(kw_only=True, slots=True)
+class CheckpointRetention:
+    """How many training runs' checkpoint folders to keep (``retention.checkpoints``)."""
+
+    keep_runs: int = 2
+    """The newest runs' folders kept (by last change: the run that may be resumed is among them), besides those of
+    ``champion`` and ``previous``; 0 keeps all. Within a run, ``training.schedule.keep_last`` still applies."""
+
+    def __post_init__(self) -> None:
+        check_range("retention.checkpoints.keep_runs", self.keep_runs, 0)
+
+
+@dataclass(kw_only=True, slots=True)
+class LogRetention:
+    """How many training runs' log folders to keep (``retention.training_logs``)."""
+
+    keep_runs: int = 10
+    """The newest runs' log folders kept (by last change), besides those of ``champion`` and ``previous``;
+    0 keeps all."""
+
+    def __post_init__(self) -> None:
+        check_range("retention.training_logs.keep_runs", self.keep_runs, 0)
+
+
+@dataclass(kw_only=True, slots=True)
+class BundleRetention:
+    """Which bundle versions under the ``export_bundle`` entry (``data/07_model_output/bundle/<time>/``) stay."""
+
+    keep_last: int = 3
+    """The newest versions kept, besides the ones ``champion`` and ``previous`` were exported as; 0 keeps all."""
+
+    def __post_init__(self) -> None:
+        check_range("retention.bundles.keep_last", self.keep_last, 0)
+
+
+@dataclass(kw_only=True, slots=True)
+class MlflowRetention:
+    """What happens to the MLflow copies (the run's ``export/bundle`` and the logged model) of versions the gate
+    did not promote."""
+
+    delete_rejected: bool = True
+    """Mark the runs and logged models of versions decided ``rejected`` (or whose gate ``failed``) deleted once
+    ``grace_days`` have passed, then remove them for good with ``mlflow gc``; the version and its tags stay."""
+    grace_days: float = 7.0
+    """Days after its registration a rejected version's artifacts are kept (to look at, or to promote by hand)."""
+    gc_backend_store_uri: str | None = None
+    """For a tracking server: the database ``mlflow gc --backend-store-uri`` removes from (run where it is
+    reachable); null with a server only marks deleted and logs the command for its admin. Local stores need none."""
+    gc_artifacts_destination: str | None = None
+    """For a server that proxies artifacts: its ``--artifacts-destination`` (``mlflow gc --artifacts-destination``)."""
+
+    def __post_init__(self) -> None:
+        check_range("retention.mlflow.grace_days", self.grace_days, 0)
+
+
+@dataclass(kw_only=True, slots=True)
+class DiskBudget:
+    """The disk budget a run is checked against before its first node (``retention.disk``)."""
+
+    budget: int | str | None = None
+    """The most the project's folders (data/, and the local MLflow store and artifacts) may hold: bytes or a
+    size such as ``"20GiB"``; null: no budget."""
+    run_estimate: int | str | None = None
+    """What one run adds, as bytes or a size; null: the last run's outputs as measured on disk (newest checkpoint
+    run, log folder and bundle version, and the bundle's two MLflow copies in a local store)."""
+
+    def __post_init__(self) -> None:
+        parse_size(self.budget, "retention.disk.budget")
+        parse_size(self.run_estimate, "retention.disk.run_estimate")
+
+    @property
+    def budget_bytes(self) -> int | None:
+        return parse_size(self.budget, "retention.disk.budget")
+
+    @property
+    def estimate_bytes(self) -> int | None:
+        return parse_size(self.run_estimate, "retention.disk.run_estimate")
+
+
+@dataclass(kw_only=True, slots=True)
+class RetentionConfig:
+    """The ``retention`` block: what ``train-deploy gc`` removes and the disk budget (``train_deploy.retention``).
+
+    Whatever these say, nothing a version holding an alias (``champion``, ``previous``, any other) needs is
+    removed: its bundle version, its checkpoint and log folders, its token files and tokenizer, its MLflow run and
+    logged model, and the champion's downloaded ``pretrained/`` for warm starts."""
+
+    checkpoints: CheckpointRetention = field(default_factory=CheckpointRetention)
+    """Checkpoint folders of training runs (``data/06_models/checkpoints/<run>/``): superseded runs go."""
+    training_logs: LogRetention = field(default_factory=LogRetention)
+    """Training log folders (``data/08_reporting/training_logs/<run>/``)."""
+    bundles: BundleRetention = field(default_factory=BundleRetention)
+    """Bundle versions (``data/07_model_output/bundle/<time>/``)."""
+    mlflow: MlflowRetention = field(default_factory=MlflowRetention)
+    """MLflow artifacts of rejected versions."""
+    disk: DiskBudget = field(default_factory=DiskBudget)
+    """The disk budget."""
+    after_scheduled_run: bool = True
+    """``train-deploy schedule`` runs the collection after each run that ended with exit code 0."""
+    record: str = "data/08_reporting/retention.jsonl"
+    """Where each collection (not a dry run) appends one JSON line: what went, why, bytes, the disk use after and
+    the last run's outputs' size; relative to the project folder."""
+
+    @classmethod
+    def from_params(cls, params: dict[str, Any] | None) -> RetentionConfig:
+        return from_mapping(cls, params, "retention")

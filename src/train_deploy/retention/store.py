@@ -1,0 +1,156 @@
+"""The MLflow side of retention: what the versions holding an alias need, and the artifacts of rejected versions,
+removed through MLflow's own APIs (runs and logged models marked deleted, then ``mlflow gc``).
+
+A rejected version stays registered with its tags (the history, and what scheduled retraining compares against:
+the same corpus is not retrained every night); only its run (metrics, artifacts such as ``export/bundle``) and its
+logged model (the bundle's second copy) go.
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from train_deploy.registry.gate import DECISION_TAG, FAILED
+from train_deploy.registry.retry import Retrying
+from train_deploy.retention.config import MlflowRetention
+from train_deploy.retention.disk import tree_bytes
+from train_deploy.retention.plan import Kept, Removal
+
+logger = logging.getLogger(__name__)
+
+COLLECTED = ("rejected", FAILED)
+"""Gate decisions whose versions' artifacts are removed after the grace period."""
+GC_TIMEOUT = 600.0
+
+
+def kept_by_aliases(client: MlflowClient, retry: Retrying, model_name: str) -> Kept:
+    """What every version of ``model_name`` that holds an alias needs (an empty :class:`Kept` when the model is
+    not registered yet)."""
+    kept = Kept()
+    try:
+        aliases = retry("read the registered model", lambda: client.get_registered_model(model_name)).aliases
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return kept
+        raise
+    for alias, version in sorted(aliases.items()):
+        kept.versions.setdefault(str(version), []).append(alias)
+    for version in kept.versions:
+        found = retry(f"read version {version}", lambda v=version: client.get_model_version(model_name, v))
+        tags = found.tags
+        kept.run_names |= {tags["training.run_name"]} if tags.get("training.run_name") else set()
+        kept.bundle_fingerprints |= {tags["bundle.fingerprint"]} if tags.get("bundle.fingerprint") else set()
+        kept.corpus_fingerprints |= {tags["corpus.fingerprint"]} if tags.get("corpus.fingerprint") else set()
+        kept.tokenizer_hashes |= {tags["tokenizer.hash"]} if tags.get("tokenizer.hash") else set()
+        kept.run_ids |= {found.run_id} if found.run_id else set()
+        kept.model_ids |= {model_id(found)} if model_id(found) else set()
+        kept.init_folders.add(f"{model_name}-v{version}")
+    return kept
+
+
+def plan_mlflow(client: MlflowClient, retry: Retrying, model_name: str, config: MlflowRetention,
+                kept: Kept) -> list[Removal]:
+    """The runs and logged models of versions decided ``rejected`` (or ``failed``) more than ``grace_days`` ago
+    that hold no alias; ones already marked deleted are listed again (``mlflow gc`` finishes them)."""
+    if not config.delete_rejected:
+        return []
+    found = retry("list the versions", lambda: client.search_model_versions(f"name = '{model_name}'"))
+    cutoff_ms = (time.time() - config.grace_days * 86400) * 1000
+    removals: list[Removal] = []
+    for version in sorted(found, key=lambda v: int(v.version)):
+        decision = version.tags.get(DECISION_TAG)
+        if decision not in COLLECTED or str(version.version) in kept.versions or version.creation_timestamp > cutoff_ms:
+            continue
+        why = f"version {version.version} was {decision} more than {config.grace_days:g} days ago and holds no alias"
+        if version.run_id and version.run_id not in kept.run_ids:
+            removals += _run_removal(client, version.run_id, why)
+        logged = model_id(version)
+        if logged and logged not in kept.model_ids:
+            removals += _model_removal(client, logged, why)
+    return removals
+
+
+def model_id(version) -> str | None:
+    """The logged model a version was registered from (MLflow 3: ``models:/m-<id>`` as its source, where the store
+    does not fill ``model_id``), or None."""
+    if getattr(version, "model_id", None):
+        return version.model_id
+    source = version.source or ""
+    return source.removeprefix("models:/") if source.startswith("models:/m-") and "/" not in source[9:] else None
+
+
+def _run_removal(client: MlflowClient, run_id: str, why: str) -> list[Removal]:
+    try:
+        run = client.get_run(run_id)
+    except MlflowException:  # removed for good already
+        return []
+    return [Removal(kind="mlflow_run", target=run_id, bytes=_local_bytes(run.info.artifact_uri), reason=why)]
+
+
+def _model_removal(client: MlflowClient, model_id: str, why: str) -> list[Removal]:
+    try:
+        model = client.get_logged_model(model_id)
+    except MlflowException:
+        return []
+    return [Removal(kind="mlflow_model", target=model_id, bytes=_local_bytes(model.artifact_location), reason=why)]
+
+
+def _local_bytes(uri: str | None) -> int:
+    """Bytes under a local artifact location (relative: the project's ``mlartifacts/``); 0 on a server."""
+    if not uri or "://" in uri and not uri.startswith("file://"):
+        return 0
+    return tree_bytes(Path(urlsplit(uri).path if uri.startswith("file://") else uri))
+
+
+def delete_and_collect(client: MlflowClient, removals: list[Removal], config: MlflowRetention, tracking_uri: str,
+                       project: Path) -> None:
+    """Mark the runs and logged models of ``removals`` deleted, then remove them for good with ``mlflow gc`` (in
+    the project folder, where a local store's relative artifact locations resolve); with a tracking server and no
+    ``gc_backend_store_uri``, log the command its admin runs instead."""
+    runs = [r.target for r in removals if r.kind == "mlflow_run"]
+    models = [r.target for r in removals if r.kind == "mlflow_model"]
+    if not runs and not models:
+        return
+    for run_id in runs:
+        if client.get_run(run_id).info.lifecycle_stage != "deleted":
+            client.delete_run(run_id)
+    for model_id in models:
+        client.delete_logged_model(model_id)
+    command = gc_command(tracking_uri, config, runs, models)
+    if command is None:
+        logger.warning("Marked %d run(s) and %d logged model(s) deleted on %s; their artifacts go when its admin "
+                       "runs: mlflow gc --backend-store-uri <its database> --artifacts-destination <its artifact "
+                       "root> --run-ids %s --logged-model-ids %s (or set retention.mlflow.gc_backend_store_uri)",
+                       len(runs), len(models), urlsplit(tracking_uri).hostname, ",".join(runs) or "''",
+                       ",".join(models) or "''")
+        return
+    done = subprocess.run(command, cwd=project, capture_output=True, text=True, timeout=GC_TIMEOUT, check=False)
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"mlflow gc failed (rc {done.returncode}): {tail[:300]}")
+    logger.info("mlflow gc removed %d run(s) and %d logged model(s) for good", len(runs), len(models))
+
+
+def gc_command(tracking_uri: str, config: MlflowRetention, runs: list[str], models: list[str]) -> list[str] | None:
+    """``mlflow gc`` for these ids against the store (a local one: its own URI; a server: the configured
+    database, with ``--tracking-uri`` and ``--artifacts-destination``), or None when a server's database is not
+    configured."""
+    mlflow_cli = [sys.executable, "-m", "mlflow", "gc"]
+    ids = [*(["--run-ids", ",".join(runs)] if runs else []),
+           *(["--logged-model-ids", ",".join(models)] if models else [])]
+    if not tracking_uri.startswith(("http://", "https://")):
+        return [*mlflow_cli, "--backend-store-uri", tracking_uri, *ids]
+    if not config.gc_backend_store_uri:
+        return None
+    destination = (["--artifacts-destination", config.gc_artifacts_destination]
+                   if config.gc_artifacts_destination else [])
+    return [*mlflow_cli, "--backend-store-uri", config.gc_backend_store_uri, *destination, "--tracking-uri",
+            tracking_uri, *ids]

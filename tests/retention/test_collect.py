@@ -1,0 +1,115 @@
+"""A collection against a real MLflow store with real registered versions: whatever the settings, nothing
+``champion`` or ``previous`` needs goes; rejected versions' runs and logged models go through ``mlflow gc`` once
+the grace period is over, and the versions stay registered with their tags."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import mlflow
+import pandas as pd
+import pytest
+from mlflow.exceptions import MlflowException
+
+from tests.retention.conftest import MODEL
+from train_deploy.retention import Layout, RetentionConfig, apply, make_plan, read_records
+from train_deploy.retention.store import model_id
+
+AGGRESSIVE = {"checkpoints": {"keep_runs": 1}, "training_logs": {"keep_runs": 1}, "bundles": {"keep_last": 1},
+              "mlflow": {"grace_days": 0}}
+
+
+def _project(root: Path) -> Layout:
+    """A project whose folders hold runs 1-5 (5 newest, unregistered), five bundle versions and five tokenizers."""
+    for run in range(1, 6):
+        for kind in ("checkpoints", "logs"):
+            (root / kind / f"run{run}").mkdir(parents=True)
+        bundle = root / "bundle" / f"2026-12-0{run}T00.00.00.000Z" / "bundle"
+        bundle.mkdir(parents=True)
+        (bundle / "bundle.json").write_text(json.dumps({"fingerprint": f"bundle{run}"}))
+        tokenizer = root / "tokenizer.by_fingerprint" / f"t{run}"
+        tokenizer.mkdir(parents=True)
+        (tokenizer / "train_deploy_tokenizer.json").write_text(json.dumps({"hash": f"tokenizer{run}"}))
+        (root / "tokens.by_fingerprint" / f"corpus{run}").mkdir(parents=True)
+        (root / "init_from" / "champion" / f"{MODEL}-v{run}").mkdir(parents=True)
+    return Layout(project=root, checkpoints=root / "checkpoints", training_logs=root / "logs",
+                  bundles=root / "bundle", init_cache=root / "init_from",
+                  stores=[("token_files", root / "tokens.by_fingerprint", 1),
+                          ("tokenizer", root / "tokenizer.by_fingerprint", 1)])
+
+
+def _local(uri: str) -> Path:
+    return Path(urlsplit(uri).path if uri.startswith("file:") else uri)
+
+
+def test_rejected_versions_wait_for_their_grace_period(registered, tmp_path):
+    plan = make_plan(_project(tmp_path), RetentionConfig.from_params({"mlflow": {"grace_days": 7}}), MODEL,
+                     registered.store.tracking_uri)
+    assert not [r for r in plan.removals if r.kind.startswith("mlflow")]
+    assert plan.kept.versions == {"2": ["previous"], "3": ["champion"]}
+
+
+def test_champion_and_previous_survive_the_most_aggressive_collection(registered, tmp_path):
+    layout, uri, versions = _project(tmp_path / "project"), registered.store.tracking_uri, registered.versions
+    plan = make_plan(layout, RetentionConfig.from_params(AGGRESSIVE), MODEL, uri)
+    rejected = {v.run_id for n, v in versions.items() if n in ("1", "4")} | \
+        {model_id(v) for n, v in versions.items() if n in ("1", "4")}
+    assert {r.target for r in plan.removals if r.kind.startswith("mlflow")} == rejected
+    assert all(r.bytes > 1_000_000 for r in plan.removals if r.kind.startswith("mlflow"))  # the bundle's copies
+    record = apply(plan, layout, RetentionConfig.from_params(AGGRESSIVE), uri)
+
+    survivors = {kind: sorted(p.name for p in (layout.project / kind).iterdir())
+                 for kind in ("checkpoints", "logs", "tokens.by_fingerprint", "tokenizer.by_fingerprint")}
+    assert survivors == {"checkpoints": ["run2", "run3", "run5"], "logs": ["run2", "run3", "run5"],
+                         "tokens.by_fingerprint": ["corpus2", "corpus3"],  # keep_last 1: the aliases' only
+                         "tokenizer.by_fingerprint": ["t2", "t3"]}
+    assert sorted(p.name for p in (layout.project / "bundle").iterdir()) == [
+        "2026-12-02T00.00.00.000Z", "2026-12-03T00.00.00.000Z", "2026-12-05T00.00.00.000Z"]
+    assert sorted(p.name for p in (layout.project / "init_from" / "champion").iterdir()) == [
+        f"{MODEL}-v2", f"{MODEL}-v3"]
+
+    client = registered.client
+    for number in ("1", "4"):  # gone for good, artifacts too; the version and its tags stay
+        with pytest.raises(MlflowException):
+            client.get_run(versions[number].run_id)
+        with pytest.raises(MlflowException):
+            client.get_logged_model(model_id(versions[number]))
+        assert client.get_model_version(MODEL, number).tags["gate.decision"] == "rejected"
+    for number in ("2", "3"):
+        run = client.get_run(versions[number].run_id)
+        assert run.info.lifecycle_stage == "active"
+        assert (_local(run.info.artifact_uri) / "export" / "bundle" / "bundle.json").is_file()
+        model = client.get_logged_model(model_id(versions[number]))
+        assert (_local(model.artifact_location) / "MLmodel").is_file()
+    assert {r["target"] for r in read_records(layout.project / "data/08_reporting/retention.jsonl")[-1]["removed"]} \
+        >= rejected and record["bytes_freed"] > 2_000_000
+
+    with registered.store.active():  # the champion still loads and answers
+        model = mlflow.pyfunc.load_model(f"models:/{MODEL}@champion")
+        assert len(model.predict(pd.DataFrame({"text": ["今天天气很好。"]}))) == 1
+
+
+def test_the_scheduler_collects_after_a_successful_run_under_its_own_lock(project):
+    import sys
+
+    from train_deploy.retention.collect import after_scheduled_run
+    from train_deploy.run_lock import RunConfig, RunLock
+
+    logs = project / "data" / "08_reporting" / "training_logs"
+    for run in range(12):  # keep_runs 10: the two oldest go
+        (logs / f"run{run:02d}").mkdir(parents=True)
+        os.utime(logs / f"run{run:02d}", (time.time() - 100 + run, time.time() - 100 + run))
+    lock = RunLock(project / "data")
+    lock.acquire(RunConfig(), "train_deploy (train-deploy schedule)")
+    try:
+        after_scheduled_run(project, [sys.executable, "-m", "kedro", "run", "--pipelines", "train_deploy"], lock)
+        assert lock.held_by() is not None and lock.about()["pid"] == os.getpid()  # still the scheduler's
+    finally:
+        lock.release()
+    assert sorted(p.name for p in logs.iterdir()) == [f"run{run:02d}" for run in range(2, 12)]
+    (record,) = read_records(project / "data" / "08_reporting" / "retention.jsonl")
+    assert sorted(Path(r["target"]).name for r in record["removed"]) == ["run00", "run01"]
