@@ -18,6 +18,7 @@ from train_deploy.corpus.config import CorpusConfig
 from train_deploy.export.config import ExportConfig
 from train_deploy.notify import NotifyConfig
 from train_deploy.registry.config import RegistryConfig
+from train_deploy.retention import RetentionConfig
 from train_deploy.retrain import RetrainConfig
 from train_deploy.run_lock import RunConfig
 from train_deploy.training.config import OptimizerConfig, ScheduleConfig, TrainingConfig
@@ -36,6 +37,7 @@ BLOCKS: dict[str, type] = {
     "retrain": RetrainConfig,
     "notify": NotifyConfig,
     "validation": ValidationConfig,
+    "retention": RetentionConfig,
 }
 
 

@@ -109,6 +109,9 @@ def run_with_retries(schedule: Schedule, stop: _Stop) -> int:
                 break
             rc = _run_once(schedule, stop, lock)
             died = lock.reclaim(died=rc < 0)
+        if rc == 0 and not stop.event.is_set():  # retention: train-deploy gc under this lock (never fails the run)
+            from train_deploy.retention.collect import after_scheduled_run
+            after_scheduled_run(schedule.project, schedule.command, lock)
     finally:
         lock.release(leave=died)  # a run that died under the lock: the next run reports it
     if rc != 0 and not stop.event.is_set():
