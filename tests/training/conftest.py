@@ -6,6 +6,7 @@ import copy
 import json
 from pathlib import Path
 
+import pytest
 from safetensors.numpy import load_file
 
 from train_deploy.handoffs import DataSpec, TrainingResult, read_json
@@ -53,3 +54,12 @@ def losses(folder: Path) -> list[float]:
 
 def weights(folder: Path, step: int) -> dict:
     return load_file(str(folder / "checkpoints" / f"step_{step:08d}" / "model.safetensors"))
+
+
+@pytest.fixture(scope="session")
+def dp2_run(tmp_path_factory, tiny_tokens) -> Path:
+    """The folder of a 6-step two-process data-parallel run of :data:`TINY_TRAINING` (one launch per session: the
+    layout test compares it with the single-process run, the two-node test compares two launchers with it)."""
+    folder = tmp_path_factory.mktemp("dp2")
+    launch(folder, tiny_tokens, training_params(2, parallel={"dp": 2}))
+    return folder

@@ -69,9 +69,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_launchers_as_two_nodes_match_data_parallel(tmp_path, tiny_tokens):
-    single = tmp_path / "dp2"
-    launch(single, tiny_tokens, training_params(2, parallel={"dp": 2}))
+def test_two_launchers_as_two_nodes_match_data_parallel(tmp_path, tiny_tokens, dp2_run):
+    single = dp2_run  # one launcher, two processes (the session's)
     master = f"127.0.0.1:{_free_port()}"
     results: dict = {}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,11 +15,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, tiny_tokens):
-    """Six uninterrupted single-process steps (two accumulation steps of 4 sequences)."""
-    folder = tmp_path_factory.mktemp("single")
-    launch(folder, tiny_tokens, training_params(1))
-    return folder
+def reference(tiny_run):
+    """Six uninterrupted single-process steps (two accumulation steps of 4 sequences): the session's
+    :func:`tests.conftest.tiny_run` (``training_params(1)``), whose folder these tests only read."""
+    return Path(tiny_run.checkpoints).parent
 
 
 def assert_losses_match(folder, reference, rtol=1e-5):
@@ -31,8 +31,12 @@ def assert_losses_match(folder, reference, rtol=1e-5):
                                             (2, {"mp": 2, "dp": 1}), (4, {"dp": 2, "mp": 2}),
                                             (2, {"dp": 2, "sharding_stage": 1})],
                          ids=["plain-1", "dp2", "mp2", "dp2xmp2", "dp2-sharding1"])
-def test_parallel_layouts_match_the_single_process_loss(tmp_path, tiny_tokens, reference, nproc, parallel):
-    got = launch(tmp_path, tiny_tokens, training_params(nproc, parallel=parallel))
+def test_parallel_layouts_match_the_single_process_loss(tmp_path, tiny_tokens, reference, nproc, parallel, request):
+    if (nproc, parallel) == (2, {"dp": 2}):  # the session's dp2 run (the two-node test's reference too)
+        tmp_path = request.getfixturevalue("dp2_run")
+        got = result(tmp_path)
+    else:
+        got = launch(tmp_path, tiny_tokens, training_params(nproc, parallel=parallel))
     assert got.finished and got.layout["dp"] == parallel["dp"]
     assert got.layout["mp"] == parallel.get("mp", 1)
     assert_losses_match(tmp_path, reference)
