@@ -73,6 +73,10 @@ class MlflowRetention:
     delete_rejected: bool = True
     """Mark the runs and logged models of versions decided ``rejected`` (or whose gate ``failed``) deleted once
     ``grace_days`` have passed, then remove them for good with ``mlflow gc``; the version and its tags stay."""
+    decisions: list[str] = field(default_factory=lambda: ["rejected", "failed"])
+    """The gate decisions (``gate.decision``) whose versions' artifacts go; add ``promoted``, ``first`` and
+    ``forced`` to remove retired champions' too (versions that hold no alias any more; rollback needs only
+    ``previous``)."""
     grace_days: float = 7.0
     """Days after its registration a rejected version's artifacts are kept (to look at, or to promote by hand)."""
     gc_backend_store_uri: str | None = None
@@ -83,6 +87,9 @@ class MlflowRetention:
 
     def __post_init__(self) -> None:
         check_range("retention.mlflow.grace_days", self.grace_days, 0)
+        known = ("rejected", "failed", "promoted", "first", "forced")
+        for decision in self.decisions:
+            check(decision in known, "retention.mlflow.decisions", f"{decision!r} is not one of {', '.join(known)}")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from train_deploy.registry.gate import DECISION_TAG, FAILED
+from train_deploy.registry.gate import DECISION_TAG
 from train_deploy.registry.retry import Retrying
 from train_deploy.retention.config import MlflowRetention
 from train_deploy.retention.disk import tree_bytes
@@ -26,8 +26,6 @@ from train_deploy.retention.plan import Kept, Removal
 
 logger = logging.getLogger(__name__)
 
-COLLECTED = ("rejected", FAILED)
-"""Gate decisions whose versions' artifacts are removed after the grace period."""
 GC_TIMEOUT = 600.0
 
 
@@ -58,8 +56,9 @@ def kept_by_aliases(client: MlflowClient, retry: Retrying, model_name: str) -> K
 
 def plan_mlflow(client: MlflowClient, retry: Retrying, model_name: str, config: MlflowRetention,
                 kept: Kept) -> list[Removal]:
-    """The runs and logged models of versions decided ``rejected`` (or ``failed``) more than ``grace_days`` ago
-    that hold no alias; ones already marked deleted are listed again (``mlflow gc`` finishes them)."""
+    """The runs and logged models of versions whose gate decision is one of ``config.decisions`` (rejected or
+    failed), registered more than ``grace_days`` ago, that hold no alias; ones already marked deleted are listed
+    again (``mlflow gc`` finishes them)."""
     if not config.delete_rejected:
         return []
     found = retry("list the versions", lambda: client.search_model_versions(f"name = '{model_name}'"))
@@ -67,7 +66,8 @@ def plan_mlflow(client: MlflowClient, retry: Retrying, model_name: str, config: 
     removals: list[Removal] = []
     for version in sorted(found, key=lambda v: int(v.version)):
         decision = version.tags.get(DECISION_TAG)
-        if decision not in COLLECTED or str(version.version) in kept.versions or version.creation_timestamp > cutoff_ms:
+        if decision not in config.decisions or str(version.version) in kept.versions or \
+                version.creation_timestamp > cutoff_ms:
             continue
         why = f"version {version.version} was {decision} more than {config.grace_days:g} days ago and holds no alias"
         if version.run_id and version.run_id not in kept.run_ids:
