@@ -5,7 +5,7 @@
 
 Builds the `small` preset (random weights: parity and latency do not depend on training) as a checkpoint
 and saves its server graph with the export stage's own functions. The reference is that checkpoint in
-Paddle eager mode on the GPU in float32 with TF32 off (``runtime.disable_tf32``). Then, one engine at a
+Paddle eager mode on the GPU in float32 with TF32 off (``hardware.disable_tf32``). Then, one engine at a
 time: the eager reference itself, Paddle Inference GPU fp32 (TF32 off), Paddle Inference GPU fp16 (the
 mixed-precision pass), and TensorRT fp16 (and fp32 on request) through ``paddle.tensorrt`` when the wheel
 has it. Each is built, judged with the export stage's per-precision rule (``checks.parity_report``: fp32
