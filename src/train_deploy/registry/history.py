@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import getpass
 import json
+import os
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -32,13 +33,30 @@ COLUMNS = (("time", "time (UTC)"), ("event", "event"), ("decision", "decision"),
 
 
 def alias_version(client: MlflowClient, name: str, alias: str) -> str | None:
-    """The version ``alias`` points at, or None when the model or the alias does not exist."""
+    """The version ``alias`` points at, or None when the model or the alias does not exist.
+
+    MLflow's basic-auth answers a read of an alias of a registered model that does not exist with HTTP 403 (its
+    check finds no model to grant READ on), but a read of the model itself with 404: a 403 here means "no model
+    yet" only when the model's own read says it is missing; otherwise the refusal stands."""
     try:
         return str(client.get_model_version_by_alias(name, alias).version)
     except MlflowException as exc:
         if exc.error_code == "RESOURCE_DOES_NOT_EXIST" or "not found" in exc.message:
             return None
+        if exc.get_http_status_code() == 403 and _missing(client, name):
+            return None
         raise
+
+
+def _missing(client: MlflowClient, name: str) -> bool:
+    """Whether registered model ``name`` does not exist (a refusal to read it is raised)."""
+    try:
+        client.get_registered_model(name)
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return True
+        raise
+    return False
 
 
 def event_key(time: str) -> str:
@@ -107,9 +125,13 @@ def _fitting(event: dict[str, Any]) -> str:
 
 
 def who() -> str:
-    """Who runs this process: ``user@host``."""
+    """Who runs this process: the MLflow account it acts as (``MLFLOW_TRACKING_USERNAME``, where kedro-mlflow puts
+    ``server.credentials``' entry too) with the process's ``user@host``, e.g. ``MLflow account 'admin'
+    (ops@box)``; ``user@host`` alone without an account (a local store, a token)."""
     try:
         user = getpass.getuser()
     except (KeyError, OSError):
         user = "unknown"
-    return f"{user}@{socket.gethostname()}"
+    local = f"{user}@{socket.gethostname()}"
+    account = os.environ.get("MLFLOW_TRACKING_USERNAME")
+    return f"MLflow account {account!r} ({local})" if account else local

@@ -54,8 +54,8 @@ def refused(exc: BaseException, what: str, uri: str) -> RegistryRefused | None:
         advice = "set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD of an account of that server"
     else:
         advice = ("the account needs READ on the registered model to read it, EDIT to register versions or move "
-                  "aliases; a basic-auth server also answers 403 for a registered model that does not exist yet: "
-                  "have an admin create it first (docs/team-server.md)")
+                  "aliases, and the right to create registered models for a model's first version and the registry "
+                  "lock (docs/team-server.md)")
     return RegistryRefused(f"MLflow tracking server {redact_uri(uri)} refused {what} for {account!r} (HTTP {status}): "
                            f"{advice}", status)
 
