@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from train_deploy.export.bundle import export_bundle
 from train_deploy.export.config import ExportConfig
 from train_deploy.export.plots import TrainingCurves
 from train_deploy.handoffs import (
+    BUNDLE_FILE,
     Bundle,
     CheckpointRef,
     SelectedCheckpoint,
@@ -58,6 +60,17 @@ def training_logs(folder: Path, run: TrainingResult) -> WorkFolder:
     logs.mkdir(parents=True, exist_ok=True)
     shutil.copy(Path(run.checkpoints).parent / "logs" / "metrics.jsonl", logs / "metrics.jsonl")
     return WorkFolder(path=str(folder))
+
+
+def as_older_bundle(folder: Path, format: int) -> None:
+    """Make the bundle copy ``folder`` look exported before file hashes (format 7: no ``graphs`` either): its
+    ``bundle.json`` records the sizes of the files it holds, as a format 8 export did."""
+    meta = json.loads((Path(folder) / BUNDLE_FILE).read_text(encoding="utf-8"))
+    meta["files"] = {path.relative_to(folder).as_posix(): path.stat().st_size
+                     for path in sorted(Path(folder).rglob("*")) if path.is_file()}
+    if format < 8:
+        del meta["graphs"]
+    (Path(folder) / BUNDLE_FILE).write_text(json.dumps({**meta, "format": format}), encoding="utf-8")
 
 
 def export_into(folder: Path, checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManifest,

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.export.conftest import fused_here
+from tests.export.conftest import as_older_bundle, fused_here
 from train_deploy.environment import cpu_identity, this_cpu
 from train_deploy.export import LanguageModel, probe
 from train_deploy.export.runtime import BundleError
@@ -110,9 +110,7 @@ def test_a_format_7_bundle_is_refused_in_one_line_by_the_real_probes_verdict(emu
         monkeypatch.setenv(name, value)
     old = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, old, ignore=shutil.ignore_patterns("server_portable"))
-    meta = json.loads((old / "bundle.json").read_text(encoding="utf-8"))
-    del meta["graphs"]
-    (old / "bundle.json").write_text(json.dumps({**meta, "format": 7}), encoding="utf-8")
+    as_older_bundle(old, 7)
     probe._verdict.cache_clear()
     try:
         with pytest.raises(BundleError) as refused:

@@ -8,6 +8,7 @@ import shutil
 import pytest
 
 from tests.corpus.test_tokenizer_normalization import CLEANED, RAW, drop_record
+from tests.export.conftest import as_older_bundle
 from train_deploy.export import LanguageModel
 
 pytestmark = pytest.mark.slow
@@ -28,6 +29,7 @@ def test_the_bundle_scores_and_continues_raw_and_cleaned_text_alike(tiny_bundle)
 def test_a_bundle_whose_tokenizer_records_no_policy_takes_texts_as_given_and_says_so(tiny_bundle, tmp_path, caplog):
     old = shutil.copytree(tiny_bundle, tmp_path / "bundle", ignore=shutil.ignore_patterns("server"))
     drop_record(old / "tokenizer")
+    as_older_bundle(old, 8)  # its files were not hashed then
     caplog.set_level(logging.INFO, logger="train_deploy.export.runtime")
     model = LanguageModel.load(old, backend="onnx")
     assert f"{old}: the tokenizer records no normalisation policy" in caplog.text

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.export.conftest import fused_here
+from tests.export.conftest import as_older_bundle, fused_here
 from train_deploy.export import LanguageModel, probe
 from train_deploy.export.runtime import BundleError, log_softmax
 
@@ -79,9 +79,7 @@ def test_a_format_7_bundle_where_the_fused_kernels_cannot_run_is_refused_in_one_
                                                                                     no_fused_kernels):
     old = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, old, ignore=shutil.ignore_patterns("server_portable"))
-    meta = json.loads((old / "bundle.json").read_text(encoding="utf-8"))
-    del meta["graphs"]
-    (old / "bundle.json").write_text(json.dumps({**meta, "format": 7}), encoding="utf-8")
+    as_older_bundle(old, 7)
     with pytest.raises(BundleError) as refused:
         LanguageModel.load(old, backend="paddle")
     assert str(refused.value) == (f"{old}/bundle.json: format 7 bundle has only the fused server graph, which this "
