@@ -29,6 +29,7 @@ FLOAT_PROBES = (0.0, -1.0, 1.0, float(HUGE))
 # so that a huge nnodes is judged by itself).
 BASE: dict[str, dict[str, Any]] = {
     "corpus": {},
+    "validation": {},
     "training": {"launch": {"master": "10.0.0.1:8090"}},
     "averaging": {},
     "export": {},
@@ -115,6 +116,14 @@ ACCEPTED: dict[str, tuple] = {
     "registry.eval_set.max_chars": (),  # 10 to 100000
     "registry.retries.attempts": (),  # 1 to 100
     "registry.retries.wait_seconds": (0.0, 1.0),  # 0 to 3600
+    # the data gate's bounds: a share or a relative decrease in [0, 1], an increase or change 0 or more (0: any
+    # change stops), a quantile factor 1 or more
+    **dict.fromkeys(("validation.max_documents_decrease", "validation.max_characters_decrease",
+                     "validation.max_cjk_share_change", "validation.max_duplicate_share",
+                     "validation.max_byte_fallback_rate", "validation.max_drop_share_increase"), (0.0, 1.0)),
+    **dict.fromkeys(("validation.max_documents_increase", "validation.max_characters_increase",
+                     "validation.max_tokens_per_character_change"), (0.0, 1.0, float(HUGE))),
+    "validation.max_length_quantile_factor": (1.0, float(HUGE)),
 }
 
 

@@ -24,10 +24,12 @@ from train_deploy.registry.config import RegistryConfig
 from train_deploy.retention import Layout, RetentionConfig, check_budget, last_run_bytes
 from train_deploy.retrain import RetrainConfig
 from train_deploy.training.config import TrainingConfig
+from train_deploy.validation.config import ValidationConfig
 
 # Parameter block → the class whose ``from_params`` validates it (``conf/base/parameters_<block>.yml``).
 STAGE_CONFIGS: dict[str, type] = {
     "corpus": CorpusConfig,
+    "validation": ValidationConfig,
     "training": TrainingConfig,
     "averaging": AveragingConfig,
     "export": ExportConfig,
