@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import mlflow
@@ -73,5 +74,6 @@ def test_a_truncated_night_stops_before_training_with_its_report_and_warn_or_for
 
 
 def _logged(caplog, level: int) -> list[str]:
-    """The data gate's reports logged at ``level``."""
-    return [r.getMessage() for r in caplog.records if r.levelno == level and "data gate" in r.getMessage()]
+    """The data gate's reports of statistics past their bounds logged at ``level``."""
+    return [r.getMessage() for r in caplog.records
+            if r.levelno == level and re.match(r"\d+ corpus statistics? past the data gate's bounds", r.getMessage())]
