@@ -96,7 +96,8 @@ def test_kedro_airflow_create_writes_a_dag_of_one_run_at_a_time_with_retries(gen
 
 def test_dag_runs_every_node_once_with_training_a_task_of_its_own(generated_dag):
     tasks = _task_nodes(ast.parse(generated_dag.read_text()))
-    assert tasks["train-model"] == ["configure_training", "train_model"]  # joined by a MemoryDataset
+    # joined by MemoryDatasets: the data gate (validated_token_files) runs in the training task, just before it
+    assert tasks["train-model"] == ["validate_corpus", "configure_training", "train_model"]
     pipeline = register_pipelines()["train_deploy"]
     assert sorted(sum(tasks.values(), [])) == sorted(node.name for node in pipeline.nodes)
     # Each task is its own KedroSession: what one task hands another must be written somewhere.

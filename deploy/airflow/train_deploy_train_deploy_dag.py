@@ -101,24 +101,6 @@ def train_deploy():
             session.run(pipeline_names=["train_deploy"], node_names=[
                 "configure_corpus_training", "plan_corpus_inputs", "resolve_init_source", "prepare_tokenizer", "encode_corpus"])
 
-    @task.external_python(task_id="train-model", python=PROJECT_PYTHON, expect_airflow=False)
-    def train_model(project: str, trigger: str, mlflow_run_id: str) -> None:
-        """Run the group's nodes (below) in the project's venv, into the DAG run's MLflow run."""
-        import os
-        from pathlib import Path
-
-        from kedro.framework.session import KedroSession
-        from kedro.framework.startup import bootstrap_project
-
-        os.chdir(project)  # the catalog's and MLflow's relative paths are the project's
-        os.environ["TRAIN_DEPLOY_TRIGGER"] = trigger
-        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes it
-        bootstrap_project(Path(project))
-        conf_source = None
-        with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
-            session.run(pipeline_names=["train_deploy"], node_names=[
-                "configure_training", "train_model"])
-
     @task.external_python(task_id="report-corpus", python=PROJECT_PYTHON, expect_airflow=False)
     def report_corpus(project: str, trigger: str, mlflow_run_id: str) -> None:
         """Run the group's nodes (below) in the project's venv, into the DAG run's MLflow run."""
@@ -154,6 +136,24 @@ def train_deploy():
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
             session.run(pipeline_names=["train_deploy"], node_names=[
                 "report_corpus_quality"])
+
+    @task.external_python(task_id="train-model", python=PROJECT_PYTHON, expect_airflow=False)
+    def train_model(project: str, trigger: str, mlflow_run_id: str) -> None:
+        """Run the group's nodes (below) in the project's venv, into the DAG run's MLflow run."""
+        import os
+        from pathlib import Path
+
+        from kedro.framework.session import KedroSession
+        from kedro.framework.startup import bootstrap_project
+
+        os.chdir(project)  # the catalog's and MLflow's relative paths are the project's
+        os.environ["TRAIN_DEPLOY_TRIGGER"] = trigger
+        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes it
+        bootstrap_project(Path(project))
+        conf_source = None
+        with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
+            session.run(pipeline_names=["train_deploy"], node_names=[
+                "validate_corpus", "configure_training", "train_model"])
 
     @task.external_python(task_id="average-checkpoints", python=PROJECT_PYTHON, expect_airflow=False)
     def average_checkpoints(project: str, trigger: str, mlflow_run_id: str) -> None:
@@ -248,18 +248,18 @@ def train_deploy():
     mlflow_run_id = check_changes(PROJECT, TRIGGER, NOTHING_TO_RETRAIN)
     tasks = {
         "encode-corpus": encode_corpus(PROJECT, TRIGGER, mlflow_run_id),
-        "train-model": train_model(PROJECT, TRIGGER, mlflow_run_id),
         "report-corpus": report_corpus(PROJECT, TRIGGER, mlflow_run_id),
         "report-corpus-quality": report_corpus_quality(PROJECT, TRIGGER, mlflow_run_id),
+        "train-model": train_model(PROJECT, TRIGGER, mlflow_run_id),
         "average-checkpoints": average_checkpoints(PROJECT, TRIGGER, mlflow_run_id),
         "evaluate-checkpoints": evaluate_checkpoints(PROJECT, TRIGGER, mlflow_run_id),
         "export-bundle": export_bundle(PROJECT, TRIGGER, mlflow_run_id),
         "report-export": report_export(PROJECT, TRIGGER, mlflow_run_id),
         "register-bundle": register_bundle(PROJECT, TRIGGER, mlflow_run_id),
     }
-    tasks["encode-corpus"] >> tasks["train-model"]
     tasks["encode-corpus"] >> tasks["report-corpus"]
     tasks["encode-corpus"] >> tasks["report-corpus-quality"]
+    tasks["encode-corpus"] >> tasks["train-model"]
     tasks["train-model"] >> tasks["average-checkpoints"]
     tasks["encode-corpus"] >> tasks["evaluate-checkpoints"]
     tasks["train-model"] >> tasks["evaluate-checkpoints"]
