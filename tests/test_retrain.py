@@ -47,9 +47,11 @@ def _params(corpus: Path, **blocks: dict) -> dict:
 
 
 def _files(folder: Path) -> dict[str, tuple[int, int]]:
-    """Every file under ``folder`` but the run lock's, with its size and modification time."""
+    """Every file under ``folder`` but the run lock's and the retention record a scheduled run appends to
+    (``train_deploy.retention``), with its size and modification time."""
     return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in folder.rglob("*") if p.is_file() and ".train_deploy.lock" not in p.name}
+            for p in folder.rglob("*") if p.is_file() and ".train_deploy.lock" not in p.name
+            and p.name != "retention.jsonl"}
 
 
 def test_compare_names_what_changed():
