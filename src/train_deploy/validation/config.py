@@ -31,8 +31,10 @@ class ValidationConfig:
     wrong decoding)."""
     max_duplicate_share: float | None = 0.3
     """Largest share of the documents read that are exact or near duplicates (tonight's, not a change)."""
-    max_byte_fallback_rate: float | None = 0.1
-    """Largest share of tokens that are byte-fallback pieces (characters the tokenizer has no piece for)."""
+    max_byte_fallback_rate: float | None = 0.25
+    """Largest share of tokens that are byte-fallback pieces (characters the tokenizer has no piece for). Measured:
+    a tokenizer trained at character_coverage 0.98 (the tests' tiny one) leaves 5-13% on later People's Daily text;
+    GBK read as latin-1, or English, 83-89%."""
     max_tokens_per_character_change: float | None = 0.25
     """Largest relative change of tokens per character (0.25: within ±25% of the champion's)."""
     max_length_quantile_factor: float | None = 2.0
