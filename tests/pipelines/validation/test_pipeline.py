@@ -49,6 +49,7 @@ def test_a_truncated_night_stops_before_training_with_its_report_and_warn_or_for
     assert stopped.value.code == VALIDATION_STOPPED
     err = capfd.readouterr().err
     (line,) = [text for text in err.splitlines() if text.startswith("ValidationStopped: ")]
+    assert "Traceback" not in err
     assert f"against {MODEL} version 1 (documents_kept " in line and "retrain.force: true trains anyway" in line
     (report,) = _logged(caplog, logging.ERROR)  # the report, one line per statistic past its bound
     assert "documents_kept: champion" in report and "(validation.max_documents_decrease)" in report
