@@ -37,6 +37,7 @@ from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE
 from mlflow.types import ColSpec, ParamSchema, ParamSpec, Schema
 
 import train_deploy
+from train_deploy.export.integrity import verify_bundle
 from train_deploy.export.runtime import BundleError, LanguageModel, TooLongError, read_bundle
 from train_deploy.signals import install_termination_handler
 
@@ -231,7 +232,8 @@ def log_bundle_model(bundle: Path, *, name: str = "model", max_batch: int = 64,
     ``registered_model_name`` when given."""
     if max_batch < 1:
         raise bad_request(f"max_batch: {max_batch} must be at least 1")
-    read_bundle(bundle)  # a folder that is no bundle fails here, naming the file, before anything is logged
+    verify_bundle(bundle, read_bundle(bundle))  # no bundle, or a damaged one, fails here naming the file, before
+    # anything is logged: a damaged bundle never becomes a version
     with tempfile.TemporaryDirectory(prefix="train_deploy-model-") as work:
         script = Path(work) / "bundle_model.py"
         script.write_text(_MODEL_SCRIPT, encoding="utf-8")
