@@ -164,7 +164,9 @@ def tiny_train_deploy_params(nproc: int = 1, **blocks: dict) -> dict:
         "schedule": {"max_steps": 4, "log_every": 1, "eval_every": 2, "checkpoint_every": 2},
         "launch": {"nproc_per_node": nproc},
     }
-    params["export"] = {"parity": {"samples": 2}, "latency": {"batch_sizes": [1], "repeats": 1, "warmup": 0}}
+    # one timed call and one round of 4 generated tokens per form: the engine choice still has its numbers
+    params["export"] = {"parity": {"samples": 2}, "latency": {"batch_sizes": [1], "repeats": 1, "warmup": 0,
+                                                              "rounds": 1, "generate_tokens": 4}}
     params["registry"] = dict(NO_SERVING_CHECK)
     for name, values in blocks.items():
         params[name] = {**params.get(name, {}), **values}

@@ -1,5 +1,6 @@
 """A model of one's own corpus after the default run, as a user meets it through `kedro run`: the default model's
-evaluation set is not used for another corpus, and the end of the run prints a serve command that works anywhere."""
+evaluation set is not used for another corpus, and the end of the run prints a serve command that works anywhere.
+The runs that succeed run in this process, as KedroSession runs them (test_run.py); the refused one is the command."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kedro.framework.session import KedroSession
 from mlflow import MlflowClient
 
 from tests.conftest import cli_params, tiny_train_deploy_params
@@ -74,10 +76,21 @@ def test_the_corpus_of_the_evaluation_set_decides_refused_compared_or_free(tmp_p
     assert "evaluation set holds 4 texts, fewer than registry.eval_set.min_texts 16" in caplog.text
 
 
-def _run(project: Path, params: dict, env: dict[str, str]) -> subprocess.CompletedProcess:
+def _shell() -> dict[str, str]:
+    """A user's shell: no MLFLOW_* set (nor what this process's runs exported), so the project's own store."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+
+
+def _run(project: Path, params: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kedro", "run", "--pipelines", "train_deploy", "--params",
-                           ",".join(cli_params(params))], cwd=project, env=env, capture_output=True, text=True,
+                           ",".join(cli_params(params))], cwd=project, env=_shell(), capture_output=True, text=True,
                           timeout=1200)
+
+
+def _run_here(project: Path, params: dict) -> None:
+    """The same run in this process (no start-up, Paddle already imported), with the shell's MLFLOW_* (none)."""
+    with KedroSession.create(project_path=project, runtime_params=params) as session:
+        session.run(pipeline_names=["train_deploy"])
 
 
 def _state(client: MlflowClient, name: str) -> tuple[dict[str, str], list[str]]:
@@ -87,12 +100,13 @@ def _state(client: MlflowClient, name: str) -> tuple[dict[str, str], list[str]]:
 
 
 @pytest.mark.slow
-def test_own_corpus_after_the_default_run_gets_its_own_model_and_the_printed_serve_line_answers(project, tmp_path):
+def test_own_corpus_after_the_default_run_gets_its_own_model_and_the_printed_serve_line_answers(project, tmp_path,
+                                                                                             monkeypatch, capsys):
     # the project's own store (conf/base/mlflow.yml's sqlite:///mlruns.db), as a user's shell has no MLFLOW_* set
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    for name in [name for name in os.environ if name.startswith("MLFLOW_")]:
+        monkeypatch.delenv(name)
     client = MlflowClient(f"sqlite:///{project / 'mlruns.db'}", f"sqlite:///{project / 'mlruns.db'}")
-    default = _run(project, tiny_train_deploy_params(1), env)
-    assert default.returncode == 0, default.stderr[-3000:]
+    _run_here(project, tiny_train_deploy_params(1))
     demo = _state(client, DEMO)
     assert demo == ({"champion": "1"}, ["1"])
 
@@ -104,7 +118,7 @@ def test_own_corpus_after_the_default_run_gets_its_own_model_and_the_printed_ser
     own["corpus"]["reader"] = {"source": "text", "paths": f"[{text}]", "chunk_bytes": 65536}
 
     runs = len(client.search_runs([client.get_experiment_by_name("train_deploy").experiment_id]))
-    refused = _run(project, own, env)
+    refused = _run(project, own)
     assert refused.returncode == 1
     assert (f"\nConfigError: registry.model_name: registered model {DEMO}'s evaluation set was made from corpus "
             f"people_daily (its built-in corpus), this run reads text ['{text}'], and would be gated on the other "
@@ -113,18 +127,20 @@ def test_own_corpus_after_the_default_run_gets_its_own_model_and_the_printed_ser
     assert "Traceback" not in refused.stderr + refused.stdout
     assert len(client.search_runs([client.get_experiment_by_name("train_deploy").experiment_id])) == runs
 
-    ran = _run(project, {**own, "registry": {**own["registry"], "model_name": "news_lm"}}, env)
-    assert ran.returncode == 0, ran.stderr[-3000:]
-    assert "Registered news_lm version 1: became champion [first]\n" in ran.stdout
+    capsys.readouterr()
+    own["corpus"]["reader"]["paths"] = [str(text)]  # the list that `--params …paths=[…]` becomes
+    _run_here(project, {**own, "registry": {**own["registry"], "model_name": "news_lm"}})
+    printed = capsys.readouterr().out
+    assert "Registered news_lm version 1: became champion [first]\n" in printed
     assert _state(client, "news_lm") == ({"champion": "1"}, ["1"]) and _state(client, DEMO) == demo
 
-    (line,) = [line.removeprefix(SERVE_PREFIX) for line in ran.stdout.splitlines() if line.startswith(SERVE_PREFIX)]
+    (line,) = [line.removeprefix(SERVE_PREFIX) for line in printed.splitlines() if line.startswith(SERVE_PREFIX)]
     assert line == shlex.join([str(Path(sys.executable).parent / "train-deploy"), "serve", "--model", "news_lm",
                                "--project", str(project)])
     elsewhere = tmp_path / "elsewhere"
     server = ModelServer("models:/news_lm@champion", ModelStore(tmp_path), elsewhere)
     server.command = shlex.split(line)  # exactly the printed line, on a free port (the option's variable)
-    server._env = {**env, "TRAIN_DEPLOY_SERVE_PORT": server.url.rsplit(":", 1)[1]}
+    server._env = {**_shell(), "TRAIN_DEPLOY_SERVE_PORT": server.url.rsplit(":", 1)[1]}
     server.start()
     try:
         status, body = server.post({"inputs": ["今天天气很好。"]})
