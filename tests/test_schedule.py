@@ -32,6 +32,8 @@ with log.open("a") as f:
     f.write(json.dumps({"t": time.time(), "pid": os.getpid(), "trigger": os.environ.get("TRAIN_DEPLOY_TRIGGER"),
                         "cwd": os.getcwd()}) + "\\n")
 if mode == "fail":
+    sys.exit(2)
+if mode == "stopped":  # kedro run's exit status when the data gate stopped the night
     sys.exit(3)
 if mode == "long_first" and len(log.read_text().splitlines()) == 1:
     time.sleep(3.3)
@@ -94,7 +96,7 @@ def _stop(scheduler: subprocess.Popen) -> tuple[int, str]:
     return scheduler.returncode, err
 
 
-@pytest.mark.parametrize(("mode", "rc"), [("ok", 0), ("fail", 3)])
+@pytest.mark.parametrize(("mode", "rc"), [("ok", 0), ("fail", 2)])
 def test_once_runs_in_the_project_as_a_scheduled_run_and_exits_with_its_code(stand_in, mode, rc):
     project, script = stand_in
     scheduler = _schedule(project, script, mode, "--once")
@@ -114,8 +116,16 @@ def test_failed_run_is_retried_with_doubling_backoff_then_waits_for_the_next_slo
     starts = [run["t"] for run in _runs(project)]
     assert starts[1] - starts[0] >= 0.2 and starts[2] - starts[1] >= 0.4
     assert "retry 1 of 2 in 0.2 s" in err and "retry 2 of 2 in 0.4 s" in err
-    failed = err.index("run failed (rc 3) after 2 retries")
+    failed = err.index("run failed (rc 2) after 2 retries")
     assert "next slot at" in err[failed:] and "started:" in err[failed:]  # still alive, and ran the next slot
+
+
+def test_a_night_the_data_gate_stopped_is_not_retried(stand_in):
+    project, script = stand_in
+    scheduler = _schedule(project, script, "stopped", "--once", "--retries", "2", "--backoff", "0.1")
+    _, err = scheduler.communicate(timeout=20)
+    assert scheduler.returncode == 3 and len(_runs(project)) == 1, err
+    assert "stopped by the data gate (rc 3): not retried" in err and "retry" not in err.replace("not retried", "")
 
 
 def test_second_trigger_while_a_run_holds_the_project_is_skipped_naming_the_holder(stand_in):

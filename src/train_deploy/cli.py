@@ -27,10 +27,11 @@ quiet_third_party()  # Kedro's CLI imports this module before the project's sett
 
 from train_deploy.params import with_project_params  # noqa: E402
 from train_deploy.retrain import NothingToRetrain  # noqa: E402
+from train_deploy.validation import STOPPED_EXIT_STATUS  # noqa: E402
 from train_deploy.validation.report import ValidationStopped  # noqa: E402
 
 PACKAGE = "train_deploy"
-VALIDATION_STOPPED = 3
+VALIDATION_STOPPED = STOPPED_EXIT_STATUS
 """Exit status of a run the data gate stopped (1: any other project error)."""
 
 @click.group(name=PACKAGE)

@@ -5,7 +5,8 @@ folder, in its own process group, with ``TRAIN_DEPLOY_TRIGGER=schedule``, under 
 (``train_deploy.run_lock``), which the scheduler takes and hands to the run: a slot whose project is held by
 another run is skipped and logged, never failed by a race with it. A failed run is retried with
 exponential back-off (``backoff``, 2 × ``backoff``, …) up to ``retries`` times, then the scheduler waits for
-the next slot. Missed slots are never caught up: a run that outlasts later slots is followed by at most one
+the next slot; a run the data gate stopped (exit 3) is not retried: the same corpus would stop it again.
+Missed slots are never caught up: a run that outlasts later slots is followed by at most one
 late run. SIGTERM or SIGINT stops the current run and its processes (SIGTERM, SIGKILL to what is left after
 :data:`STOP_GRACE` seconds; the run's own hooks stop its training processes) and exits 0.
 
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from train_deploy.processes import stop_process_tree
 from train_deploy.run_lock import RunConfig, RunLock, RunLockHeld
+from train_deploy.validation import STOPPED_EXIT_STATUS as VALIDATION_STOPPED
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +103,7 @@ def run_with_retries(schedule: Schedule, stop: _Stop) -> int:
         rc = _run_once(schedule, stop, lock)
         died = lock.reclaim(died=rc < 0)
         for attempt in range(1, schedule.retries + 1):
-            if rc == 0 or stop.event.is_set():
+            if rc in (0, VALIDATION_STOPPED) or stop.event.is_set():  # a stopped night fails the same way again
                 break
             delay = schedule.backoff * 2 ** (attempt - 1)
             logger.warning("run failed (rc %d): retry %d of %d in %g s", rc, attempt, schedule.retries, delay)
@@ -114,7 +116,9 @@ def run_with_retries(schedule: Schedule, stop: _Stop) -> int:
             after_scheduled_run(schedule.project, schedule.command, lock)
     finally:
         lock.release(leave=died)  # a run that died under the lock: the next run reports it
-    if rc != 0 and not stop.event.is_set():
+    if rc == VALIDATION_STOPPED:
+        logger.error("run stopped by the data gate (rc %d): not retried until the corpus changes", rc)
+    elif rc != 0 and not stop.event.is_set():
         logger.error("run failed (rc %d) after %d retries", rc, schedule.retries)
     return rc
 
