@@ -5,11 +5,15 @@ ways: ``mlflow`` (and the ``uvicorn`` it starts by name) is not on ``PATH`` outs
 then reads its own default store (a new ``mlflow.db`` in the current folder), not the project's; and the
 project's SQLite store records artifact locations relative to the project folder
 (``hooks.tracking.RelativeArtifactLocation``, so a moved project keeps working), which only resolve from there.
+And it would serve the model without the checks MLflow's scoring server makes impossible inside a model
+(a misspelled parameter is dropped before the model sees it: ``train_deploy.registry.server``).
 
-:func:`serve` therefore runs this environment's ``mlflow models serve --env-manager local`` in the project folder,
-with the tracking and registry URIs of the project's ``mlflow.yml`` (``MLFLOW_TRACKING_URI`` wins, as in a run;
-local paths made absolute) and this environment's ``bin`` first on ``PATH``; it replaces the current process, so
-Ctrl-C and SIGTERM reach the server. :func:`serve_line` is the command the end of a run prints.
+:func:`serve` therefore downloads the model in the project folder, with the tracking and registry URIs of the
+project's ``mlflow.yml`` (``MLFLOW_TRACKING_URI`` wins, as in a run; local paths made absolute), and becomes this
+environment's ``uvicorn`` running ``train_deploy.registry.server`` from the package logged with the model (MLflow's
+scoring server behind a guard); a version logged before that module existed is served by ``mlflow models serve``.
+It replaces the current process, so Ctrl-C and SIGTERM reach the server. :func:`serve_line` is the command the end
+of a run prints.
 
     .venv/bin/train-deploy serve                           # registry.model_name@champion on 127.0.0.1:5001
     /path/to/project/.venv/bin/train-deploy serve --model my_lm --port 8080     # from any folder
@@ -20,6 +24,7 @@ from __future__ import annotations
 import os
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
@@ -112,11 +117,30 @@ def _shown(uri: str) -> str:
     return redact_uri(uri)
 
 
-def server_command(model_uri: str, host: str, port: int, workers: int) -> list[str]:
-    """This environment's ``mlflow models serve`` of ``model_uri`` in this Python environment."""
-    mlflow = Path(sys.executable).parent / "mlflow"
-    return [str(mlflow), "models", "serve", "-m", model_uri, "--env-manager", "local", "-h", host, "-p", str(port),
-            "--workers", str(workers)]
+SERVER_MODULE = Path("train_deploy") / "registry" / "server.py"
+"""The guarded server's module, as the package logged with the model holds it (from this change on)."""
+
+
+def server_command(model: Path, host: str, port: int, workers: int) -> list[str]:
+    """The server of the downloaded ``model`` in this Python environment: uvicorn running
+    ``train_deploy.registry.server`` from the package logged with the model (its ``code`` folder first on
+    ``sys.path``), or ``mlflow models serve`` for a model logged without that module."""
+    bin_folder = Path(sys.executable).parent
+    if (model / "code" / SERVER_MODULE).is_file():
+        return [str(bin_folder / "uvicorn"), "--factory", "--app-dir", str(model / "code"), "--host", host,
+                "--port", str(port), "--workers", str(workers), "train_deploy.registry.server:create_app"]
+    return [str(bin_folder / "mlflow"), "models", "serve", "-m", str(model), "--env-manager", "local", "-h", host,
+            "-p", str(port), "--workers", str(workers)]
+
+
+def download_model(model_uri: str, tracking: str, registry: str) -> Path:
+    """``model_uri`` downloaded from the store into a new temporary folder (as ``mlflow models serve`` does)."""
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking)
+    mlflow.set_registry_uri(registry)
+    target = tempfile.mkdtemp(prefix="train_deploy-serve-")
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=target))
 
 
 def server_environment(tracking: str, registry: str) -> dict[str, str]:
@@ -128,18 +152,24 @@ def server_environment(tracking: str, registry: str) -> dict[str, str]:
 
 def serve(*, project: Path | None = None, env: str | None = None, model_name: str | None = None,
           alias: str = "champion", host: str = "127.0.0.1", port: int = 5001, workers: int = 1) -> NoReturn:
-    """Check the model is there, then become ``mlflow models serve`` of it in the project folder (see the module)."""
+    """Check the model is there, download it, then become its server in the project folder (see the module)."""
     folder = find_project(project)
     tracking, registry = store_uris(folder, env)
     name = model_name or default_model_name(folder, env)
     version = check_servable(tracking, registry, name, alias)
     model_uri = f"models:/{name}/{alias}" if alias.isdigit() else f"models:/{name}@{alias}"
+    from train_deploy.registry.server import MODEL_PATH
+
+    os.chdir(folder)  # the store's relative artifact locations resolve from the project folder
+    model = download_model(model_uri, tracking, registry)
+    command = server_command(model, host, port, workers)
     sys.stderr.write(f"Serving {model_uri} (version {version}) of {_shown(tracking)} on http://{host}:{port} "
                      f"(POST /invocations); Ctrl-C stops it\n")
+    if command[0].endswith("mlflow"):
+        sys.stderr.write(f"  version {version} was logged before train_deploy's guarded server: MLflow's serves it, "
+                         "which drops misspelled parameters instead of refusing them\n")
     sys.stderr.flush()
-    os.chdir(folder)  # the store's relative artifact locations resolve from the project folder
-    command = server_command(model_uri, host, port, workers)
-    os.execve(command[0], command, server_environment(tracking, registry))
+    os.execve(command[0], command, {**server_environment(tracking, registry), MODEL_PATH: str(model)})
 
 
 def serve_line(model_name: str, project: Path) -> str:

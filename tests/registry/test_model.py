@@ -7,6 +7,7 @@ import importlib.metadata
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import mlflow
@@ -15,14 +16,16 @@ import pytest
 import yaml
 from mlflow.exceptions import MlflowException
 
-from tests.conftest import REPO
-from tests.registry.conftest import REGISTERED_MODEL, run_fresh
+from tests.helpers.project import REPO
+from tests.helpers.registry import REGISTERED_MODEL, run_fresh
 from train_deploy.export.runtime import LanguageModel, read_bundle
+from train_deploy.registry.config import ServingConfig
 from train_deploy.registry.model import (
     INPUT_EXAMPLE,
     PARAMS,
     SERVING_DISTRIBUTIONS,
     BundleModel,
+    Limits,
     log_bundle_model,
     nats_per_char,
 )
@@ -151,7 +154,7 @@ def test_signature_declares_the_text_column_every_parameter_and_an_input_example
     example = json.loads((downloaded / "serving_input_example.json").read_text())
     assert example == {"dataframe_split": {"columns": ["text"], "data": [[text] for text in INPUT_EXAMPLE]}}
     assert yaml.safe_load((downloaded / "MLmodel").read_text())["flavors"]["python_function"]["config"] == {
-        "max_batch": 64}
+        "max_batch": 64, "max_chars": 2000, "max_tokens": 8192, "max_new_tokens": 256, "time_budget_s": 30}
 
 
 def test_registers_a_new_version_of_the_named_model(tiny_model, model_store, tiny_bundle):
@@ -201,7 +204,19 @@ BAD_REQUESTS = {
     "int8 on paddle": (lambda b: pd.DataFrame({"text": ["今天"]}), {"int8": True},
                        r"params.int8: the int8 model is ONNX; ask for backend 'onnx'"),
     "negative max_new_tokens": (lambda b: pd.DataFrame({"text": ["今天"]}), {"task": "generate", "max_new_tokens": -1},
-                                r"max_new_tokens: -1 is negative"),
+                                r"^params.max_new_tokens: -1 is outside 0 to 256, the limit per prompt"),
+    "max_new_tokens over the limit": (lambda b: pd.DataFrame({"text": ["今天"]}), {"max_new_tokens": 10**9},
+                                      r"^params.max_new_tokens: 1000000000 is outside 0 to 256, the limit per prompt "
+                                      r"\(max_new_tokens\)$"),
+    "NaN temperature": (lambda b: pd.DataFrame({"text": ["今天"]}), {"temperature": float("nan")},
+                        r"^params.temperature: nan is not a finite number$"),
+    "negative temperature": (lambda b: pd.DataFrame({"text": ["今天"]}), {"temperature": -0.5},
+                             r"^params.temperature: -0.5 is negative; 0 decodes greedily$"),
+    "negative top_k": (lambda b: pd.DataFrame({"text": ["今天"]}), {"top_k": -1},
+                       r"^params.top_k: -1 is negative; 0 samples among all tokens$"),
+    "negative seed": (lambda b: pd.DataFrame({"text": ["今天"]}), {"seed": -3}, r"^params.seed: -3 is negative"),
+    "text over max_chars": (lambda b: pd.DataFrame({"text": ["今天", "今" * 2001]}), {},
+                            r"^text 1: 2001 characters exceed the limit of 2000 \(max_chars\); send a shorter text$"),
     "mistyped parameter": (lambda b: pd.DataFrame({"text": ["今天"]}), {"top_k": "many"}, r"top_k"),
     "top_p out of range": (lambda b: pd.DataFrame({"text": ["今天"]}), {"task": "generate", "top_p": 1.5},
                            r"top_p: 1.5 is outside \(0, 1\]"),
@@ -226,6 +241,34 @@ def test_the_python_model_refuses_unknown_parameters_and_other_inputs(loaded):
         model.predict(None, {"text": "今天"})
     with pytest.raises(MlflowException, match=r"input: no 'text' column among a, b"):
         model.predict(None, pd.DataFrame({"a": ["x"], "b": ["y"]}))
+
+
+def test_a_request_over_max_tokens_is_refused_naming_the_limit(loaded, monkeypatch):
+    model = loaded.unwrap_python_model()
+    monkeypatch.setattr(model, "limits", Limits(serving=ServingConfig(max_tokens=40)))
+    with pytest.raises(MlflowException, match=r"^input: \d+ tokens, with 32 new per prompt, exceed the limit of 40 per "
+                                              r"request \(max_tokens\); send fewer or shorter texts$"):
+        model.predict(None, ["今天", "中国"], params={"task": "generate"})
+    assert len(model.predict(None, ["今天"], params={"task": "generate", "max_new_tokens": 4})) == 1
+
+
+def test_scoring_runs_while_a_generation_holds_its_engine_and_waits_only_the_time_budget(loaded, monkeypatch):
+    model = loaded.unwrap_python_model()
+    monkeypatch.setattr(model, "limits", Limits(serving=ServingConfig(time_budget_s=1)))
+    with model._lanes["generate"].lock:  # a generation in progress
+        started = time.monotonic()
+        assert model.predict(None, ["今天天气很好。"])["tokens"][0] > 0
+        assert time.monotonic() - started < 1
+        with pytest.raises(MlflowException, match=r"^generate: busy; no generate engine was free within the time "
+                                                  r"budget of 1 s \(time_budget_s\); retry later$") as raised:
+            model.predict(None, ["今天"], params={"task": "generate"})
+    assert raised.value.get_http_status_code() == 503 and 1 <= time.monotonic() - started < 10
+
+
+def test_a_model_logged_before_the_serving_limits_gets_their_defaults():
+    assert Limits.from_model_config({"max_batch": 8}) == Limits(max_batch=8)
+    assert Limits.from_model_config(None) == Limits()
+    assert Limits.from_model_config(Limits(3, ServingConfig(max_chars=7)).model_config()).serving.max_chars == 7
 
 
 def test_logging_a_folder_that_is_no_bundle_names_the_file_and_logs_nothing(tmp_path, model_store):
