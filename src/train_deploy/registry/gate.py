@@ -128,7 +128,8 @@ def register_and_gate(bundle: Bundle, config: RegistryConfig, tags: dict[str, st
     client, name, run_id = MlflowClient(), config.model_name, run.info.run_id
     retry = Retrying(config.retries, mlflow.get_tracking_uri())
     stored = retry("read the evaluation set", lambda: stored_eval_set(client, name))
-    info = retry("log the model", lambda: log_bundle_model(Path(bundle.path), max_batch=config.max_batch))
+    info = retry("log the model", lambda: log_bundle_model(Path(bundle.path), max_batch=config.max_batch,
+                                                           serving=config.serving))
     version = str(retry("register the version", lambda: mlflow.register_model(
         info.model_uri, name, tags={**tags, "source.run_id": run_id})).version)
     try:
