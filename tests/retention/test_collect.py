@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from mlflow.exceptions import MlflowException
 
-from tests.retention.conftest import MODEL
+from tests.retention.conftest import MODEL, bundle_meta
 from train_deploy.retention import Layout, RetentionConfig, apply, make_plan, read_records
 from train_deploy.retention.store import model_id
 
@@ -30,7 +30,7 @@ def _project(root: Path) -> Layout:
             (root / kind / f"run{run}").mkdir(parents=True)
         bundle = root / "bundle" / f"2026-12-0{run}T00.00.00.000Z" / "bundle"
         bundle.mkdir(parents=True)
-        (bundle / "bundle.json").write_text(json.dumps({"fingerprint": f"bundle{run}"}))
+        (bundle / "bundle.json").write_text(json.dumps(bundle_meta(f"bundle{run}")))
         tokenizer = root / "tokenizer.by_fingerprint" / f"t{run}"
         tokenizer.mkdir(parents=True)
         (tokenizer / "train_deploy_tokenizer.json").write_text(json.dumps({"hash": f"tokenizer{run}"}))

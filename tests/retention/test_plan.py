@@ -8,6 +8,7 @@ import os
 import time
 from pathlib import Path
 
+from tests.retention.conftest import bundle_meta
 from train_deploy.retention import Kept, Layout, RetentionConfig, last_run_bytes
 from train_deploy.retention.plan import plan_files
 
@@ -27,7 +28,7 @@ def _layout(root: Path) -> Layout:
         _folder(root / "logs" / f"run{i}", age=100 - i)
     for i in range(5):
         version = _folder(root / "bundle" / f"2026-12-0{i + 1}T00.00.00.000Z" / "bundle")
-        (version / "bundle.json").write_text(json.dumps({"fingerprint": f"bundle{i}"}))
+        (version / "bundle.json").write_text(json.dumps(bundle_meta(f"bundle{i}")))
         _folder(root / "tokens.by_fingerprint" / f"corpus{i}", age=100 - i)
     (root / "tokens").symlink_to("tokens.by_fingerprint/corpus0")  # the current one, though oldest
     for version in (1, 2, 3):

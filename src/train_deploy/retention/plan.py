@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from train_deploy.handoffs import BUNDLE_FILE, TOKENIZER_FILE
+from train_deploy.handoffs import TOKENIZER_FILE, BundleMeta, DescriptionError
 from train_deploy.retention.config import RetentionConfig
 from train_deploy.retention.disk import tree_bytes
 
@@ -139,7 +139,11 @@ def plan_bundles(parent: Path | None, keep_last: int, kept: Kept) -> list[Remova
 
 
 def _bundle_fingerprint(version: Path) -> str | None:
-    return _json_field(version / "bundle" / BUNDLE_FILE, "fingerprint")
+    """The fingerprint ``bundle.json`` records (its one typed reader), None for a folder no bundle reads from."""
+    try:
+        return BundleMeta.read(version / "bundle").fingerprint
+    except DescriptionError:
+        return None
 
 
 def _json_field(path: Path, key: str) -> str | None:
