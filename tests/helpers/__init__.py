@@ -1,0 +1,1 @@
+"""Helpers that several test modules share (not tests, not fixtures: those are in the conftest.py files)."""
