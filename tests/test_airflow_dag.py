@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, copy_project
+from tests.helpers.project import REPO, copy_project
 from train_deploy.pipeline_registry import register_pipelines
 from train_deploy.schedule import TRIGGER_VARIABLE
 
@@ -176,7 +176,7 @@ def test_airflow_dag_run_trains_and_registers_then_skips_an_unchanged_corpus(gen
                                                                               tmp_path):
     from mlflow import MlflowClient
 
-    from tests.conftest import tiny_train_deploy_params
+    from tests.helpers.project import tiny_train_deploy_params
 
     project = tmp_path / "project"
     shutil.copytree(project_copy, project)

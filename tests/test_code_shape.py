@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ast
 
-from tests.conftest import REPO
+from tests.helpers.project import REPO
 
 MAX_FUNCTION_LINES = 80
 

@@ -17,7 +17,7 @@ import mlflow
 import pytest
 from kedro.framework.session import KedroSession
 
-from tests.conftest import tiny_runtime_params
+from tests.helpers.project import tiny_runtime_params
 from train_deploy.config import ConfigError
 from train_deploy.preflight import STAGE_CONFIGS, check_run, check_validation_split
 

@@ -12,33 +12,12 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from train_deploy.averaging.config import AveragingConfig
+from tests.helpers.config import BLOCKS
 from train_deploy.config import from_mapping
 from train_deploy.corpus.config import CorpusConfig
-from train_deploy.export.config import ExportConfig
-from train_deploy.notify import NotifyConfig
-from train_deploy.registry.config import RegistryConfig
-from train_deploy.retention import RetentionConfig
-from train_deploy.retrain import RetrainConfig
-from train_deploy.run_lock import RunConfig
 from train_deploy.training.config import OptimizerConfig, ScheduleConfig, TrainingConfig
-from train_deploy.validation.config import ValidationConfig
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
-
-# Parameter block → the dataclass that validates it; conf/base/parameters_<block>.yml holds the block.
-BLOCKS: dict[str, type] = {
-    "corpus": CorpusConfig,
-    "training": TrainingConfig,
-    "averaging": AveragingConfig,
-    "export": ExportConfig,
-    "registry": RegistryConfig,
-    "run": RunConfig,
-    "retrain": RetrainConfig,
-    "notify": NotifyConfig,
-    "validation": ValidationConfig,
-    "retention": RetentionConfig,
-}
 
 
 def _block(path: Path, name: str) -> dict[str, Any]:
@@ -100,7 +79,6 @@ def test_gpu_environment_overrides_only_known_keys():
 
 
 def test_cluster_environment_overrides_only_known_corpus_keys_and_runs_on_ray():
-    from train_deploy.corpus.config import CorpusConfig
 
     config = from_mapping(CorpusConfig, _block(CONF / "cluster" / "parameters_corpus.yml", "corpus"), "corpus")
     assert config.encoding.executor == "ray" and config.encoding.ray_address == "auto"

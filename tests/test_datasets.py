@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from kedro.io import DataCatalog, DatasetError
 
-from tests.conftest import REPO
+from tests.helpers.project import REPO
 from train_deploy.atomic import clean_leftovers
 from train_deploy.datasets import ArtifactFolderDataset, DescriptionDataset, FolderWork, WorkFolderDataset
 from train_deploy.handoffs import DescriptionError, TrainingResult, read_json, write_json

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.project import REPO
 
 PADDLE_INDEX = "https://www.paddlepaddle.org.cn/packages/stable/{}/"
 CHECK = [sys.executable, str(REPO / "tools" / "check_paddle_wheel.py")]

@@ -19,7 +19,7 @@ from kedro.framework.startup import bootstrap_project
 from kedro.io.core import DatasetError
 from mlflow import MlflowClient
 
-from tests.conftest import cli_params, tiny_runtime_params
+from tests.helpers.project import cli_params, tiny_runtime_params
 
 KEDRO = Path(sys.executable).parent / "kedro"
 

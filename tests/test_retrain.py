@@ -13,10 +13,9 @@ import pytest
 from kedro.framework.session import KedroSession
 from mlflow import MlflowClient
 
-from tests.conftest import cli_params, tiny_train_deploy_params
-from tests.registry.conftest import GateProcess
-from train_deploy.corpus.people_daily import strip_pos_tags
-from train_deploy.corpus.readers import people_daily_path
+from tests.helpers.project import cli_params
+from tests.helpers.registry import GateProcess
+from tests.helpers.retrain import _params, _write_corpus
 from train_deploy.handoffs import Bundle
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.retrain import (
@@ -31,19 +30,6 @@ from train_deploy.retrain import (
 
 MODEL = RegistryConfig().model_name
 TRAIN_DEPLOY = Path(sys.executable).parent / "train-deploy"
-
-
-def _write_corpus(path: Path, start: int, stop: int, mode: str = "w") -> None:
-    """People's Daily paragraphs ``start``..``stop`` as blank-line separated documents."""
-    lines = strip_pos_tags(people_daily_path().read_text(encoding="utf-8").splitlines()[start:stop])
-    with path.open(mode, encoding="utf-8") as file:
-        file.write("".join(f"{line}\n\n" for line in lines if line.strip()))
-
-
-def _params(corpus: Path, **blocks: dict) -> dict:
-    params = tiny_train_deploy_params(1, **blocks)
-    params["corpus"]["reader"] = {"source": "text", "paths": [str(corpus)], "chunk_bytes": 65536}
-    return params
 
 
 def _files(folder: Path) -> dict[str, tuple[int, int]]:

@@ -9,7 +9,7 @@ import mlflow
 import pytest
 from kedro.framework.session import KedroSession
 
-from tests.conftest import TINY_SLICE, tiny_runtime_params, tiny_train_deploy_params
+from tests.helpers.project import TINY_SLICE, tiny_runtime_params, tiny_train_deploy_params
 from train_deploy.baselines import Baselines
 from train_deploy.export import LanguageModel
 

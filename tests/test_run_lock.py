@@ -15,7 +15,7 @@ import mlflow
 import pytest
 from kedro.framework.session import KedroSession
 
-from tests.conftest import TINY_SLICE, cli_params, tiny_runtime_params
+from tests.helpers.project import TINY_SLICE, cli_params, tiny_runtime_params
 from train_deploy.config import ConfigError
 from train_deploy.run_lock import HOLDER_FILE, RunConfig, RunLock, RunLockHeld
 
@@ -113,8 +113,6 @@ def test_run_configuration_is_checked():
         RunConfig.from_params({"lock": "queue"})
     with pytest.raises(ConfigError, match=r"^run.wait_timeout: must be a positive number of seconds or null"):
         RunConfig.from_params({"wait_timeout": 0})
-
-
 
 
 @pytest.mark.slow

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from kedro.framework.session import KedroSession
 
-from tests.conftest import cli_params, tiny_runtime_params
+from tests.helpers.project import cli_params, tiny_runtime_params
 from train_deploy.run_lock import HOLDER_FILE, RunConfig, RunLock
 
 TRAIN_DEPLOY = Path(sys.executable).parent / "train-deploy"

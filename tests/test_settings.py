@@ -8,8 +8,8 @@ import yaml
 from kedro.framework.session import KedroSession
 from omegaconf import OmegaConf
 
-from tests.conftest import REPO
-from tests.test_config_files import BLOCKS
+from tests.helpers.config import BLOCKS
+from tests.helpers.project import REPO
 
 # One nested key per block set by conf/local and another by --params (and one both set: --params wins).
 LOCAL = {

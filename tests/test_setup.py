@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.project import REPO
 
 # Instructions a baseline x86-64 CPU may lack: VEX/EVEX-encoded ones (AVX, AVX2, AVX-512: v-prefixed mnemonics,
 # mask registers) and BMI/LZCNT/POPCNT.

@@ -16,7 +16,7 @@ import pytest
 from kedro.framework.session import KedroSession
 from mlflow import MlflowClient
 
-from tests.conftest import cli_params, tiny_runtime_params, tiny_train_deploy_params
+from tests.helpers.project import cli_params, tiny_runtime_params, tiny_train_deploy_params
 from train_deploy.run_lock import HOLDER_FILE
 from train_deploy.signals import fatal_signal_in_log
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from kedro.framework.session import KedroSession
 
-from tests.conftest import tiny_runtime_params
+from tests.helpers.project import tiny_runtime_params
 from tests.mlflow_server import MlflowAuthServer, MlflowServer, User, free_port
 from train_deploy.preflight import CREDENTIAL_VARIABLES, TrackingServerError, check_tracking_server
 
