@@ -9,15 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import corpus_params
+from tests.helpers.corpus import GOOD
+from tests.helpers.project import corpus_params
 from train_deploy.atomic import atomic_folder
 from train_deploy.config import ConfigError
 from train_deploy.corpus.build import encode_corpus
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.readers import CorpusError, plan_corpus
 from train_deploy.handoffs import TokenizerInfo, TokenManifest, from_json, to_json
-
-GOOD = "".join(f"第{i}篇正常的文档，内容足够长。\n\n" for i in range(30))
 
 
 def run(tmp_path: Path, tokenizer: TokenizerInfo, paths: list[Path], workers: int = 1, **reader) -> TokenManifest:
@@ -168,7 +167,7 @@ def test_truncated_bz2_is_named(tmp_path, tiny_tokenizer):
 
 
 def test_truncated_wiki_dump_is_named(tmp_path, tiny_tokenizer):
-    from tests.corpus.test_readers import wiki_dump
+    from tests.helpers.corpus import wiki_dump
 
     path = tmp_path / "zhwiki.xml.bz2"
     pages = [(0, f"条目{i}", f"'''条目{i}'''是一个测试条目，{'内容' * 200}。") for i in range(300)]
@@ -179,7 +178,7 @@ def test_truncated_wiki_dump_is_named(tmp_path, tiny_tokenizer):
 
 
 def test_truncated_multistream_dump_is_named(tmp_path, tiny_tokenizer):
-    from tests.corpus.test_readers import multistream_dump, sample_pages
+    from tests.helpers.corpus import multistream_dump, sample_pages
 
     path = tmp_path / "zhwiki-multistream.xml.bz2"
     data = multistream_dump(sample_pages(300), 10)
@@ -191,7 +190,7 @@ def test_truncated_multistream_dump_is_named(tmp_path, tiny_tokenizer):
 
 
 def test_malformed_xml_in_a_later_chunk_of_a_dump_names_its_line_in_the_file(tmp_path, tiny_tokenizer):
-    from tests.corpus.test_readers import sample_pages, wiki_dump
+    from tests.helpers.corpus import sample_pages, wiki_dump
 
     text = wiki_dump(sample_pages(300)).decode().replace("<page>", "\n<page>")
     broken = text.index("<title>条目250</title>")

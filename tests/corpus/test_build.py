@@ -10,31 +10,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import corpus_params, publish
+from tests.helpers.corpus import encode, output_bytes
+from tests.helpers.project import corpus_params, publish
 from train_deploy.corpus.build import sample_documents
 from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.filters import QualityFilter
 from train_deploy.corpus.readers import ReadStats, iter_documents, plan_corpus
 from train_deploy.corpus.tokenizer import TokenEncoder, tokenizer_hash
-from train_deploy.handoffs import TokenizerInfo, TokenManifest, to_json
+from train_deploy.handoffs import TokenManifest, to_json
 from train_deploy.pipelines.corpus.nodes import configure_corpus_training, encode_tokens, plan_inputs
-
-
-def encode(tmp_path: Path, tokenizer: TokenizerInfo, **blocks) -> tuple[CorpusConfig, TokenManifest]:
-    """Run the encoding node and publish its work at ``tmp_path/tokens`` as the catalog does."""
-    config, plan = plan_inputs(corpus_params(**blocks))
-    return config, publish(encode_tokens(config, plan, tokenizer), tmp_path / "tokens", TokenManifest)
-
-
-def output_bytes(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix in (".bin", ".idx")}
 
 
 def test_a_multistream_wiki_dump_is_shared_by_the_workers_and_encodes_like_a_single_stream(tmp_path, tiny_tokenizer):
     import bz2
 
-    from tests.corpus.test_readers import multistream_dump, sample_pages, wiki_dump
+    from tests.helpers.corpus import multistream_dump, sample_pages, wiki_dump
 
     pages = sample_pages(400)
     (tmp_path / "multi.xml.bz2").write_bytes(multistream_dump(pages, 10))

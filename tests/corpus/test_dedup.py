@@ -7,8 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from tests.corpus.test_build import encode, output_bytes
-from tests.corpus.test_filters import random_chinese
+from tests.helpers.corpus import encode, output_bytes, random_chinese
 from train_deploy.config import ConfigError
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.dedup import NearDuplicateIndex, lsh_bands, minhash_signatures

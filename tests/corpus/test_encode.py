@@ -6,8 +6,8 @@ import os
 
 import numpy as np
 
-from tests.conftest import corpus_params
-from tests.corpus.test_build import encode
+from tests.helpers.corpus import encode
+from tests.helpers.project import corpus_params
 from train_deploy.corpus.encode import ChunkEncoder
 from train_deploy.pipelines.corpus.nodes import plan_inputs
 

@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 
-from tests.corpus.test_build import encode, output_bytes
+from tests.helpers.corpus import ALL_ON, CASES, encode, output_bytes, random_chinese
 from train_deploy.corpus.config import CleaningConfig
 from train_deploy.corpus.filters import QualityFilter, repeated_line_share
 
 CHINESE = "中国人民银行今天宣布，从下月起调整部分存款利率，以支持实体经济的稳定发展。"
-# Every filter on, with thresholds that the documents below cross one rule at a time.
-ALL_ON = {"min_chars": 8, "max_chars": 1000, "min_cjk_share": 0.3, "max_repeated_line_share": 0.3,
-          "max_repeated_ngram_share": 0.4, "repetition_ngram": 6, "max_symbol_share": 0.4}
-
-CASES = {
-    "too_short": "太短了",
-    "too_long": "".join(chr(0x4E00 + i * 7 % 3000) for i in range(1200)),
-    "low_cjk_share": "The quick brown fox jumps over the lazy dog, 中文。",
-    "repeated_lines": "点击这里订阅本报\n今日要闻，经济形势稳中向好。\n点击这里订阅本报\n点击这里订阅本报",
-    "repeated_ngrams": "欢迎光临本店铺欢迎光临本店铺欢迎光临本店铺欢迎光临本店铺，谢谢。",
-    "symbol_share": "二零二四年价格表：１２３４５６ 789012 ＄＄＄ 新品上市",
-}
 
 
 def test_each_rule_drops_its_document_and_names_its_reason():
@@ -51,12 +38,6 @@ def test_batch_results_do_not_depend_on_the_neighbours():
 def test_repeated_line_share_counts_characters_of_lines_seen_twice():
     assert repeated_line_share("甲乙丙\n甲乙丙\n丁") == pytest.approx(6 / 7)
     assert repeated_line_share("一行\n\n另一行") == 0.0
-
-
-def random_chinese(count: int, length: int, seed: int = 0) -> list[str]:
-    """Distinct documents of common CJK characters in no order: nothing repeats, nothing is a near-duplicate."""
-    rng = random.Random(seed)
-    return ["".join(chr(0x4E00 + rng.randrange(3000)) for _ in range(length)) + "。" for _ in range(count)]
 
 
 def test_every_filter_on_is_counted_in_the_manifest_and_identical_for_one_and_two_workers(tmp_path, tiny_tokenizer):

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.corpus.test_build import encode
-from tests.corpus.test_separators import read_all
+from tests.helpers.corpus import encode, read_all
 from train_deploy.corpus.config import ReaderConfig
 from train_deploy.corpus.readers import CorpusError, ReadStats, iter_documents, plan_corpus
 

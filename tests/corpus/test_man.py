@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.corpus.test_separators import read_all
+from tests.helpers.corpus import read_all
 from train_deploy.corpus.config import ReaderConfig
 from train_deploy.corpus.errors import CorpusError
 from train_deploy.corpus.man import decode_page, find_renderer, man_text
@@ -146,7 +146,7 @@ def test_an_unreadable_page_is_bad_input_and_a_missing_renderer_names_the_key(tm
 
 @no_groff
 def test_the_corpus_stage_chooses_the_renderer_once_for_every_worker(tmp_path):
-    from tests.conftest import corpus_params
+    from tests.helpers.project import corpus_params
     from train_deploy.pipelines.corpus.nodes import plan_inputs
 
     (tmp_path / "ls.1").write_text(LS_1, encoding="utf-8")

@@ -8,7 +8,7 @@ from itertools import chain
 import numpy as np
 import pytest
 
-from tests.corpus.test_build import encode, output_bytes
+from tests.helpers.corpus import encode, output_bytes
 from train_deploy.corpus import build, cleaning, native, people_daily
 from train_deploy.corpus.cleaning import _class_tables, _nfkc_tables, clean_codes_numpy, nfkc_fold_numpy
 from train_deploy.corpus.people_daily import strip_pos_tag_bytes_numpy

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import zstandard
 
+from tests.helpers.corpus import multistream_dump, sample_pages, wiki_dump
 from train_deploy.corpus.config import ReaderConfig
 from train_deploy.corpus.readers import ReadStats, iter_documents, people_daily_path, plan_corpus
 
@@ -63,31 +64,6 @@ def test_jsonl_reads_the_configured_field_plain_and_compressed(tmp_path, suffix)
     path.write_bytes(opener(data))
     docs = read_all(ReaderConfig(source="jsonl", paths=[str(path)], text_field="content", chunk_bytes=4096))
     assert docs == [r["content"] for r in records]
-
-
-def wiki_dump(pages: list[tuple[int, str, str]]) -> bytes:
-    body = "".join(
-        f"<page><title>{title}</title><ns>{ns}</ns><id>{i}</id><revision><id>{i}</id>"
-        f"<text xml:space=\"preserve\">{text}</text></revision></page>"
-        for i, (ns, title, text) in enumerate(pages)
-    )
-    xml = ('<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.11/" version="0.11" xml:lang="zh">'
-           f"<siteinfo><sitename>维基百科</sitename></siteinfo>{body}</mediawiki>")
-    return xml.encode("utf-8")
-
-
-def multistream_dump(pages: list[tuple[int, str, str]], per_stream: int) -> bytes:
-    """The dump as Wikipedia's multistream .xml.bz2: header, ``per_stream`` pages per bz2 stream, footer."""
-    xml = wiki_dump(pages).decode()
-    head, _, rest = xml.partition("<page>")
-    parts = ["<page>" + p for p in rest.removesuffix("</mediawiki>").split("<page>")]
-    groups = [head] + ["".join(parts[i : i + per_stream]) for i in range(0, len(parts), per_stream)] + ["</mediawiki>"]
-    return b"".join(bz2.compress(g.encode()) for g in groups)
-
-
-def sample_pages(n: int) -> list[tuple[int, str, str]]:
-    return [(4 if i % 5 == 4 else 0, f"条目{i}", f"'''条目{i}'''是[[测试]]条目，{'内容' * (40 + i % 9)}。")
-            for i in range(n)]
 
 
 WIKI_ARTICLE = (

@@ -11,8 +11,7 @@ from kedro.config import OmegaConfigLoader
 from kedro.io import DataCatalog
 from PIL import Image
 
-from tests.corpus.test_build import encode
-from tests.corpus.test_filters import ALL_ON, CASES, random_chinese
+from tests.helpers.corpus import ALL_ON, CASES, encode, random_chinese
 from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CleaningConfig
 from train_deploy.corpus.report import REPORT_FILE, CorpusQuality, length_bins

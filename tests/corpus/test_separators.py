@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.helpers.corpus import read_all
 from train_deploy.config import ConfigError
 from train_deploy.corpus.config import CorpusConfig, ReaderConfig
-from train_deploy.corpus.readers import ReadStats, iter_documents, plan_corpus
-
-
-def read_all(reader: ReaderConfig) -> list[str]:
-    plan = plan_corpus(reader)
-    return [doc for chunk in plan.chunks for doc in iter_documents(chunk, reader, ReadStats())]
+from train_deploy.corpus.readers import plan_corpus
 
 
 def test_percent_marker_lines_end_documents_and_are_dropped(tmp_path):

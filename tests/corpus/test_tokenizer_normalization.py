@@ -5,26 +5,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from tests.conftest import corpus_params, publish
+from tests.helpers.corpus import CLEANED, RAW, drop_record
+from tests.helpers.project import corpus_params, publish
 from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CleaningConfig
 from train_deploy.corpus.tokenizer import SP_MODEL_FILE, TokenEncoder, normalization_rules, recorded_normalization
 from train_deploy.handoffs import TokenizerInfo
-
-RAW = "１９９８年，中国经济（ＧＤＰ）增长。"
-CLEANED = "1998年，中国经济（GDP）增长。"
-
-
-def drop_record(folder: Path) -> None:
-    """Make the tokenizer folder ``folder`` one saved before the policy was recorded: SentencePiece's identity
-    normaliser, no rules."""
-    from sentencepiece import sentencepiece_model_pb2
-
-    proto = sentencepiece_model_pb2.ModelProto()
-    proto.ParseFromString((folder / SP_MODEL_FILE).read_bytes())
-    proto.normalizer_spec.name = "identity"
-    proto.normalizer_spec.ClearField("precompiled_charsmap")
-    (folder / SP_MODEL_FILE).write_bytes(proto.SerializeToString())
 
 
 def test_the_default_cleaning_keeps_full_width_punctuation_and_the_tokenizer_records_zh(tiny_tokenizer):

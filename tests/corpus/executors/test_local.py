@@ -7,15 +7,14 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 from kedro.io import DatasetError
 
-from tests.conftest import corpus_params, publish
-from tests.corpus.test_build import encode, output_bytes
+from tests.helpers.corpus import encode, output_bytes, stopped_mid_chunk
+from tests.helpers.project import corpus_params, publish
 from train_deploy.corpus.readers import people_daily_path
 from train_deploy.handoffs import TokenManifest
 from train_deploy.pipelines.corpus.nodes import encode_tokens, plan_inputs
@@ -30,26 +29,6 @@ def published_files(folder: Path) -> dict[str, tuple[bytes, int]]:
 def helper_mid_chunk(deadline: float) -> tuple[psutil.Process, int]:
     """Find this process's corpus helper and stop it (SIGSTOP) while it writes a chunk; return it and the chunk."""
     return stopped_mid_chunk(deadline, lambda: psutil.Process().children(), "spawn_main", SHARD)
-
-
-def stopped_mid_chunk(deadline: float, candidates: Callable[[], list[psutil.Process]], marker: str,
-                      shard: re.Pattern) -> tuple[psutil.Process, int]:
-    """Find a process among ``candidates()`` whose command line holds ``marker`` and stop it (SIGSTOP) while it
-    has a shard file open (``shard`` matches its path, group 1 the chunk); return it and the chunk."""
-    while time.monotonic() < deadline:
-        for process in candidates():
-            try:
-                if marker not in " ".join(process.cmdline()):
-                    continue  # e.g. multiprocessing's resource tracker
-                process.send_signal(signal.SIGSTOP)
-                chunks = [int(m[1]) for f in process.open_files() if (m := shard.search(f.path))]
-                if chunks:
-                    return process, chunks[0]
-                process.send_signal(signal.SIGCONT)
-            except psutil.NoSuchProcess:
-                pass
-        time.sleep(0.002)
-    pytest.fail(f"no process with {marker!r} was seen encoding a chunk")
 
 
 def test_output_is_byte_identical_with_one_and_two_workers(tmp_path, tiny_tokenizer):

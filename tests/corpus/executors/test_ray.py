@@ -23,11 +23,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.conftest import TINY_SLICE, TINY_TOKENIZER, cli_params, corpus_params, publish
-from tests.corpus.executors.test_local import stopped_mid_chunk
-from tests.corpus.test_bad_input import GOOD
-from tests.corpus.test_build import encode, output_bytes
-from tests.corpus.test_readers import multistream_dump, sample_pages
+from tests.helpers.corpus import GOOD, encode, multistream_dump, output_bytes, sample_pages, stopped_mid_chunk
+from tests.helpers.project import TINY_SLICE, TINY_TOKENIZER, cli_params, corpus_params, publish
 from train_deploy.atomic import atomic_folder
 from train_deploy.corpus.build import encode_corpus
 from train_deploy.corpus.config import CorpusConfig, ReaderConfig
