@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.project import REPO
 from train_deploy.training.checkpoint import (
     FILES_KEY,
     MODEL_FILE,

@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from tests.training.conftest import launch, losses, training_params
+from tests.helpers.training import launch, losses, training_params
 from train_deploy.training.launch import TrainingFailed
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import corpus_params, publish
-from tests.training.conftest import training_params
+from tests.helpers.project import corpus_params, publish
+from tests.helpers.training import training_params
 from train_deploy.config import ConfigError
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.handoffs import TOKENIZER_FILE, TokenizerInfo, WorkFolder

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.training.conftest import run_spec, training_params
+from tests.helpers.training import run_spec, training_params
 from train_deploy.handoffs import DataSpec, write_json
 from train_deploy.training.launch import join_main
 

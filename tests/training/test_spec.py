@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.training.conftest import run_spec, training_params
+from tests.helpers.training import run_spec, training_params
 from train_deploy.config import ConfigError
 from train_deploy.handoffs import DataSpec, DescriptionError, read_json, to_json, write_json
 from train_deploy.training.config import Layout, TrainingConfig

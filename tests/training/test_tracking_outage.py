@@ -14,9 +14,9 @@ import mlflow
 import pytest
 from kedro.framework.session import KedroSession
 
-from tests.conftest import tiny_runtime_params
+from tests.helpers.project import tiny_runtime_params
+from tests.helpers.training import run_spec, training_params
 from tests.mlflow_server import MlflowServer, free_port
-from tests.training.conftest import run_spec, training_params
 from train_deploy.preflight import TrackingServerError
 from train_deploy.training.launch import run_training
 

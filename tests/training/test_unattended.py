@@ -18,8 +18,8 @@ import psutil
 import pytest
 from safetensors.numpy import load_file
 
-from tests.conftest import REPO
-from tests.training.conftest import launch, run_spec, training_params
+from tests.helpers.project import REPO
+from tests.helpers.training import launch, run_spec, training_params
 from train_deploy.config import ConfigError
 from train_deploy.handoffs import to_json
 from train_deploy.redaction import redact_uri
@@ -158,7 +158,7 @@ def _metric_steps(folder: Path) -> list[int]:
 _TRAINING_PROCESS = """
 import json, logging, sys
 from pathlib import Path
-from tests.training.conftest import launch
+from tests.helpers.training import launch
 from train_deploy.handoffs import DataSpec, from_json
 logging.basicConfig(level=logging.INFO)
 job = json.loads(sys.argv[1])

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.training.conftest import TINY_EVAL_WINDOWS, launch, losses, result, training_params, weights
+from tests.helpers.training import TINY_EVAL_WINDOWS, launch, losses, result, training_params, weights
 
 pytestmark = pytest.mark.slow
 
