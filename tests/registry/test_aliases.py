@@ -13,8 +13,8 @@ import time
 import pytest
 from mlflow import MlflowClient
 
+from tests.helpers.registry import ModelStore, registry
 from tests.mlflow_server import mlflow_server  # noqa: F401  (the fixture)
-from tests.registry.conftest import ModelStore, registry
 from train_deploy.registry.aliases import LEASE_S, LOCK_SUFFIX, MOVE_TAG, repair_interrupted, rollback, stale
 from train_deploy.registry.config import RetryConfig
 from train_deploy.registry.history import read_history

@@ -15,9 +15,9 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import NO_SERVING_CHECK
+from tests.helpers.project import NO_SERVING_CHECK
+from tests.helpers.registry import GateProcess, ModelStore
 from tests.mlflow_server import mlflow_server  # noqa: F401  (the fixture)
-from tests.registry.conftest import GateProcess, ModelStore
 from train_deploy.handoffs import Bundle, TrainingResult
 from train_deploy.registry.aliases import AliasLock, rollback
 from train_deploy.registry.config import RegistryConfig, RetryConfig

@@ -9,8 +9,8 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import NO_SERVING_CHECK
-from tests.registry.conftest import ModelStore, registry
+from tests.helpers.project import NO_SERVING_CHECK
+from tests.helpers.registry import ModelStore, registry
 from train_deploy.handoffs import Bundle
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.evalset import validation_texts

@@ -11,7 +11,7 @@ import pytest
 from mlflow import MlflowClient
 from safetensors.numpy import load_file
 
-from tests.conftest import corpus_params
+from tests.helpers.project import corpus_params
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.handoffs import WorkFolder
 from train_deploy.pipelines.corpus.nodes import configure_corpus_training, resolve_init

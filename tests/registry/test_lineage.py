@@ -14,8 +14,8 @@ import pytest
 from kedro.framework.session import KedroSession
 from mlflow import MlflowClient
 
-from tests.conftest import cli_params, tiny_train_deploy_params
-from tests.registry.conftest import ModelServer, ModelStore
+from tests.helpers.project import cli_params, tiny_train_deploy_params
+from tests.helpers.registry import ModelServer, ModelStore
 from train_deploy.config import ConfigError
 from train_deploy.corpus.people_daily import strip_pos_tags
 from train_deploy.corpus.readers import people_daily_path

@@ -6,7 +6,7 @@ import mlflow
 import pandas as pd
 import pytest
 
-from tests.corpus.test_tokenizer_normalization import CLEANED, RAW
+from tests.helpers.corpus import CLEANED, RAW
 
 pytestmark = pytest.mark.slow
 
