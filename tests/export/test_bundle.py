@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import publish
-from tests.export.conftest import export_into, export_params, fused_here, selected
+from tests.helpers.export import export_into, export_params, fused_here, selected
+from tests.helpers.project import publish
 from train_deploy.baselines import Baselines, ngram_baselines
 from train_deploy.export.card import model_card
 from train_deploy.export.checks import ParityError
@@ -206,7 +206,7 @@ def test_where_the_fused_kernels_cannot_run_the_export_ships_the_portable_graph_
         tmp_path, tiny_checkpoint, tiny_tokenizer, tiny_token_files, monkeypatch):
     """As on a CPU without AVX-512 (the probe's verdict forced): the export does not die, the fused graph it could
     not prove is not shipped, parity.json and the card say why, and the bundle loads on its portable graph."""
-    from tests.export.conftest import NO_CURVES
+    from tests.helpers.export import NO_CURVES
     from train_deploy.export import LanguageModel, probe
     from train_deploy.export.bundle import bundle_fingerprint
     from train_deploy.export.config import ExportConfig

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.export.conftest import fused_here
+from tests.helpers.export import fused_here
 from train_deploy.export.backends import OnnxRuntimeBackend
 from train_deploy.export.edge import (
     ConversionError,

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.export.conftest import as_older_bundle, fused_here
+from tests.helpers.export import as_older_bundle, fused_here
 from train_deploy.environment import cpu_identity, this_cpu
 from train_deploy.export import LanguageModel, probe
 from train_deploy.export.runtime import BundleError

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.export.conftest import fused_here
+from tests.helpers.export import fused_here
 from train_deploy.export.config import LatencyConfig, ServerConfig
 from train_deploy.training.checkpoint import write_checkpoint
 from train_deploy.training.config import TrainingConfig

@@ -8,28 +8,9 @@ import shutil
 import numpy as np
 import pytest
 
+from tests.helpers.export import SHAPE, reference_llama
 from train_deploy.export.graph import compact_model, load_inference_model
 from train_deploy.training.checkpoint import STATE_FILE, CheckpointError
-
-SHAPE = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 4, "max_position_embeddings": 32}
-
-
-def reference_llama(seed: int, **overrides):
-    """PaddleNLP's LlamaForCausalLM with every weight random, RMSNorm scales included (folded by the graph)."""
-    import paddle
-    from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(**{**SHAPE, **overrides}, use_flash_attention=False, use_fused_rms_norm=False,
-                         use_fused_rope=False, dtype="float32")
-    paddle.seed(seed)
-    model = LlamaForCausalLM(config)
-    rng = np.random.default_rng(seed)
-    for name, param in model.named_parameters():
-        base = 1.0 if "norm" in name else 0.0
-        param.set_value((base + 0.2 * rng.standard_normal(param.shape)).astype(np.float32))
-    model.eval()
-    return model
 
 
 @pytest.mark.parametrize("overrides", [{}, {"num_key_value_heads": 2}, {"num_key_value_heads": 1},

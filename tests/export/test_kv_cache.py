@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.export.conftest import fused_here
+from tests.helpers.export import fused_here
 from train_deploy.export import LanguageModel
 from train_deploy.export.backends import OnnxRuntimeBackend, PaddleInferenceBackend
 from train_deploy.export.checks import cache_parity_report
@@ -24,7 +24,7 @@ PROMPTS = ["中国", "今天天气很好，我们去公园", "中国的经济发
 @pytest.fixture(scope="module")
 def gqa_forms(tmp_path_factory):
     """A random GQA Llama (4 query heads, 2 key/value heads) exported once to both engines, and its reference."""
-    from tests.export.test_graph import reference_llama
+    from tests.helpers.export import reference_llama
     from train_deploy.export.edge import convert_to_onnx
     from train_deploy.export.graph import DECODE_MODEL, compact_model, save_server_model
 
@@ -204,7 +204,7 @@ def test_a_prompt_at_the_context_limit_slides_its_window(tiny_bundle, models):
 
 def test_a_bundle_from_before_the_cache_is_refused_and_re_exported(tmp_path, tiny_bundle, tiny_checkpoint,
                                                                   tiny_tokenizer, monkeypatch):
-    from tests.export.conftest import NO_CURVES, export_params
+    from tests.helpers.export import NO_CURVES, export_params
     from train_deploy.export import bundle as bundle_module
     from train_deploy.export.config import ExportConfig
 

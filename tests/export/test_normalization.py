@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from tests.corpus.test_tokenizer_normalization import CLEANED, RAW, drop_record
-from tests.export.conftest import as_older_bundle
+from tests.helpers.corpus import CLEANED, RAW, drop_record
+from tests.helpers.export import as_older_bundle
 from train_deploy.export import LanguageModel
 
 pytestmark = pytest.mark.slow

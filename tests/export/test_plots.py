@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from tests.conftest import publish
-from tests.export.conftest import export_params, selected
+from tests.helpers.export import export_params, selected
+from tests.helpers.project import publish
 from train_deploy.export.bundle import bundle_fingerprint
 from train_deploy.export.config import ExportConfig
 from train_deploy.export.plots import TrainingCurves, latency_figure, read_training_curves, save_png, write_plots

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.export.conftest import as_older_bundle, fused_here
+from tests.helpers.export import as_older_bundle, fused_here
 from train_deploy.export import LanguageModel, probe
 from train_deploy.export.runtime import BundleError, log_softmax
 
