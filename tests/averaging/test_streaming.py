@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from tests.averaging.test_average import average_into, make_checkpoint
+from tests.helpers.averaging import average_into, make_checkpoint
 from train_deploy.averaging import streaming
 from train_deploy.averaging.config import AveragingConfig
 
