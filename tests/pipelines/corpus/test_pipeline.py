@@ -10,7 +10,7 @@ import pytest
 from kedro.io import DataCatalog, MemoryDataset
 from kedro.runner import SequentialRunner
 
-from tests.conftest import corpus_params
+from tests.helpers.project import corpus_params
 from train_deploy.config import ConfigError
 from train_deploy.datasets import ArtifactFolderDataset, WorkFolderDataset
 from train_deploy.handoffs import DocumentCounts, TokenManifest

@@ -8,7 +8,7 @@ import pytest
 from kedro.io import DataCatalog, MemoryDataset
 from kedro.runner import SequentialRunner
 
-from tests.export.conftest import export_params, selected, training_logs
+from tests.helpers.export import export_params, selected, training_logs
 from train_deploy.datasets import ArtifactFolderDataset
 from train_deploy.handoffs import Bundle
 from train_deploy.pipelines.export import create_pipeline

@@ -9,7 +9,7 @@ import pytest
 from kedro.framework.session import KedroSession
 from mlflow import MlflowClient
 
-from tests.conftest import tiny_train_deploy_params
+from tests.helpers.project import tiny_train_deploy_params
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.gate import EVAL_SET_ARTIFACT
 from train_deploy.retrain import CORPUS_TAG, REASON_TAG, TRAINING_TAG, current_fingerprints

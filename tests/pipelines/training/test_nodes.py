@@ -24,7 +24,7 @@ def test_a_resumed_run_that_had_already_finished_logs_its_baselines_without_a_fa
         tmp_path, tiny_token_files, tiny_run, caplog):
     import shutil
 
-    from tests.training.conftest import training_params
+    from tests.helpers.training import training_params
     from train_deploy.pipelines.training.nodes import _run_name
     from train_deploy.training.config import TrainingConfig
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.training.conftest import training_params
+from tests.helpers.training import training_params
 from train_deploy.config import to_dict
 from train_deploy.handoffs import WorkFolder
 from train_deploy.pipelines.training.nodes import _run_name, configure_training, train_model

@@ -12,7 +12,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from tests.conftest import cli_params, tiny_train_deploy_params
+from tests.helpers.project import cli_params, tiny_train_deploy_params
 from train_deploy.cli import VALIDATION_STOPPED, run
 from train_deploy.handoffs import Bundle, TokenizerInfo, TokenManifest
 from train_deploy.pipelines.registry.nodes import register_bundle
