@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.project import REPO
 from tests.mlflow_server import HOST, MlflowServer, free_port
 
 # Debian's and Ubuntu's server packages (postgresql-NN); the newest installed.

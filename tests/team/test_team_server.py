@@ -20,12 +20,12 @@ import yaml
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from tests.conftest import cli_params, copy_project, tiny_runtime_params
+from tests.helpers.project import cli_params, copy_project, tiny_runtime_params
+from tests.helpers.registry import GateProcess
+from tests.helpers.retrain import _params as _retrain_params
+from tests.helpers.retrain import _write_corpus
 from tests.mlflow_server import MlflowServer, free_port
-from tests.registry.conftest import GateProcess
 from tests.team.conftest import GUIDE, guide_blocks
-from tests.test_retrain import _params as _retrain_params
-from tests.test_retrain import _write_corpus
 
 pytestmark = pytest.mark.team
 MODEL = "train_deploy_lm"

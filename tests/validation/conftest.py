@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.corpus.test_build import encode
+from tests.helpers.corpus import encode
 from train_deploy.corpus.config import ReaderConfig
 from train_deploy.corpus.readers import ReadStats, iter_document_batches, plan_corpus
 from train_deploy.validation.statistics import CorpusStatistics, corpus_statistics
