@@ -131,8 +131,8 @@ class _Lane:
     """One task's engines and the lock that runs its requests one at a time (a predictor is not thread-safe):
     scoring and generation each have their own, so a long generation never queues a scoring request. Each engine
     gets half the CPU threads the bundle was exported with (``export.server.cpu_threads``, at least 1), as both
-    lanes run at once: with 2 threads each on 2 cores, a generation and a scoring request measured a scoring p99
-    and a generation time 1.5-3x those with 1 thread each (benchmarks/bench_serving_load.py, docs/serving.md)."""
+    lanes run at once (measured in docs/serving.md: 2 threads each on 2 cores tripled scoring's p99 beside a
+    generation and the generation's own time)."""
 
     def __init__(self, bundle: Path, task: str, threads: int) -> None:
         self.bundle, self.task, self.threads = bundle, task, threads
