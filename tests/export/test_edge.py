@@ -1,5 +1,5 @@
 """ONNX conversion: unsupported operators are named, large weights go to external data, a stuck conversion
-is stopped."""
+is stopped, the symbolic dimensions have fixed names."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from train_deploy.export.edge import (
     ConversionError,
     convert_to_onnx,
     external_data,
+    name_dimensions,
     quantize_int8,
     unsupported_operators,
 )
@@ -146,3 +147,33 @@ def test_int8_weights_are_blocks_of_int8_and_embedding_rows_are_int8(tmp_path, t
     expected = OnnxRuntimeBackend(source, threads=1)(ids, mask)
     got = OnnxRuntimeBackend(tmp_path / "model.int8.onnx", threads=1)(ids, mask)
     assert np.abs(got - expected).max() < 0.1 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("name", ["model", "decode"])
+def test_symbolic_dimensions_get_the_same_names_whatever_paddle2onnx_numbered_them(tiny_bundle, name):
+    """paddle2onnx numbers them differently on each conversion of one graph (``DynamicDimension.3``, then ``.7``):
+    any numbering gives the bundle's bytes back. Two whole exports compared file by file: the report of 2026-12-02."""
+    import onnx
+
+    exported = onnx.load(str(tiny_bundle / "edge" / f"{name}.onnx"), load_external_data=False)
+    renamed = onnx.ModelProto()
+    renamed.CopyFrom(exported)
+    symbols = sorted({d.dim_param for v in (*renamed.graph.input, *renamed.graph.output, *renamed.graph.value_info)
+                      for d in v.type.tensor_type.shape.dim if d.HasField("dim_param")})
+    numbers = np.random.default_rng(0).permutation(len(symbols))
+    shuffled = {symbol: f"DynamicDimension.{n}" for symbol, n in zip(symbols, numbers, strict=True)}
+    for value in (*renamed.graph.input, *renamed.graph.output, *renamed.graph.value_info):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param"):
+                dim.dim_param = shuffled[dim.dim_param]
+    assert renamed.SerializeToString() != exported.SerializeToString()
+    assert name_dimensions(renamed) == {numbered: symbol for symbol, numbered in shuffled.items()}
+    assert renamed.SerializeToString() == exported.SerializeToString()
+    shapes = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in exported.graph.input}
+    if name == "decode":  # one batch throughout, the mask's length, each cache's own past length
+        assert shapes["input_ids"] == ["batch", 1] and shapes["attention_mask"] == ["batch", "seq"]
+        assert shapes["keys_0"][::2] == ["batch", "past_seq"] and shapes["keys_1"][::2] == ["batch", "past_seq_1"]
+    else:  # paddle2onnx gives each input its own symbols
+        assert shapes == {"input_ids": ["batch", "seq"], "attention_mask": ["batch_1", "seq_1"]}
+    int8 = onnx.load(str(tiny_bundle / "edge" / f"{name}.int8.onnx"), load_external_data=False)
+    assert list(int8.graph.input) == list(exported.graph.input)  # quantised after the renaming

@@ -75,7 +75,8 @@ def unsupported_operators(prefix: Path) -> list[str]:
 def convert_to_onnx(prefix: Path, output: Path, opset: int, timeout: float = _TIMEOUT) -> Path:
     """Convert the Paddle Inference model at ``prefix`` to ONNX file ``output`` (in a child process).
 
-    Past protobuf's 2 GB limit paddle2onnx writes the weights beside it to ``<output>.data``. A conversion
+    Past protobuf's 2 GB limit paddle2onnx writes the weights beside it to ``<output>.data``. The symbolic
+    dimensions get fixed names (:func:`name_dimensions`), so the same graph gives the same file. A conversion
     still running after ``timeout`` seconds is killed (:class:`ConversionError`, nothing left at ``output``).
     """
     import paddle2onnx
@@ -196,11 +197,68 @@ def external_data(model: Path) -> Path:
     return model.with_name(model.name + ".data")
 
 
+def name_dimensions(model) -> dict[str, str]:
+    """Rename every symbolic dimension (``dim_param``) of the ONNX ``model`` in place, by first appearance in the
+    graph's inputs, outputs and ``value_info`` (sub-graphs after), and return the old name → new name map.
+
+    paddle2onnx numbers them in an order that changes from one conversion to the next (``DynamicDimension.3``, then
+    ``.7``: the same graph gave three files), so the file would differ between two exports of the same inputs. A
+    graph input's or output's axis 0 is ``batch``, axis 2 of a cache input (``keys_<i>``, ``values_<i>``) is
+    ``past_seq``, axis 1 of the other inputs and of the first output and axis 2 of the other outputs are ``seq``;
+    a second distinct dimension of one role gets ``_1``, … and one first seen inside the graph ``dim_<n>``. Distinct
+    dimensions stay distinct and equal ones equal, so ONNX Runtime runs the model as before."""
+    names: dict[str, str] = {}
+    counts: dict[str, int] = {}
+    graph = model.graph
+    first_output = graph.output[0].name if len(graph.output) else None
+    for value, is_input in (*((v, True) for v in graph.input), *((v, False) for v in graph.output)):
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_param") and dim.dim_param not in names:
+                names[dim.dim_param] = _numbered(_role(value.name, axis, is_input, first_output), counts)
+    _rename_dimensions(graph, names, counts)
+    return names
+
+
+def _role(tensor: str, axis: int, is_input: bool, first_output: str | None) -> str:
+    """What axis ``axis`` of a graph input or output of the exported graphs (``graph.py``) counts."""
+    if axis == 0:
+        return "batch"
+    if is_input and axis == 2 and tensor.startswith(("keys_", "values_")):
+        return "past_seq"
+    if axis == 1 and (is_input or tensor == first_output) or axis == 2 and not is_input:
+        return "seq"
+    return "dim"
+
+
+def _numbered(role: str, counts: dict[str, int]) -> str:
+    seen = counts[role] = counts.get(role, -1) + 1
+    return f"dim_{seen}" if role == "dim" else role if seen == 0 else f"{role}_{seen}"
+
+
+def _rename_dimensions(graph, names: dict[str, str], counts: dict[str, int]) -> None:
+    """Apply ``names`` to ``graph``'s inputs, outputs and ``value_info``, then to its sub-graphs (``If``, ``Loop``),
+    naming a dimension not seen yet ``dim_<n>``."""
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param"):
+                if dim.dim_param not in names:
+                    names[dim.dim_param] = _numbered("dim", counts)
+                dim.dim_param = names[dim.dim_param]
+    for node in graph.node:
+        for attribute in node.attribute:
+            for subgraph in (*([attribute.g] if attribute.HasField("g") else []), *attribute.graphs):
+                _rename_dimensions(subgraph, names, counts)
+
+
 def _convert(model_file: str, params: str, output: str, opset: str, external: str) -> None:
+    import onnx
     import paddle2onnx
 
     paddle2onnx.export(model_file, params, output, opset_version=int(opset), auto_upgrade_opset=False,
                        enable_onnx_checker=True, external_file=external)
+    model = onnx.load(output, load_external_data=False)  # the weights beside it, if any, stay as they are
+    name_dimensions(model)
+    onnx.save_model(model, output)
 
 
 if __name__ == "__main__":
