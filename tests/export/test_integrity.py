@@ -80,14 +80,29 @@ def test_the_copy_mlflow_logs_and_downloads_verifies_and_its_damage_is_refused(r
 def test_weights_that_overflow_in_scoring_are_a_bundle_error_not_an_overflow_error(bundle_copy):
     """Weights changed and re-recorded (the record proves the copy, not the export): the tail of the weights set to
     near the float32 maximum gives log-probabilities that are not finite."""
-    path = bundle_copy / WEIGHTS
-    data = bytearray(path.read_bytes())
-    data[-1200:] = np.full(300, 3e38, np.float32).tobytes()
-    path.write_bytes(bytes(data))
-    meta = json.loads((bundle_copy / "bundle.json").read_text(encoding="utf-8"))
-    meta["files"][WEIGHTS] = file_record(path)
-    (bundle_copy / "bundle.json").write_text(json.dumps(meta), encoding="utf-8")
-    model = LanguageModel.load(bundle_copy, "paddle")
+    model = LanguageModel.load(_rerecorded_tail(bundle_copy, 3e38), "paddle")
     with pytest.raises(BundleError, match=r"^text 0: the model's log-probabilities are (not finite|\S+ nats per "
                                           r"token).*its weights are damaged: re-export the bundle$"):
         model.score(["今天天气很好，我们去公园散步。"])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_weights_that_give_nan_logits_in_generation_are_a_bundle_error(bundle_copy, temperature):
+    """Greedy or sampled, the first token's logits are checked (``_sample``): not a token picked from NaN."""
+    model = LanguageModel.load(_rerecorded_tail(bundle_copy, np.nan), "paddle")
+    with pytest.raises(BundleError, match=r"^generation: \d+ of the model's \d+ next-token logits are not finite "
+                                          r"\(inf or NaN\).*its weights are damaged: re-export the bundle$"):
+        model.generate("今天", max_new_tokens=2, temperature=temperature, seed=0)
+
+
+def _rerecorded_tail(bundle: Path, value: float) -> Path:
+    """``bundle`` with the last 300 floats of its weights set to ``value`` and re-recorded in ``bundle.json`` (the
+    record proves the copy, not the export)."""
+    path = bundle / WEIGHTS
+    data = bytearray(path.read_bytes())
+    data[-1200:] = np.full(300, value, np.float32).tobytes()
+    path.write_bytes(bytes(data))
+    meta = json.loads((bundle / "bundle.json").read_text(encoding="utf-8"))
+    meta["files"][WEIGHTS] = file_record(path)
+    (bundle / "bundle.json").write_text(json.dumps(meta), encoding="utf-8")
+    return bundle

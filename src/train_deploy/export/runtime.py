@@ -307,6 +307,8 @@ def _keep_rows(mask: np.ndarray, step: Step, rows: list[int]) -> tuple[np.ndarra
 
 
 def _sample(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Generator, top_p: float = 1.0) -> int:
+    """The next token from one position's ``logits``: greedy, or sampled (:meth:`LanguageModel.generate`)."""
+    _check_finite(logits)
     if temperature <= 0 or top_k == 1:
         return int(np.argmax(logits))
     scaled = logits / temperature
@@ -321,3 +323,12 @@ def _sample(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.G
         probs[outside] = 0
         probs /= probs.sum()
     return int(rng.choice(len(probs), p=probs))
+
+
+def _check_finite(logits: np.ndarray) -> None:
+    """Logits that are inf or NaN come only from broken weights (as in scoring): :class:`BundleError`, not a token
+    picked from NaN or numpy's error about probabilities."""
+    if not np.isfinite(logits).all():
+        bad = int((~np.isfinite(logits)).sum())
+        raise BundleError(f"generation: {bad} of the model's {logits.size} next-token logits are not finite (inf or "
+                          "NaN), beyond what a trained model gives; its weights are damaged: re-export the bundle")
