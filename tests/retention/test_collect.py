@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from mlflow.exceptions import MlflowException
 
-from tests.retention.conftest import MODEL, bundle_meta
+from tests.helpers.retention import MODEL, bundle_meta
 from train_deploy.retention import Layout, RetentionConfig, apply, make_plan, read_records
 from train_deploy.retention.store import model_id
 

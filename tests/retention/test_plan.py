@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from tests.retention.conftest import bundle_meta
+from tests.helpers.retention import bundle_meta
 from train_deploy.retention import Kept, Layout, RetentionConfig, last_run_bytes
 from train_deploy.retention.plan import plan_files
 
