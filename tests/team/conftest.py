@@ -136,7 +136,7 @@ class Guide:
     settings: dict[str, str]
 
     def environment(self, **more: str) -> dict[str, str]:
-        keep = {name: os.environ[name] for name in ("LANG", "LC_ALL", "TMPDIR") if name in os.environ}
+        keep = {name: os.environ[name] for name in ("LANG", "LC_ALL", "TMPDIR", "PYTHONPATH") if name in os.environ}
         path = f"{Path(sys.executable).parent}{os.pathsep}/usr/bin{os.pathsep}/bin"
         return {**keep, "PATH": path, "HOME": str(self.root / "home"), "MLFLOW_DISABLE_TELEMETRY": "true",
                 "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "PYTHONUNBUFFERED": "1", **self.settings, **more}

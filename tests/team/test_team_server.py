@@ -1,18 +1,24 @@
 """docs/team-server.md, every command block run as written against a PostgreSQL cluster and mlflow server of the
-module's own (tests/team/conftest.py): the accounts and their refusals, a project on the server, serving with the
-tracking server down, PostgreSQL restarted under the gate, and backup, schema upgrade and restore (last: it stops
-the server). The tests share the module's registry and run in this order."""
+module's own (tests/team/conftest.py). The tests share the module's registry and run in this order: the server's
+refusals, a read of a model that does not exist yet, two machines scheduling three cycles each on the guide's model
+while a serving host follows the champion (PostgreSQL stopped mid-training and restarted mid-gate in the last
+cycle), the roles on what the cycles registered, a project run through conf/team, and a maintenance window
+(the tracking server down: the serving host restarts from its copy; backup, schema upgrade and restore)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -21,17 +27,36 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from tests.helpers.project import cli_params, copy_project, tiny_runtime_params
-from tests.helpers.registry import GateProcess
 from tests.helpers.retrain import _params as _retrain_params
 from tests.helpers.retrain import _write_corpus
 from tests.mlflow_server import MlflowServer, free_port
 from tests.team.conftest import GUIDE, guide_blocks
+from train_deploy.corpus.people_daily import strip_pos_tags
+from train_deploy.corpus.readers import people_daily_path
 
 pytestmark = pytest.mark.team
-MODEL = "train_deploy_lm"
-EVAL_SET = {"documents": 12, "max_chars": 60}
+MODEL = "train_deploy_lm"  # the guide's model: the machines' first run creates it
 TEXTS = ["今天天气很好。", "我们一起去学校。"]
+TRAIN_DEPLOY = Path(sys.executable).parent / "train-deploy"
+A_LEARNING_RATE = 0.005  # machine A trains with another configuration than B's
+# Each cycle as small as it honestly goes: 4 tiny steps (checkpoints at 2 and 4), the ONNX fp32 form without int8,
+# one timed call per form, the team's 16-text evaluation set from a shared file (so two first registrations racing
+# on a fresh server store the same set); every strict improvement promotes, so the champion must be the best
+# candidate so far exactly. The per-candidate serving check is off: the serving host below serves each champion.
+CYCLE_EXPORT = {"edge": {"int8": False}, "parity": {"samples": 2},
+                "latency": {"batch_sizes": [1], "seq_length": 16, "warmup": 0, "repeats": 1, "rounds": 1,
+                            "generate_tokens": 0}}
+EVAL_TEXTS = 16
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _credentials_restored() -> Iterator[None]:
+    """The accounts' credentials that :func:`_client` puts into this process's environment, gone after the module."""
+    saved = {key: os.environ.get(key) for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+    yield
+    for key, value in saved.items():
+        os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
 
 
 def _status(url: str) -> int:
@@ -60,44 +85,6 @@ def _registry(team, account: str, *args: str) -> subprocess.CompletedProcess[str
                           capture_output=True, text=True, timeout=180, check=False)
 
 
-@pytest.fixture(scope="module")
-def gate(team, tmp_path_factory, tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer):
-    """``gate(name, **registry)``: ``register_and_gate`` of the tiny bundle as the trainer, in a process of its
-    own (GateProcess) against the team server; its decision."""
-    from train_deploy.handoffs import Bundle
-    from train_deploy.registry.evalset import validation_texts
-    from train_deploy.registry.gate import version_tags
-
-    texts = validation_texts(tiny_token_files, tiny_tokenizer, EVAL_SET["documents"], EVAL_SET["max_chars"])
-    bundle = Bundle.read_folder(tiny_bundle)
-    tags = version_tags(bundle, tiny_token_files, tiny_run, "0123abc")
-
-    def run(name: str, during=None, **registry) -> dict[str, str]:
-        saved = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
-        os.environ.update(team.guide.credentials("trainer"))  # GateProcess passes this process's environment on
-        try:
-            process = GateProcess(tmp_path_factory.mktemp(name) / "gate", team.server.uri, bundle,
-                                  {"model_name": MODEL, "eval_set": EVAL_SET, **registry}, tags, texts)
-        finally:
-            for key, value in saved.items():
-                os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
-        if during:
-            during(process)
-        return process.result()
-
-    return run
-
-
-@pytest.fixture(scope="module")
-def two_versions(gate) -> tuple[str, str]:
-    """Versions 1 and 2 of the tiny bundle, registered by the trainer: champion 2, previous 1."""
-    first = gate("first")
-    assert first["decision"] == "first", first
-    second = gate("forced", force=True)
-    assert second["decision"] == "forced", second
-    return first["version"], second["version"]
-
-
 def test_every_block_of_the_guide_is_run_by_this_module():
     source = Path(__file__).read_text(encoding="utf-8") + (Path(__file__).parent / "conftest.py").read_text()
     blocks = guide_blocks()
@@ -112,48 +99,110 @@ def test_the_server_refuses_a_client_without_credentials(team):
     assert _status(f"{team.server.uri}/health") == 200
 
 
-def test_roles_trainer_registers_server_reads_admin_rolls_back(team, two_versions):
-    first, second = two_versions
-    assert _aliases(team) == {"champion": second, "previous": first}
+def test_a_model_not_made_yet_is_no_champion_and_a_refused_read_is_one_line(team):
+    """Basic-auth answers a read of an alias of a registered model that does not exist with 403 (and the model's
+    own read with 404): the first run's change check finds no champion. A model the account may not read is a
+    refusal, in one line naming the account and the permission."""
+    from mlflow.server import get_app_client
 
-    refused = _registry(team, "server", "rollback")
-    assert refused.returncode == 1, refused.stderr
-    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
-    assert "403" in refused.stderr and "EDIT" in refused.stderr and MODEL in refused.stderr, refused.stderr
-    assert team.guide.password("server") not in refused.stderr
-    assert _aliases(team) == {"champion": second, "previous": first}
-    assert _registry(team, "server", "history").returncode == 0
-    with pytest.raises(MlflowException, match="Permission denied"):
-        _client(team, "server").set_registered_model_alias(MODEL, "champion", first)
-    with pytest.raises(MlflowException, match="Permission denied"):
-        _client(team, "server").create_model_version(MODEL, "models:/train_deploy_lm/1")
+    from train_deploy.registry.config import RetryConfig
+    from train_deploy.registry.history import CHAMPION, alias_version
+    from train_deploy.registry.lineage import eval_set_corpus
+    from train_deploy.registry.retry import RegistryRefused, Retrying
 
-    rolled = _registry(team, "admin", "rollback")
-    assert rolled.returncode == 0, rolled.stderr
-    assert _aliases(team) == {"champion": first, "previous": second}
-    assert _registry(team, "trainer", "rollback").returncode == 0  # EDIT on the model: the trainer can too
-    assert _aliases(team) == {"champion": second, "previous": first}
+    trainer = _client(team, "trainer")
+    retry = Retrying(RetryConfig(attempts=1, wait_seconds=0), team.server.uri)
+    with pytest.raises(MlflowException) as raw:
+        trainer.get_model_version_by_alias(MODEL, CHAMPION)
+    assert raw.value.get_http_status_code() == 403  # what the server answers for a model it does not have
+    assert retry("find the champion", lambda: alias_version(trainer, MODEL, CHAMPION)) is None
+    assert eval_set_corpus(trainer, MODEL) is None
 
-
-def test_a_project_runs_on_the_server_through_conf_team(team, project):
-    # The guide's run is the corpus stage; this project copy's conf/team makes it a tiny one.
-    (project / "conf" / "team" / "parameters_corpus.yml").write_text(yaml.safe_dump(tiny_runtime_params()))
-    done = team.guide.run("project", cwd=project)
-    assert "time (UTC)" in done.stdout, done.stdout  # the history, read by the trainer
-    client = _client(team, "admin")
-    runs = client.search_runs([client.get_experiment_by_name("train_deploy").experiment_id])
-    assert [run.info.status for run in runs] == ["FINISHED"]
-    assert runs[0].info.artifact_uri.startswith("mlflow-artifacts:/"), runs[0].info.artifact_uri
-    assert client.list_artifacts(runs[0].info.run_id)
-    assert not (project / "mlartifacts").exists() and not (project / "mlruns.db").exists()
+    _client(team, "admin").create_registered_model("private_lm")
+    get_app_client("basic-auth", tracking_uri=team.server.uri).grant_user_permission(
+        "server", "registered_model", "private_lm", "DENY")
+    try:
+        server = _client(team, "server")
+        with pytest.raises(RegistryRefused) as refused:
+            retry("find the champion", lambda: alias_version(server, "private_lm", CHAMPION))
+    finally:
+        _client(team, "admin").delete_registered_model("private_lm")
+    message = str(refused.value)
+    assert message.startswith(f"MLflow tracking server {team.server.uri} refused find the champion for 'server' "
+                              "(HTTP 403): the account needs READ on the registered model"), message
+    assert "\n" not in message and team.guide.password("server") not in message
 
 
-class _LocalServing(MlflowServer):
-    """The guide's ``serve-local`` block, as a process group answering /health."""
+# -- two machines, one registry, a serving host ------------------------------------------------------------------
+
+def _cycle_params(corpus: Path, **training) -> dict:
+    """A cycle's parameters: the tiny whole pipeline on ``corpus`` (the evaluation set beside it)."""
+    registry = {"model_name": MODEL, "min_improvement": 0.0, "serving_check": {"enabled": False},
+                "eval_set": {"path": str(corpus.parent / "eval_set.jsonl"), "documents": EVAL_TEXTS,
+                             "min_texts": EVAL_TEXTS, "max_chars": 60}}
+    return _retrain_params(corpus, training=training, export=CYCLE_EXPORT, registry=registry)
+
+
+_DECIDED = re.compile(rf"{MODEL} version (\d+): (?:first|promoted|rejected|forced) \(")
+
+
+def _version_of(output: str) -> str:
+    """The version a cycle registered, from the gate's line (``train_deploy_lm version 3: promoted (…)``)."""
+    found = _DECIDED.findall(output)
+    assert len(found) == 1, output[-3000:]
+    return found[0]
+
+
+class _Schedule:
+    """``train-deploy schedule --once --env team`` of the tiny whole pipeline on a machine, as the trainer; its
+    output goes to ``<machine>/cycle<N>.log``."""
+
+    def __init__(self, team, machine: Path, cycle: int, corpus: Path, **training) -> None:
+        params = _cycle_params(corpus, **training)
+        env = team.guide.environment(TRAIN_DEPLOY_TEAM_SERVER=team.server.uri, **team.guide.credentials("trainer"))
+        self.machine, self.started = machine, time.time()
+        self.log = machine / f"cycle{cycle}.log"
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [str(TRAIN_DEPLOY), "schedule", "--once", "--env", "team", "--params", ",".join(cli_params(params))],
+                cwd=machine, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, found, what: str, timeout: float = 600):
+        """``found()``'s first truthy value, polled while the cycle runs; fail if it ends first or is late."""
+        deadline = time.monotonic() + timeout
+        while not (value := found()):
+            assert self.process.poll() is None, f"the cycle ended before {what}:\n{self.output()[-4000:]}"
+            assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s:\n{self.output()[-4000:]}"
+            time.sleep(0.05)
+        return value
+
+    def training_folder(self) -> Path | None:
+        """The folder of the training this cycle started (its ``run.json`` is written as the launcher starts)."""
+        found = [p.parent for p in (self.machine / "data" / "08_reporting" / "training_logs").glob("*/run.json")
+                 if p.stat().st_mtime >= self.started]
+        return found[0] if found else None
+
+    def finished(self, timeout: float = 900) -> str:
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, 9)
+            raise
+        assert self.process.returncode == 0, self.output()[-4000:]
+        return self.output()
+
+
+class _ServingHost(MlflowServer):
+    """A serving host as the guide's step 6 runs one: the champion downloaded through the server (block
+    ``serving``, as the server account) into its own folder, served from there (block ``serve-local``)."""
 
     def __init__(self, team, folder: Path) -> None:
         super().__init__(folder, free_port())
         self.team = team
+        folder.mkdir(parents=True)
 
     def command(self) -> list[str]:
         return ["bash", "-euo", "pipefail", "-c", guide_blocks()["serve-local"]]
@@ -161,206 +210,275 @@ class _LocalServing(MlflowServer):
     def environment(self) -> dict[str, str]:
         return self.team.guide.environment(SERVE_PORT=str(self.port))
 
+    def download(self) -> str:
+        """Download the champion afresh (the tracking server must answer); the run id of the copy."""
+        shutil.rmtree(self.root / "serving", ignore_errors=True)
+        self.team.guide.run("serving", cwd=self.root)
+        mlmodel = yaml.safe_load((self.root / "serving" / "champion" / "MLmodel").read_text(encoding="utf-8"))
+        return mlmodel["run_id"]
 
-@pytest.fixture
-def tracking_server_down(team) -> Iterator[None]:
-    team.server.stop()
-    try:
-        yield
-    finally:
-        team.server.start(timeout=120)
-
-
-def test_a_downloaded_champion_is_served_while_the_tracking_server_is_down(team, two_versions, tmp_path,
-                                                                             tiny_bundle, request):
-    from train_deploy.export.runtime import LanguageModel
-
-    host = tmp_path / "serving_host"
-    host.mkdir()
-    team.guide.run("serving", cwd=host)
-    request.getfixturevalue("tracking_server_down")
-    assert not _answers(f"{team.server.uri}/health")
-    serving = _LocalServing(team, host)
-    serving.start(timeout=240)
-    try:
+    def score(self) -> list[float]:
         body = {"dataframe_split": {"columns": ["text"], "data": [[text] for text in TEXTS]},
                 "params": {"task": "score"}}
-        scoring = urllib.request.Request(f"{serving.uri}/invocations", data=json.dumps(body).encode(),
+        request = urllib.request.Request(f"{self.uri}/invocations", data=json.dumps(body).encode(),
                                          headers={"Content-Type": "application/json"})
-        with _OPENER.open(scoring, timeout=120) as response:
-            answer = json.loads(response.read())
-    finally:
-        serving.stop()
-    expected = LanguageModel.load(tiny_bundle).score(TEXTS)
-    assert [row["perplexity"] for row in answer["predictions"]] == pytest.approx(
-        [score.perplexity for score in expected], rel=1e-4)
+        with _OPENER.open(request, timeout=120) as response:
+            return [row["perplexity"] for row in json.loads(response.read())["predictions"]]
 
 
-def _answers(url: str) -> bool:
-    try:
-        with _OPENER.open(url, timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False
+@dataclass
+class Cycles:
+    """What the two machines' cycles left and what was seen between them."""
+
+    corpus: Path
+    machines: dict[str, Path]
+    outputs: dict[str, list[str]] = field(default_factory=lambda: {"A": [], "B": []})
+    checks: list[dict] = field(default_factory=list)
+    """After each round: the champion, the run id the host serves, its scores, whether it was restarted."""
+    outage: dict = field(default_factory=dict)
+    host: _ServingHost | None = None
 
 
-def test_postgresql_restarted_mid_gate_leaves_no_version_half_registered(team, gate, two_versions):
-    before = {v.version for v in _client(team, "admin").search_model_versions(f"name = '{MODEL}'")}
-
-    def restart_postgres(process: GateProcess) -> None:
-        process.wait_for("Created version")
-        team.cluster.restart()
-
-    result = gate("restarted", during=restart_postgres, force=True)
-    client = _client(team, "admin")
-    versions = {v.version: v for v in client.search_model_versions(f"name = '{MODEL}'")}
-    assert set(versions) == before | {result["version"]}, (before, result)
-    assert versions[result["version"]].status == "READY"
-    assert all(any(key.startswith("gate.") for key in v.tags) for v in versions.values()), \
-        {v.version: sorted(v.tags) for v in versions.values()}
-    assert _aliases(team)["champion"] == result["version"]
-    assert not client.search_registered_models(f"name = '{MODEL}.aliases-lock'")
-    assert "aliases.move" not in client.get_registered_model(MODEL).tags
+def _check_host(team, cycles: Cycles) -> None:
+    """The serving host between rounds: refreshed and restarted when ``champion`` moved, then asked to score."""
+    host, admin = cycles.host, _client(team, "admin")
+    champion = str(admin.get_registered_model(MODEL).aliases["champion"])
+    restarted = not cycles.checks or cycles.checks[-1]["champion"] != champion
+    if restarted:  # the guide's step 6 after a promotion: stop, download again, start
+        host.stop()
+        served = host.download()
+        host.start(timeout=300)
+    else:
+        served = cycles.checks[-1]["served_run"]
+    cycles.checks.append({"champion": champion, "champion_run": admin.get_model_version(MODEL, champion).run_id,
+                          "served_run": served, "scores": host.score(), "restarted": restarted})
 
 
-TWO_MACHINES_MODEL = "two_machines_lm"
-A_LEARNING_RATE = 0.005  # machine A's second cycle trains with another configuration than B's
-TRAIN_DEPLOY = Path(sys.executable).parent / "train-deploy"
+def _outages(team, cycle: _Schedule, outage: dict) -> None:
+    """PostgreSQL stopped while ``cycle``'s training runs (from its launcher's start until a couple of seconds after
+    its first metric line, so a send fails), then restarted once the gate has registered the version."""
+    folder = cycle.wait_for(cycle.training_folder, "training start")
+    team.cluster.stop()
+    outage["metrics_when_stopped"] = (folder / "metrics.jsonl").exists()
+    metrics = folder / "metrics.jsonl"
+    cycle.wait_for(lambda: metrics.exists() and metrics.read_text().strip(), "a metric line", timeout=300)
+    time.sleep(2.5)  # the forwarder tries every second
+    outage["steps_when_started"] = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    team.cluster.start()
+    outage["metrics"] = metrics
+    cycle.wait_for(lambda: "Created version" in cycle.output(), "a registered version")
+    team.cluster.restart()
+    outage["restarted_mid_gate"] = not _DECIDED.search(cycle.output().split("Created version")[-1])
 
 
-def _machine(root: Path) -> Path:
-    """A project copy as the ``project`` fixture makes one: a "machine" of its own (data/, run lock, logs)."""
-    return copy_project(root)
-
-
-def _schedule(team, machine: Path, corpus: Path, **training) -> subprocess.Popen[str]:
-    """``train-deploy schedule --once --env team`` of the tiny whole pipeline on ``machine``, as the trainer."""
-    params = _retrain_params(corpus, training=training, registry={"model_name": TWO_MACHINES_MODEL})
-    env = team.guide.environment(TRAIN_DEPLOY_TEAM_SERVER=team.server.uri, **team.guide.credentials("trainer"))
-    return subprocess.Popen([str(TRAIN_DEPLOY), "schedule", "--once", "--env", "team", "--params",
-                             ",".join(cli_params(params))], cwd=machine, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-
-
-def _finished(process: subprocess.Popen[str], timeout: float = 900) -> str:
-    try:
-        out, _ = process.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, 9)
-        raise
-    assert process.returncode == 0, out[-4000:]
-    return out
-
-
-@pytest.mark.slow
-def test_two_machines_one_registry_and_a_serving_host(team, tmp_path):
-    corpus = tmp_path / "shared" / "corpus.txt"  # the corpus both machines read (a shared mount)
+@pytest.fixture(scope="module")
+def cycles(team, tmp_path_factory) -> Iterator[Cycles]:
+    """Two machines (project copies: data/, run lock, logs of their own) reading one shared corpus and the team's
+    evaluation set, and a serving host with no access to either; the rounds below run the cycles."""
+    root = tmp_path_factory.mktemp("two_machines")
+    corpus = root / "shared" / "corpus.txt"  # the corpus both machines read (a shared mount)
     corpus.parent.mkdir()
-    _write_corpus(corpus, 0, 700)
-    first, second = _machine(tmp_path / "machine_a"), _machine(tmp_path / "machine_b")
-    _client(team, "admin").create_registered_model(TWO_MACHINES_MODEL)  # as the guide's accounts step does
-    from mlflow.server import get_app_client
-
-    get_app_client("basic-auth", tracking_uri=team.server.uri).grant_user_permission(
-        "trainer", "registered_model", TWO_MACHINES_MODEL, "EDIT")
-    _finished(_schedule(team, first, corpus, init_from="scratch"))  # cycle 1: version 1, champion
-
-    host = tmp_path / "serving_host"  # no access to either project's disk: the model comes through the server
-    serving = _ChampionServing(team, host)
-    serving.start(timeout=300)
+    texts = strip_pos_tags(people_daily_path().read_text(encoding="utf-8").splitlines()[10_000:10_100])
+    (corpus.parent / "eval_set.jsonl").write_text("".join(
+        json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts if text.strip()), encoding="utf-8")
+    done = Cycles(corpus, {name: copy_project(root / f"machine_{name.lower()}") for name in "AB"})
+    done.host = _ServingHost(team, root / "serving_host")
     try:
-        _write_corpus(corpus, 700, 800, mode="a")  # cycle 2: new text; both machines at once
-        runs = [_schedule(team, first, corpus, init_from="champion", optimizer={"learning_rate": A_LEARNING_RATE}),
-                _schedule(team, second, corpus, init_from="champion")]
-        _finished(runs[0]), _finished(runs[1])
-        third = _finished(_schedule(team, first, corpus, init_from="champion"))  # cycle 3: B's configuration
-        assert _score(serving)  # the host served the champion it started with throughout
+        yield done
     finally:
-        serving.stop()
+        done.host.stop()
 
+
+def _round(team, cycles: Cycles, number: int) -> None:
+    """Round ``number``: the shared corpus grows (700 paragraphs, then 100 more each round), then A and B run a
+    cycle at once (A with its own learning rate; from scratch in round 1, from the champion after), and the serving
+    host is checked. In round 3 PostgreSQL is stopped during B's training and restarted under its gate."""
+    if len(cycles.checks) != number - 1:
+        pytest.skip(f"round {number - 1} did not complete")
+    lines = (0, 700) if number == 1 else (500 + 100 * number, 600 + 100 * number)
+    _write_corpus(cycles.corpus, *lines, mode="a")
+    init = "scratch" if number == 1 else "champion"
+    runs = {"A": _Schedule(team, cycles.machines["A"], number, cycles.corpus, init_from=init,
+                           optimizer={"learning_rate": A_LEARNING_RATE}),
+            "B": _Schedule(team, cycles.machines["B"], number, cycles.corpus, init_from=init)}
+    if number == 3:
+        _outages(team, runs["B"], cycles.outage)
+    for name, run in runs.items():
+        cycles.outputs[name].append(run.finished())
+    _check_host(team, cycles)
+
+
+def _all_rounds(cycles: Cycles) -> Cycles:
+    if len(cycles.checks) != 3:
+        pytest.skip("the three rounds did not complete")
+    return cycles
+
+
+def test_round_1_two_first_runs_on_a_fresh_server(team, cycles):
+    _round(team, cycles, 1)
+    assert all("has no champion yet" in cycles.outputs[name][0] for name in "AB")  # neither stopped on the 403
+
+
+def test_round_2_both_machines_from_the_champion(team, cycles):
+    _round(team, cycles, 2)
+
+
+def test_round_3_postgresql_stopped_mid_training_and_restarted_mid_gate(team, cycles):
+    _round(team, cycles, 3)
+
+
+def test_two_machines_three_cycles_each_and_a_serving_host(team, cycles):
+    _all_rounds(cycles)
     admin = _client(team, "admin")
-    versions = {v.version: v for v in admin.search_model_versions(f"name = '{TWO_MACHINES_MODEL}'")}
-    assert len(versions) == 3, sorted(versions)
-    runs_of = {v.version: admin.get_run(v.run_id) for v in versions.values()}
-    (from_b,) = [number for number, run in runs_of.items() if number != "1"
-                 and run.data.params.get("training.optimizer.learning_rate") != str(A_LEARNING_RATE)]
-    assert all(runs_of[number].data.tags.get("init_from.champion_version") == "1" for number in versions
-               if number != "1"), {n: r.data.tags for n, r in runs_of.items()}  # each picked up the champion
-    assert f"version {from_b}" in third and "nothing to retrain" in third, third[-3000:]
-    decisions = [v.tags["gate.decision"] for v in versions.values()]
-    assert decisions.count("first") == 1 and "failed" not in decisions, decisions
-    champion = admin.get_registered_model(TWO_MACHINES_MODEL).aliases["champion"]
-    best = min(float(v.tags["gate.candidate"]) for v in versions.values())
-    assert float(versions[str(champion)].tags["gate.candidate"]) <= best * 1.01  # within min_improvement
+    versions = {v.version: v for v in admin.search_model_versions(f"name = '{MODEL}'")}
+    assert len(versions) == 6, sorted(versions)
+    runs = {number: admin.get_run(v.run_id) for number, v in versions.items()}
+    later = [number for number, run in runs.items() if run.data.tags.get("init_from") == "champion"]
+    assert len(later) == 4, {n: r.data.tags.get("init_from") for n, r in runs.items()}
+
+    decisions = {number: v.tags.get("gate.decision") for number, v in versions.items()}
+    assert sorted(decisions.values()).count("first") == 1 and set(decisions.values()) <= {
+        "first", "promoted", "rejected"}, decisions
+    history = [event for event in _history(admin) if event["event"] != "rollback"]
+    assert sorted(str(event["version"]) for event in history) == sorted(versions), history  # every decision
+
+    # The champion after each round is the best candidate so far (the gate's metric, nats/char: lower is better).
+    by_round = sorted(versions, key=int)
+    for check, upto in zip(cycles.checks, (2, 4, 6), strict=True):
+        so_far = [versions[number] for number in by_round[:upto]]
+        best = min(float(v.tags["gate.candidate"]) for v in so_far)
+        assert float(versions[check["champion"]].tags["gate.candidate"]) == best, (check, decisions)
+        assert check["served_run"] == check["champion_run"], check  # the host serves the champion
+        assert len(check["scores"]) == len(TEXTS) and all(score > 0 for score in check["scores"]), check
+    for before, after in pairwise(cycles.checks):
+        assert after["restarted"] == (after["champion"] != before["champion"]), cycles.checks
+        if after["restarted"]:
+            assert after["scores"] != before["scores"], cycles.checks  # new weights answer
+
     statuses = {run.info.status for run in admin.search_runs(
         [admin.get_experiment_by_name("train_deploy").experiment_id])}
     assert statuses == {"FINISHED"}, statuses  # no RUNNING run
+    assert not admin.search_registered_models(f"name = '{MODEL}.aliases-lock'")
+    assert "aliases.move" not in admin.get_registered_model(MODEL).tags
 
 
-class _ChampionServing(MlflowServer):
-    """``mlflow models serve -m models:/two_machines_lm@champion`` as the server account, from an empty folder."""
-
-    def __init__(self, team, folder: Path) -> None:
-        super().__init__(folder, free_port())
-        self.team = team
-
-    def command(self) -> list[str]:
-        # MlflowServer.start drops MLFLOW_TRACKING_URI from the environment (a server must not inherit one)
-        return ["env", f"MLFLOW_TRACKING_URI={self.team.server.uri}", str(Path(sys.executable).parent / "mlflow"),
-                "models", "serve", "-m",
-                f"models:/{TWO_MACHINES_MODEL}@champion", "--env-manager", "local", "--host", "127.0.0.1",
-                "--port", str(self.port)]
-
-    def environment(self) -> dict[str, str]:
-        return self.team.guide.environment(MLFLOW_REGISTRY_URI=self.team.server.uri,
-                                           **self.team.guide.credentials("server"))
-
-
-def _score(serving: MlflowServer) -> list[dict]:
-    body = {"dataframe_split": {"columns": ["text"], "data": [[text] for text in TEXTS]}, "params": {"task": "score"}}
-    scoring = urllib.request.Request(f"{serving.uri}/invocations", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    with _OPENER.open(scoring, timeout=120) as response:
-        return json.loads(response.read())["predictions"]
+def test_postgresql_stopped_mid_training_and_restarted_mid_gate_loses_nothing(team, cycles):
+    outage, admin = _all_rounds(cycles).outage, _client(team, "admin")
+    assert not outage["metrics_when_stopped"], outage  # stopped as the launcher started, before the first step
+    assert outage["restarted_mid_gate"], outage
+    version = admin.get_model_version(MODEL, _version_of(cycles.outputs["B"][-1]))
+    run = admin.get_run(version.run_id)
+    assert run.info.status == "FINISHED" and version.status == "READY"
+    assert version.tags.get("gate.decision") in ("promoted", "rejected"), version.tags
+    logged: dict[str, set[int]] = {}
+    for line in outage["metrics"].read_text().splitlines():
+        record = json.loads(line)
+        for key, value in record.items():
+            if key != "step" and isinstance(value, int | float):
+                logged.setdefault(key, set()).add(record["step"])
+    assert logged and max(max(steps) for steps in logged.values()) == 4
+    for key, steps in logged.items():
+        sent = {metric.step for metric in admin.get_metric_history(run.info.run_id, f"train.{key}")}
+        assert steps <= sent, (key, steps, sent)  # every logged step, once the database was back
 
 
-def test_backup_upgrade_and_restore(team, two_versions, tmp_path):
+def test_skip_unchanged_sees_the_other_machines_version(team, cycles, monkeypatch):
+    """Machine A with B's configuration on the corpus B trained on last: nothing to retrain, naming B's version
+    (the change check in process, as A's scheduler runs it before its first node)."""
+    from train_deploy.retrain import check_for_changes
+
+    _all_rounds(cycles)
+    params = _cycle_params(cycles.corpus, init_from="champion")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", team.server.uri)
+    monkeypatch.chdir(cycles.machines["A"])
+    for key, value in team.guide.credentials("trainer").items():
+        monkeypatch.setenv(key, value)
+    check = check_for_changes(params)
+    assert not check.retrain and "nothing to retrain" in check.reason, check.reason
+    assert f"version {_version_of(cycles.outputs['B'][-1])}" in check.reason, check.reason
+
+
+def _history(client: MlflowClient) -> list[dict]:
+    from train_deploy.registry.history import read_history
+
+    return read_history(client, MODEL)
+
+
+# -- roles, the project, the maintenance window -------------------------------------------------------------------
+
+def test_roles_trainer_registers_server_reads_admin_rolls_back(team, cycles):
+    _all_rounds(cycles)
+    before = _aliases(team)
+    champion, previous = before["champion"], before["previous"]
+    refused = _registry(team, "server", "rollback")
+    assert refused.returncode == 1, refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+    assert "403" in refused.stderr and "EDIT" in refused.stderr and MODEL in refused.stderr, refused.stderr
+    assert team.guide.password("server") not in refused.stderr
+    assert _aliases(team) == before
+    assert _registry(team, "server", "history").returncode == 0
+    with pytest.raises(MlflowException, match="Permission denied"):
+        _client(team, "server").set_registered_model_alias(MODEL, "champion", previous)
+    with pytest.raises(MlflowException, match="Permission denied"):
+        _client(team, "server").create_model_version(MODEL, f"models:/{MODEL}/1")
+
+    rolled = _registry(team, "admin", "rollback")
+    assert rolled.returncode == 0, rolled.stderr
+    assert _aliases(team) == {"champion": previous, "previous": champion}
+    assert "rolled back by MLflow account 'admin'" in _history(_client(team, "admin"))[-1]["reason"]
+    assert _registry(team, "trainer", "rollback").returncode == 0  # the model's creator: the trainer can too
+    assert _aliases(team) == before
+    assert "rolled back by MLflow account 'trainer'" in _history(_client(team, "admin"))[-1]["reason"]
+
+
+def test_a_project_runs_on_the_server_through_conf_team(team, cycles, project):
+    # The guide's run is the corpus stage; this project copy's conf/team makes it a tiny one.
+    (project / "conf" / "team" / "parameters_corpus.yml").write_text(yaml.safe_dump(tiny_runtime_params()))
+    client = _client(team, "admin")
+    experiment = client.get_experiment_by_name("train_deploy").experiment_id
+    before = {run.info.run_id for run in client.search_runs([experiment])}
+    done = team.guide.run("project", cwd=project)
+    assert "time (UTC)" in done.stdout, done.stdout  # the history, read by the trainer
+    runs = [run for run in client.search_runs([experiment]) if run.info.run_id not in before]
+    assert [run.info.status for run in runs] == ["FINISHED"]
+    assert runs[0].info.artifact_uri.startswith("mlflow-artifacts:/"), runs[0].info.artifact_uri
+    assert client.list_artifacts(runs[0].info.run_id)
+    assert not (project / "mlartifacts").exists() and not (project / "mlruns.db").exists()
+
+
+def test_maintenance_window_serving_continues_and_backup_upgrade_restore(team, cycles, tmp_path):
+    _all_rounds(cycles)
     admin = _client(team, "admin")
     versions = sorted(v.version for v in admin.search_model_versions(f"name = '{MODEL}'"))
     aliases, history = _aliases(team), _registry(team, "server", "history").stdout
     team.server.stop()
-    team.guide.run("backup")
-    team.guide.run("upgrade")
-    artifacts = Path(team.guide.settings["MLFLOW_ARTIFACTS"])
-    shutil.rmtree(artifacts)
-    artifacts.mkdir()
-    team.guide.run("restore")
-    team.server.start(timeout=120)
+    try:
+        assert _status_or_none(f"{team.server.uri}/health") is None
+        host = cycles.host
+        host.stop()  # a serving host (re)started while the tracking server is down serves its downloaded copy
+        host.start(timeout=300)
+        assert host.score() == pytest.approx(cycles.checks[-1]["scores"], rel=1e-6)
+        team.guide.run("backup")
+        team.guide.run("upgrade")
+        artifacts = Path(team.guide.settings["MLFLOW_ARTIFACTS"])
+        shutil.rmtree(artifacts)
+        artifacts.mkdir()
+        team.guide.run("restore")
+    finally:
+        team.server.start(timeout=120)
     admin = _client(team, "admin")
     assert sorted(v.version for v in admin.search_model_versions(f"name = '{MODEL}'")) == versions
     assert _aliases(team) == aliases
     assert _registry(team, "server", "history").stdout == history  # the accounts came back too
-    host = tmp_path / "after_restore"
-    host.mkdir()
-    team.guide.run("serving", cwd=host)  # the champion's artifacts came back
-    assert (host / "serving" / "champion" / "MLmodel").exists()
+    after = tmp_path / "after_restore"
+    after.mkdir()
+    team.guide.run("serving", cwd=after)  # the champion's artifacts came back
+    assert (after / "serving" / "champion" / "MLmodel").exists()
 
 
-def test_a_registry_read_the_server_refuses_is_one_line_naming_the_account(team):
-    """A basic-auth server answers a read of an alias of a registered model that does not exist yet with 403, as it
-    answers an account without READ: the change check before a run stops in one line, not a traceback."""
-    from train_deploy.registry.config import RetryConfig
-    from train_deploy.registry.history import alias_version
-    from train_deploy.registry.lineage import eval_set_corpus
-    from train_deploy.registry.retry import RegistryRefused, Retrying
-
-    client = _client(team, "trainer")
-    retry = Retrying(RetryConfig(attempts=1, wait_seconds=0), client.tracking_uri)
-    with pytest.raises(RegistryRefused) as refused:
-        retry("find the champion", lambda: alias_version(client, "never_made_lm", "champion"))
-    message = str(refused.value)
-    assert message.startswith(f"MLflow tracking server {team.server.uri} refused find the champion for 'trainer' "
-                              "(HTTP 403): the account needs READ on the registered model"), message
-    assert "have an admin create it first" in message and "\n" not in message
-    assert team.guide.password("trainer") not in message
-    assert eval_set_corpus(client, "never_made_lm") is None  # the model itself answers 404: no set yet
+def _status_or_none(url: str) -> int | None:
+    try:
+        with _OPENER.open(url, timeout=2) as response:
+            return response.status
+    except (urllib.error.URLError, OSError):
+        return None
