@@ -77,6 +77,15 @@ def test_the_copy_mlflow_logs_and_downloads_verifies_and_its_damage_is_refused(r
         mlflow.pyfunc.load_model(str(downloaded))
 
 
+def test_a_damaged_bundle_never_becomes_a_registered_version(request, bundle_copy):
+    store = request.getfixturevalue("model_store")
+    _flip_bits(bundle_copy / WEIGHTS)
+    with pytest.raises(BundleError, match=rf"^{WEIGHTS}: content differs from bundle.json's record"):
+        store.log(bundle_copy, registered_model_name="integrity_damaged")  # log_bundle_model verifies first
+    with store.active():
+        assert not mlflow.MlflowClient().search_model_versions("name='integrity_damaged'")
+
+
 def test_weights_that_overflow_in_scoring_are_a_bundle_error_not_an_overflow_error(bundle_copy):
     """Weights changed and re-recorded (the record proves the copy, not the export): the tail of the weights set to
     near the float32 maximum gives log-probabilities that are not finite."""
