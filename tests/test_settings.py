@@ -20,6 +20,9 @@ LOCAL = {
     "registry": {"eval_set": {"documents": 32}},
     "run": {"lock": "wait"},
     "retrain": {"force": True},
+    "notify": {"webhooks": ["env:TEAM_WEBHOOK"]},
+    "validation": {"mode": "warn"},
+    "retention": {"bundles": {"keep_last": 5}},
 }
 RUNTIME = {
     "corpus": {"tokenizer": {"vocab_size": 4000}, "encoding": {"workers": 1}},
