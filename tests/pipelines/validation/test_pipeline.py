@@ -13,6 +13,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.helpers.project import cli_params, tiny_train_deploy_params
+from tests.http_receiver import Receiver
 from train_deploy.cli import VALIDATION_STOPPED, run
 from train_deploy.handoffs import Bundle, TokenizerInfo, TokenManifest
 from train_deploy.pipelines.registry.nodes import register_bundle
@@ -44,9 +45,17 @@ def test_a_truncated_night_stops_before_training_with_its_report_and_warn_or_for
     # Tonight's dump is a fifth of it: `kedro run` stops after the corpus stage, exit status 3, one line.
     params = tiny_train_deploy_params(1, registry=REGISTRY)
     params["corpus"]["reader"]["max_bytes"] = 40_000
-    with pytest.raises(SystemExit) as stopped:
-        run.main(["--pipelines", "train_deploy", "--params", ",".join(cli_params(params))], standalone_mode=False)
+    receiver = Receiver()  # the team's alerts: one validation_stopped message with the report
+    params["notify"] = {"webhooks": f"['{receiver.url}']"}
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run.main(["--pipelines", "train_deploy", "--params", ",".join(cli_params(params))], standalone_mode=False)
+    finally:
+        receiver.close()
     assert stopped.value.code == VALIDATION_STOPPED
+    (alert,) = [json.loads(body) for _, body in receiver.received]
+    assert alert["event"] == "validation_stopped" and alert["reason"].startswith("the corpus is past the data gate")
+    assert "documents_kept" in {finding["statistic"] for finding in alert["report"]["failures"]}
     err = capfd.readouterr().err
     (line,) = [text for text in err.splitlines() if text.startswith("ValidationStopped: ")]
     assert "Traceback" not in err
