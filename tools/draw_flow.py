@@ -1,4 +1,4 @@
-"""Draw docs/flow.png, the README's picture of the train_deploy pipeline: its five stages, what each leaves
+"""Draw docs/flow.png, the README's picture of the train_deploy pipeline: its six stages, what each leaves
 behind, and the registry's champion that serving reads. Run: .venv/bin/python tools/draw_flow.py"""
 
 from pathlib import Path
@@ -11,21 +11,22 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch  # noqa: E402
 
 STAGES = [
     ("corpus", "read, clean,\ntokenize, encode", "token files\ntokenizer\ncorpus report"),
+    ("validation", "statistics vs\nthe champion's", "go, or stop\nbefore training\n(report, exit 3)"),
     ("training", "Llama-family LM,\nPaddle launcher", "checkpoints\nmetrics.jsonl\ntraining curves"),
     ("averaging", "average the\nlast K checkpoints", "averaged or\nlast checkpoint"),
     ("export", "Paddle Inference,\nONNX fp32, int8", "versioned bundle\nparity, latency\nmodel card"),
-    ("registry", "gate against\nthe champion", "model version\n@champion\nhistory"),
+    ("registry", "gate, serving\ncheck", "model version\n@champion\nhistory, alerts"),
 ]
 OUT = Path(__file__).resolve().parents[1] / "docs" / "flow.png"
 
 
 def draw(path: Path = OUT) -> None:
-    """Write the picture at 900 px wide (9 in at 100 dpi)."""
-    fig, ax = plt.subplots(figsize=(9, 3.6), dpi=100)
-    ax.set_xlim(0, 10)
+    """Write the picture at 1050 px wide (10.5 in at 100 dpi)."""
+    fig, ax = plt.subplots(figsize=(10.5, 3.6), dpi=100)
+    ax.set_xlim(0, 10.5)
     ax.set_ylim(0, 4)
     ax.axis("off")
-    width, gap, top = 1.6, 0.35, 3.75
+    width, gap, top = 1.42, 0.3, 3.75
     for i, (name, what, outputs) in enumerate(STAGES):
         x = 0.3 + i * (width + gap)
         ax.add_patch(FancyBboxPatch((x, top - 1.25), width, 1.2, boxstyle="round,pad=0.02,rounding_size=0.12",
@@ -38,8 +39,8 @@ def draw(path: Path = OUT) -> None:
         if i:
             ax.add_patch(FancyArrowPatch((x - gap + 0.03, top - 0.65), (x - 0.03, top - 0.65),
                                          arrowstyle="-|>", mutation_scale=14, color="#2b5d8a", linewidth=1.4))
-    reg_x = 0.3 + 4 * (width + gap) + width / 2
-    serve_x, serve_y, half = 5.6, 0.4, 2.1
+    reg_x = 0.3 + (len(STAGES) - 1) * (width + gap) + width / 2
+    serve_x, serve_y, half = 6.2, 0.4, 2.1
     ax.add_patch(FancyBboxPatch((serve_x - half, serve_y - 0.27), 2 * half, 0.54, boxstyle="round,pad=0.02",
                                 facecolor="#e3f1df", edgecolor="#3b7a2e", linewidth=1.4))
     serving = "@champion → train-deploy serve (HTTP)\nand init_from: champion (warm start)"
