@@ -250,6 +250,7 @@ class Injector(threading.Thread):
         super().__init__(daemon=True)
         self.fault, self.project, self.scheduler, self.server = fault, project, scheduler, server
         self.fired: str | None = None
+        self.started = time.time()
 
     def run(self) -> None:
         stage = self.fault["stage"]
@@ -263,7 +264,16 @@ class Injector(threading.Thread):
             time.sleep(0.2)
 
     def _checkpoint_written(self) -> bool:
-        return any(self.project.glob("data/06_models/checkpoints/*/step_*/state.json"))
+        """This run has written a complete checkpoint (``state.json`` is written last), not an older run."""
+        return any(p.stat().st_mtime > self.started for p in self._this_runs("state.json"))
+
+    def _this_runs(self, name: str) -> list[Path]:
+        found = []
+        for path in self.project.glob(f"data/06_models/checkpoints/*/step_*/{name}"):
+            with contextlib.suppress(OSError):
+                if path.stat().st_mtime > self.started:
+                    found.append(path)
+        return found
 
     def _hit(self, pid: int) -> None:
         kind = self.fault["kind"]
@@ -273,8 +283,7 @@ class Injector(threading.Thread):
             elif kind == "sigterm":
                 os.kill(pid, signal.SIGTERM)
         if kind == "damaged_checkpoint":  # before the scheduler's retry (10 s back-off) resumes
-            newest = max(self.project.glob("data/06_models/checkpoints/*/step_*/model.safetensors"),
-                         key=lambda p: p.stat().st_mtime)
+            newest = max(self._this_runs("model.safetensors"), key=lambda p: p.stat().st_mtime)
             with newest.open("r+b") as weights:
                 weights.truncate(newest.stat().st_size // 2)
             self.fired = f"SIGKILL in training, then {newest.relative_to(self.project)} cut to half"
@@ -394,6 +403,9 @@ def run_cycle(cycle: int, fault: dict[str, str] | None, ctx: dict[str, Any]) -> 
     probes = run_probes(ctx, started, attempts, work / "logs" / f"serve-{cycle:03d}.log")
     for path in extra:
         path.unlink(missing_ok=True)  # the upstream export fixed, the disk freed: the next night is clean
+    if fault and fault["kind"] == "damaged_checkpoint":
+        moved = sorted(p.name for p in project.glob("data/06_models/checkpoints/*/step_*.damaged-*"))
+        injector.fired = f"{injector.fired}; moved aside by the retry: {', '.join(moved) or 'none'}"
     return {"cycle": cycle, "fault": fault, "fired": injector.fired if injector else (fault and "before the run"),
             "rc": rc, "seconds": seconds, "attempts": attempts, "collections": collections,
             "time": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"), **probes}
