@@ -7,6 +7,8 @@ alert where they run: tests/test_signals.py, tests/test_retrain.py, tests/pipeli
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -89,3 +91,18 @@ def test_no_receivers_no_messages_and_a_corpus_only_success_sends_nothing(receiv
     silent.after_context_created(SimpleNamespace(params={}, project_path=tmp_path))
     run_hook(silent, NothingToRetrain("unchanged"))
     assert receiver.received == []
+
+
+def test_a_process_that_ends_before_its_first_node_sends_failed_from_its_exit_handler(receiver, tmp_path):
+    """As when the tracking server does not answer while the context is made: no pipeline hook ever runs."""
+    params = {"notify": {"webhooks": [receiver.url]}}
+    script = (f"from types import SimpleNamespace; from pathlib import Path; import sys\n"
+              f"from train_deploy.hooks.alerts import RunAlerts\n"
+              f"context = SimpleNamespace(params={params!r}, project_path=Path({str(tmp_path)!r}))\n"
+              f"RunAlerts().after_context_created(context)\n"
+              f"sys.exit('tracking server: no answer')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    (message,) = messages(receiver)
+    assert (message["event"], message["reason"]) == ("failed", "stopped before its first node (the console and the "
+                                                                "log say why)")

@@ -28,8 +28,10 @@ class RunAlerts:
     """Send the run's outcome to ``notify``'s receivers, once.
 
     Registered last, so its ``before_pipeline_run`` wrapper is the outermost: a run refused or skipped by another
-    hook before its first node is seen too. A SIGTERM (``SystemExit``) skips Kedro's ``on_pipeline_error``; an
-    exit handler reports it."""
+    hook before its first node is seen too, and its ``after_context_created`` (``tryfirst``) reads ``notify`` before
+    the other hooks check the tracking server and the settings. What ends the process without an outcome from
+    then on (a refusal while the context is made, a SIGTERM, which skips Kedro's ``on_pipeline_error``) is
+    reported by an exit handler as ``failed``."""
 
     def __init__(self) -> None:
         self._config, self._project = NotifyConfig(), None
@@ -37,10 +39,12 @@ class RunAlerts:
         self._decision: RegistryDecision | None = None
         self._sent = False
 
-    @hook_impl
+    @hook_impl(tryfirst=True)
     def after_context_created(self, context) -> None:
         self._config = NotifyConfig.from_params(context.params.get("notify"))
         self._project, self._node, self._decision, self._sent = Path(context.project_path), None, None, False
+        if self._config.enabled:
+            atexit.register(self._stopped)
 
     @hook_impl(wrapper=True)
     def before_pipeline_run(self):
@@ -52,7 +56,6 @@ class RunAlerts:
         except BaseException as error:
             self._failed(error)
             raise
-        atexit.register(self._stopped)
         return result
 
     @hook_impl
@@ -87,8 +90,11 @@ class RunAlerts:
         self._send("failed", **self._where(), reason="stopped by a signal or Ctrl-C" if stopped else one_line(error))
 
     def _stopped(self) -> None:
-        """At exit after the pipeline started and before it ended: stopped (SIGTERM, Ctrl-C) between hooks."""
-        self._send("failed", **self._where(), reason="stopped by a signal or Ctrl-C")
+        """At exit with no outcome sent: the run was refused while its context was made (the tracking server, the
+        settings: the console and the log say why) or stopped (SIGTERM, Ctrl-C) between hooks."""
+        reason = ("stopped by a signal or Ctrl-C" if self._node else
+                  "stopped before its first node (the console and the log say why)")
+        self._send("failed", **self._where(), reason=reason)
 
     def _where(self) -> dict[str, Any]:
         log = project_log_file()
