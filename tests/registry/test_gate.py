@@ -272,25 +272,26 @@ def test_a_rollback_while_a_gate_scores_is_compared_with_not_undone(store, step_
 
 
 @pytest.mark.slow
-def test_two_gates_started_together_on_one_server_leave_the_better_candidate_champion(
+def test_two_first_gates_started_together_on_one_server_share_one_evaluation_set_and_the_better_is_champion(
         mlflow_server, step_bundles, tiny_run, texts, tmp_path):  # noqa: F811
     uri, client = mlflow_server.uri, MlflowClient(mlflow_server.uri, mlflow_server.uri)
-    gate(uri, step_bundles[1], tiny_run, texts)  # version 1, worse than both candidates
+    # Two machines' first runs on a fresh model, each with an evaluation set of its own validation split.
+    own = {3: texts()[:-2], 6: texts()[2:]}
     gates = {step: GateProcess(tmp_path / f"gate_{step}", uri, step_bundles[step], registry_params(),
-                               tags(step_bundles[step], tiny_run, texts), texts()) for step in (3, 6)}
+                               tags(step_bundles[step], tiny_run, texts), own[step]) for step in (3, 6)}
     results = {step: process.result() for step, process in gates.items()}
     better, worse = results[6]["version"], results[3]["version"]
-    assert results[6]["decision"] == "promoted", results
+    assert aliases(uri)["champion"] == better, results
 
+    stored = client.get_registered_model(MODEL).tags[TAG_EVAL_SHA256]  # one set, stored once, gated on by both
+    assert {client.get_model_version(MODEL, v).tags["gate.eval_set.sha256"] for v in (better, worse)} == {stored}
     history = read_history(client, MODEL)
-    assert sorted(event["version"] for event in history) == sorted(["1", better, worse])  # both decisions recorded
-    last = [event for event in history if event["decision"] != "rejected"][-1]
-    assert last["version"] == better and aliases(uri) == {"champion": better, "previous": last["previous"]}
-    if results[3]["decision"] == "promoted":  # it took the lock first: then the better one was promoted over it
-        assert history[-1]["version"] == better and last["previous"] == worse
+    assert sorted(event["version"] for event in history) == sorted([better, worse])  # both decisions recorded
+    if results[3]["decision"] == "first":  # it took the lock first: then the better one was promoted over it
+        assert results[6]["decision"] == "promoted" and aliases(uri) == {"champion": better, "previous": worse}
     else:  # it took the lock second and lost to the better one, compared on the same set
-        assert results[3]["decision"] == "rejected" and f"champion version {better}'s" in results[3]["reason"]
-        assert last["previous"] == "1"
+        assert (results[6]["decision"], results[3]["decision"]) == ("first", "rejected"), results
+        assert f"champion version {better}'s" in results[3]["reason"] and aliases(uri) == {"champion": better}
     printed = subprocess.run([str(Path(sys.executable).parent / "train-deploy-registry"), "history", "--model", MODEL,
                               "--tracking-uri", uri], capture_output=True, text=True, timeout=120, check=True).stdout
     assert [row.split()[3:5] for row in printed.splitlines()[1:]] == [[e["decision"], e["version"]] for e in history]

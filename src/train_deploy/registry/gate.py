@@ -134,14 +134,27 @@ def register_and_gate(bundle: Bundle, config: RegistryConfig, tags: dict[str, st
         info.model_uri, name, tags={**tags, "source.run_id": run_id})).version)
     try:
         if stored is None:
-            texts = build_texts()
-            stored = retry("store the evaluation set", lambda: store_eval_set(client, name, run_id, texts))
+            stored = first_eval_set(client, retry, name, run_id, build_texts)
         result = gate_version(client, retry, config, version, run_id, stored)
     except BaseException as exc:  # a SIGTERM too: the version must not look gated
         mark_failed(client, retry, name, version, exc)
         raise
     logger.info("%s version %s: %s (%s)", name, version, result.decision, result.reason)
     return result
+
+
+def first_eval_set(client: MlflowClient, retry: Retrying, name: str, run_id: str,
+                   build_texts: Callable[[], list[str]]) -> EvalSet:
+    """The registered model's evaluation set when it has none yet: stored by this run, under the registry lock, unless
+    another first registration stored one meanwhile (two machines' first runs racing), which then serves both."""
+    texts = build_texts()
+    with AliasLock(client, name, "store the evaluation set", retry):
+        stored = retry("read the evaluation set again", lambda: stored_eval_set(client, name))
+        if stored is not None:
+            logger.info("Registered model %s: another run stored the evaluation set meanwhile (sha256 %s); this "
+                        "version is gated on it", name, stored.sha256)
+            return stored
+        return retry("store the evaluation set", lambda: store_eval_set(client, name, run_id, texts))
 
 
 def gate_version(client: MlflowClient, retry: Retrying, config: RegistryConfig, version: str, run_id: str,
