@@ -6,6 +6,7 @@ import ast
 import importlib.metadata
 import json
 import math
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -26,8 +27,11 @@ from train_deploy.registry.model import (
     SERVING_DISTRIBUTIONS,
     BundleModel,
     Limits,
+    _Lane,
+    generate_frame,
     log_bundle_model,
     nats_per_char,
+    request_params,
 )
 
 TEXTS = ["今天天气很好。", "人民日报社论", "中国人民银行宣布"]
@@ -263,6 +267,27 @@ def test_scoring_runs_while_a_generation_holds_its_engine_and_waits_only_the_tim
                                                   r"budget of 1 s \(time_budget_s\); retry later$") as raised:
             model.predict(None, ["今天"], params={"task": "generate"})
     assert raised.value.get_http_status_code() == 503 and 1 <= time.monotonic() - started < 10
+
+
+def test_a_form_the_bundle_cannot_load_is_refused_without_the_servers_path(loaded, tiny_bundle, tmp_path,
+                                                                          monkeypatch):
+    copy = tmp_path / "served" / "bundle"
+    shutil.copytree(tiny_bundle, copy)
+    (copy / "edge" / "model.int8.onnx").unlink()
+    model = loaded.unwrap_python_model()
+    monkeypatch.setattr(model, "_lanes", {task: _Lane(copy, task, 1) for task in ("score", "generate")})
+    with pytest.raises(MlflowException) as raised:
+        model.predict(None, ["今天"], params={"backend": "onnx", "int8": True})
+    assert raised.value.get_http_status_code() == 400 and "model.int8.onnx" in raised.value.message
+    assert str(tmp_path) not in raised.value.message, raised.value.message
+
+
+def test_a_generation_past_its_time_budget_stops_with_503(tiny_bundle):
+    settings = request_params({"task": "generate", "temperature": 0.0, "max_new_tokens": 50}, ServingConfig())
+    with pytest.raises(MlflowException, match=r"^generate: stopped at the time budget of 1 s \(time_budget_s\) after "
+                                              r"1 new tokens; ask for fewer max_new_tokens or prompts$") as raised:
+        generate_frame(LanguageModel.load(tiny_bundle), PROMPTS, settings, time.monotonic(), 1)  # the budget is spent
+    assert raised.value.get_http_status_code() == 503
 
 
 def test_a_model_logged_before_the_serving_limits_gets_their_defaults():

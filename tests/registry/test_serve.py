@@ -142,34 +142,39 @@ def test_the_server_still_answers_after_the_bad_requests(server):
     assert status == 200 and body["predictions"][0]["tokens"] > 0
 
 
-def test_scoring_goes_on_while_the_longest_generation_runs_into_the_time_budget(server):
-    """8 clients score back to back while one asks for the most new tokens the model allows; an over-limit
-    request sent meanwhile is refused at once."""
+def test_scoring_goes_on_while_a_client_asks_for_the_longest_generation(server):
+    """8 clients score back to back while another asks for the most new tokens the model allows, again and again
+    (each generation ends at an end of document or at the time budget); over-limit requests sent meanwhile are
+    refused at once."""
     longest = {"inputs": ["今天"], "params": {"task": "generate", "max_new_tokens": SERVING.max_new_tokens}}
-    generation: list = []
-    generating = threading.Thread(target=lambda: generation.append(_timed(server, longest)))
-    generating.start()
-    time.sleep(0.5)  # the generation holds its engine
+    until = time.monotonic() + SERVING.time_budget_s + 1
+    generations: list = []
     latencies: list[float] = []
 
+    def generate() -> None:
+        while time.monotonic() < until:
+            generations.append(_timed(server, longest))
+
     def score() -> None:
-        while generating.is_alive():
+        while time.monotonic() < until:
             (status, _), seconds = _timed(server, {"inputs": TEXTS[:1]})
             assert status == 200
             latencies.append(seconds)
 
-    clients = [threading.Thread(target=score) for _ in range(8)]
-    for client in clients:
-        client.start()
+    threads = [threading.Thread(target=generate)] + [threading.Thread(target=score) for _ in range(8)]
+    threads[0].start()
+    time.sleep(0.3)  # the generation holds its engine
+    for thread in threads[1:]:
+        thread.start()
     over = [_timed(server, {**longest, "params": {**longest["params"], "max_new_tokens": 100_001}})
             for _ in range(5)]
-    for thread in (generating, *clients):
+    for thread in threads:
         thread.join(timeout=60)
-    (status, answer), seconds = generation[0]
-    assert status == 503 and re.fullmatch(r"generate: stopped at the time budget of 3 s \(time_budget_s\) after "
-                                          r"\d+ new tokens; ask for fewer max_new_tokens or prompts",
-                                          answer["message"]), answer
-    assert SERVING.time_budget_s <= seconds < SERVING.time_budget_s + 5
+    for (status, answer), seconds in generations:
+        assert status == 200 or (status == 503 and re.fullmatch(
+            r"generate: stopped at the time budget of 3 s \(time_budget_s\) after \d+ new tokens; ask for fewer "
+            r"max_new_tokens or prompts", answer["message"])), answer
+        assert seconds < SERVING.time_budget_s + 5
     assert len(latencies) >= 16 and np.percentile(latencies, 99) < 2.0, sorted(latencies)[-5:]
     assert all(status == 400 for (status, _), _ in over)
     assert np.median([seconds for _, seconds in over]) < 0.1, [seconds for _, seconds in over]

@@ -181,8 +181,8 @@ class BundleModel(mlflow.pyfunc.PythonModel):
         except TooLongError as exc:  # the client cannot load the model with too_long: it can send less
             raise bad_request(f"{exc.what}: {exc.tokens} tokens exceed the model's context of {exc.context}; "
                               "send a shorter text") from None
-        except BundleError as exc:  # a form the bundle lacks
-            raise bad_request(str(exc)) from None
+        except BundleError as exc:  # a form the bundle lacks or cannot load: named without the server's path
+            raise bad_request(str(exc).replace(str(lane.bundle), "bundle")) from None
         except MlflowException:
             raise
         except Exception:  # logged here; the answer has no traceback, path or input
