@@ -282,6 +282,9 @@ def cycles(team, tmp_path_factory) -> Iterator[Cycles]:
     (corpus.parent / "eval_set.jsonl").write_text("".join(
         json.dumps({"text": text}, ensure_ascii=False) + "\n" for text in texts if text.strip()), encoding="utf-8")
     done = Cycles(corpus, {name: copy_project(root / f"machine_{name.lower()}") for name in "AB"})
+    for machine in done.machines.values():  # no collection after each cycle: tests/retention and the soak test it
+        (machine / "conf" / "team" / "parameters_retention.yml").write_text(
+            yaml.safe_dump({"retention": {"after_scheduled_run": False}}))
     done.host = _ServingHost(team, root / "serving_host")
     try:
         yield done
