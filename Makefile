@@ -131,11 +131,12 @@ $(AIRFLOW_VENV)/.installed:
 airflow-check: check-paddle $(AIRFLOW_VENV)/.installed
 	AIRFLOW_VENV=$(AIRFLOW_VENV) TRAIN_DEPLOY_AIRFLOW_RUN=1 $(BIN)/python -m pytest -q tests/test_airflow_dag.py
 
-# Re-resolve the lock file from requirements.in (maintainers only).
+# Re-resolve the lock file from requirements.in (maintainers only). --all keeps setuptools and wheel, the build
+# backend requirements.in pins (for `python -m build --no-isolation`); pip is pinned by the venv recipe above.
 lock:
 	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
 	.venv-lock/bin/pip install --quiet -r requirements.in
-	.venv-lock/bin/pip freeze --exclude-editable > requirements.lock
+	.venv-lock/bin/pip freeze --all --exclude-editable | grep -v "^pip==" > requirements.lock
 	rm -rf .venv-lock
 	$(MAKE) --no-print-directory --always-make requirements-gpu.lock
 

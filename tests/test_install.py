@@ -11,9 +11,11 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from tests.helpers.project import REPO
 
@@ -84,6 +86,21 @@ def test_make_refuses_a_cpu_lock_without_the_paddle_pin(tmp_path):
     assert "requirements.lock pins no paddlepaddle==" in result.stderr
     assert not (tmp_path / "requirements-gpu.lock").exists()
 
+
+
+def test_locks_pin_the_build_backend_pyproject_asks_for_and_make_lock_keeps_it():
+    """`python -m build --no-isolation` (the offline `kedro package`, tests/test_run.py) builds with the venv's own
+    setuptools and wheel: both locks pin them, satisfying [build-system], and `make lock` freezes them too (plain
+    `pip freeze` leaves them out)."""
+    build_system = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]
+    requires = [Requirement(r) for r in build_system["requires"]]
+    assert [r.name for r in requires] == ["setuptools"]
+    for lock in ("requirements.lock", "requirements-gpu.lock"):
+        pins = dict(line.split("==") for line in _pins(REPO / lock))
+        assert requires[0].specifier.contains(pins["setuptools"]) and "wheel" in pins, lock
+    wanted = (REPO / "requirements.in").read_text().splitlines()
+    assert {f"setuptools=={pins['setuptools']}", f"wheel=={pins['wheel']}"} <= set(wanted)
+    assert "pip freeze --all --exclude-editable" in _dry_run("lock")
 
 # Building a flavour -------------------------------------------------------------------------------------
 
