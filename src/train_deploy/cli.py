@@ -16,6 +16,7 @@ Kedro loads this module's ``cli`` group over its own commands and takes its ``ru
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -26,6 +27,7 @@ from train_deploy.console import quiet_third_party, record_in_log_file
 quiet_third_party()  # Kedro's CLI imports this module before the project's settings
 
 from train_deploy.params import with_project_params  # noqa: E402
+from train_deploy.processes import exit_now  # noqa: E402
 from train_deploy.retrain import NothingToRetrain  # noqa: E402
 from train_deploy.validation import STOPPED_EXIT_STATUS  # noqa: E402
 from train_deploy.validation.report import ValidationStopped  # noqa: E402
@@ -40,6 +42,37 @@ def cli() -> None:
 
 
 def _run(**options: Any) -> Any:
+    """The ``run`` command; a process that is this command (:func:`_whole_process`) ends with
+    ``processes.exit_now`` when the run returns or exits (SystemExit with an int code: the project's 1 and 3 too),
+    skipping Paddle's seconds-long interpreter teardown. Anything else (click's usage errors, status 2; a bug's
+    traceback, status 1; KeyboardInterrupt) propagates as before."""
+    if not _whole_process():
+        return _run_project(**options)
+    try:
+        _run_project(**options)
+        code = 0
+    except SystemExit as stop:
+        if stop.code is not None and not isinstance(stop.code, int):
+            raise  # Python prints a message code and exits 1: left to it
+        code = stop.code or 0
+    context = click.get_current_context(silent=True)
+    while context is not None:  # what leaving click's contexts does on the way out
+        context.close()
+        context = context.parent
+    exit_now(code)
+
+
+def _whole_process() -> bool:
+    """Whether this process is the command: ``kedro run``, ``python -m kedro run``, ``python -m train_deploy`` or
+    ``train-deploy run``, which end when the run does, not a caller's ``run.main(...)`` (a test, a notebook). The
+    ``after_command_run`` CLI hook that Kedro calls after a command is skipped: its only one, kedro-telemetry's, does
+    nothing here (telemetry is off: ``.telemetry``, ``DO_NOT_TRACK``)."""
+    entry = Path(sys.argv[0])
+    return entry.name in ("kedro", "train-deploy") or (
+        entry.name == "__main__.py" and entry.parent.name in ("kedro", PACKAGE))
+
+
+def _run_project(**options: Any) -> Any:
     try:
         return kedro_run.callback(**options)
     except NothingToRetrain as skipped:
