@@ -7,8 +7,6 @@ alert where they run: tests/test_signals.py, tests/test_retrain.py, tests/pipeli
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
@@ -26,10 +24,14 @@ def receiver():
     receiver.close()
 
 
-def started(receiver: Receiver, tmp_path) -> RunAlerts:
+def started(receiver: Receiver, tmp_path, error: BaseException | None = None) -> RunAlerts:
+    """The hook once Kedro made the context (``error``: another hook refused the run there)."""
     hook = RunAlerts()
-    hook.after_context_created(SimpleNamespace(params={"notify": {"webhooks": [receiver.url]}},
-                                               project_path=tmp_path / "news_project"))
+    wrapper = hook.after_context_created(SimpleNamespace(params={"notify": {"webhooks": [receiver.url]}},
+                                                         project_path=tmp_path / "news_project"))
+    next(wrapper)
+    with pytest.raises(StopIteration if error is None else type(error)):
+        wrapper.throw(error) if error is not None else wrapper.send(None)
     return hook
 
 
@@ -93,16 +95,14 @@ def test_no_receivers_no_messages_and_a_corpus_only_success_sends_nothing(receiv
     assert receiver.received == []
 
 
-def test_a_process_that_ends_before_its_first_node_sends_failed_from_its_exit_handler(receiver, tmp_path):
-    """As when the tracking server does not answer while the context is made: no pipeline hook ever runs."""
-    params = {"notify": {"webhooks": [receiver.url]}}
-    script = (f"from types import SimpleNamespace; from pathlib import Path; import sys\n"
-              f"from train_deploy.hooks.alerts import RunAlerts\n"
-              f"context = SimpleNamespace(params={params!r}, project_path=Path({str(tmp_path)!r}))\n"
-              f"RunAlerts().after_context_created(context)\n"
-              f"sys.exit('tracking server: no answer')\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 1, done.stderr[-2000:]
+def test_a_run_refused_while_its_context_is_made_sends_failed_with_the_reason(receiver, tmp_path):
+    """As when the tracking server does not answer: no pipeline hook ever runs."""
+    started(receiver, tmp_path, RuntimeError("MLflow tracking server http://mlflow:5000 does not answer"))
     (message,) = messages(receiver)
-    assert (message["event"], message["reason"]) == ("failed", "stopped before its first node (the console and the "
-                                                                "log say why)")
+    assert message["event"] == "failed" and message["reason"].startswith("RuntimeError: MLflow tracking server")
+
+
+def test_a_context_that_runs_no_pipeline_sends_nothing(receiver, tmp_path):
+    """train-deploy gc reads the project's settings through a Kedro context and runs no pipeline."""
+    started(receiver, tmp_path)
+    assert receiver.received == []

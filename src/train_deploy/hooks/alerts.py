@@ -27,11 +27,10 @@ logger = logging.getLogger(__name__)
 class RunAlerts:
     """Send the run's outcome to ``notify``'s receivers, once.
 
-    Registered last, so its ``before_pipeline_run`` wrapper is the outermost: a run refused or skipped by another
-    hook before its first node is seen too, and its ``after_context_created`` (``tryfirst``) reads ``notify`` before
-    the other hooks check the tracking server and the settings. What ends the process without an outcome from
-    then on (a refusal while the context is made, a SIGTERM, which skips Kedro's ``on_pipeline_error``) is
-    reported by an exit handler as ``failed``."""
+    Registered last, so its wrappers are the outermost: a run refused while its context is made (the tracking
+    server does not answer) or refused or skipped before its first node is seen too. Made contexts that run no
+    pipeline (``train-deploy gc`` reads the project's settings through one) send nothing. A SIGTERM skips
+    Kedro's ``on_pipeline_error``: an exit handler reports it."""
 
     def __init__(self) -> None:
         self._config, self._project = NotifyConfig(), None
@@ -39,12 +38,15 @@ class RunAlerts:
         self._decision: RegistryDecision | None = None
         self._sent = False
 
-    @hook_impl(tryfirst=True)
-    def after_context_created(self, context) -> None:
+    @hook_impl(wrapper=True)
+    def after_context_created(self, context):
         self._config = NotifyConfig.from_params(context.params.get("notify"))
         self._project, self._node, self._decision, self._sent = Path(context.project_path), None, None, False
-        if self._config.enabled:
-            atexit.register(self._stopped)
+        try:
+            return (yield)
+        except BaseException as error:
+            self._failed(error)
+            raise
 
     @hook_impl(wrapper=True)
     def before_pipeline_run(self):
@@ -56,6 +58,7 @@ class RunAlerts:
         except BaseException as error:
             self._failed(error)
             raise
+        atexit.register(self._stopped)
         return result
 
     @hook_impl
@@ -90,11 +93,8 @@ class RunAlerts:
         self._send("failed", **self._where(), reason="stopped by a signal or Ctrl-C" if stopped else one_line(error))
 
     def _stopped(self) -> None:
-        """At exit with no outcome sent: the run was refused while its context was made (the tracking server, the
-        settings: the console and the log say why) or stopped (SIGTERM, Ctrl-C) between hooks."""
-        reason = ("stopped by a signal or Ctrl-C" if self._node else
-                  "stopped before its first node (the console and the log say why)")
-        self._send("failed", **self._where(), reason=reason)
+        """At exit after the pipeline started and before it ended: stopped (SIGTERM, Ctrl-C) between hooks."""
+        self._send("failed", **self._where(), reason="stopped by a signal or Ctrl-C")
 
     def _where(self) -> dict[str, Any]:
         log = project_log_file()
