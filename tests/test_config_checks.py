@@ -34,6 +34,7 @@ BASE: dict[str, dict[str, Any]] = {
     "averaging": {},
     "export": {},
     "registry": {},
+    "retention": {},
 }
 
 # The probes a key accepts; every other probe of every numeric key must be refused naming the key.
@@ -124,6 +125,11 @@ ACCEPTED: dict[str, tuple] = {
     **dict.fromkeys(("validation.max_documents_increase", "validation.max_characters_increase",
                      "validation.max_tokens_per_character_change"), (0.0, 1.0, float(HUGE))),
     "validation.max_length_quantile_factor": (1.0, float(HUGE)),
+    "registry.serving_check.timeout_seconds": (1.0, float(HUGE)),  # seconds, more than 0
+    # retention: 0 keeps all; a grace period of 0 days removes at once; sizes in bytes, 0 or more
+    **dict.fromkeys(("retention.checkpoints.keep_runs", "retention.training_logs.keep_runs",
+                     "retention.bundles.keep_last", "retention.disk.budget", "retention.disk.run_estimate"), (0, HUGE)),
+    "retention.mlflow.grace_days": (0.0, 1.0, float(HUGE)),
 }
 
 
