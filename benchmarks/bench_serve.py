@@ -80,17 +80,22 @@ def serve(model_uri: str, tracking_uri: str, workers: int, extra_env: dict[str, 
                "-p", str(port), "--workers", str(workers)]
     process = subprocess.Popen(command, cwd=empty, env=env, stdout=(WORK / "serve.log").open("wb"),
                                stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 180
+    return process, answering(process, port, WORK / "serve.log", 180)
+
+
+def answering(process: subprocess.Popen, port: int, log: Path, timeout: float) -> int:
+    """``port`` once the server ``process`` answers /ping; kill it and exit with its log's tail if it does not."""
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and process.poll() is None:
         try:
             connection = http.client.HTTPConnection(HOST, port, timeout=2)
             connection.request("GET", "/ping")
             if connection.getresponse().status == 200:
-                return process, port
+                return port
         except OSError:
             time.sleep(0.5)
     os.killpg(process.pid, signal.SIGKILL)
-    raise SystemExit(f"the model server did not start:\n{(WORK / 'serve.log').read_text()[-3000:]}")
+    raise SystemExit(f"the model server did not start:\n{log.read_text()[-3000:]}")
 
 
 def timed_pairs(calls: dict[str, object], repeats: int, warmup: int = 2) -> dict[str, list[float]]:

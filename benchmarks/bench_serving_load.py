@@ -21,7 +21,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from bench_serve import answering, free_port  # the same folder: benchmarks run as scripts
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "benchmarks" / ".work" / "serving_load"
@@ -41,12 +41,6 @@ def newest_bundle() -> Path:
     if not found:
         raise SystemExit("no bundle under data/07_model_output/bundle: run `make run` or pass --bundle")
     return found[-1].parent
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
 
 
 def log_model(bundle: Path, limits: dict[str, int]) -> str:
@@ -79,17 +73,7 @@ def serve(tracking_uri: str, workers: int) -> tuple[subprocess.Popen, int]:
                MODEL, "--port", str(port), "--workers", str(workers)]
     process = subprocess.Popen(command, cwd=WORK, env=env, stdout=(WORK / "serve.log").open("wb"),
                                stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            connection = http.client.HTTPConnection(HOST, port, timeout=2)
-            connection.request("GET", "/ping")
-            if connection.getresponse().status == 200:
-                return process, port
-        except OSError:
-            time.sleep(0.5)
-    os.killpg(process.pid, signal.SIGKILL)
-    raise SystemExit(f"the model server did not start:\n{(WORK / 'serve.log').read_text()[-3000:]}")
+    return process, answering(process, port, WORK / "serve.log", 300)
 
 
 def client(port: int, body: dict, until: float, found: list[tuple[int, float]], pause: float = 0.0) -> None:
