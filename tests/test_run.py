@@ -69,10 +69,16 @@ def _fresh_venv(folder: Path, wheel: Path) -> Path:
     (Path(site) / "dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n", encoding="utf-8")
     subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet",
                     "--disable-pip-version-check", "--no-deps", "--no-index", str(wheel)], check=True, timeout=300)
-    imported = subprocess.run([python, "-c", "import train_deploy; print(train_deploy.__file__)"],
+    imported = subprocess.run([python, "-c", "import train_deploy; print(train_deploy.__file__)"], env=deployed_env(),
                               capture_output=True, text=True, check=True).stdout.strip()
     assert Path(imported).is_relative_to(site), imported
     return python
+
+
+def deployed_env(**variables: str) -> dict[str, str]:
+    """This process's environment without PYTHONPATH (a checkout on it would shadow the installed wheel), plus
+    ``variables``."""
+    return {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **variables}
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +141,7 @@ def test_packaged_train_deploy_against_a_tracking_server_puts_the_bundle_in_the_
     --params (the tarball has no conf/local), the tracking server by the environment."""
     project = tmp_path / "deployed"
     project.mkdir()
-    env = {**os.environ, "MLFLOW_TRACKING_URI": mlflow_server.uri}
+    env = deployed_env(MLFLOW_TRACKING_URI=mlflow_server.uri)
     for name in ("MLFLOW_TRACKING_PASSWORD", "AWS_SECRET_ACCESS_KEY"):  # credentials a scheduler would hold
         env[name] = f"canary-{name.lower()}-4f1c"
     params = ",".join(cli_params(tiny_train_deploy_params(2)))
@@ -155,7 +161,7 @@ def test_packaged_train_deploy_against_a_tracking_server_puts_the_bundle_in_the_
     assert (Path(result["checkpoint"]) / "model.safetensors").is_file()
     assert (project / "data/08_reporting/training_logs" / result["run_name"] / "node0" / "workerlog.0").is_file()
 
-    client = mlflow.MlflowClient(tracking_uri=mlflow_server.uri)
+    client = mlflow.MlflowClient(tracking_uri=mlflow_server.uri, registry_uri=mlflow_server.uri)
     (run,) = client.search_runs([client.get_experiment_by_name("train_deploy").experiment_id])
     assert run.info.artifact_uri.startswith("mlflow-artifacts:")  # the server holds the artifacts
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train.loss")] == [1, 2, 3, 4]
