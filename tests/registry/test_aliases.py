@@ -12,10 +12,12 @@ import time
 
 import pytest
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
 
 from tests.helpers.registry import ModelStore, registry
 from tests.mlflow_server import mlflow_server  # noqa: F401  (the fixture)
-from train_deploy.registry.aliases import LEASE_S, LOCK_SUFFIX, MOVE_TAG, repair_interrupted, rollback, stale
+from train_deploy.registry.aliases import LEASE_S, LOCK_SUFFIX, MOVE_TAG, AliasLock, repair_interrupted, rollback, stale
 from train_deploy.registry.config import RetryConfig
 from train_deploy.registry.history import read_history
 from train_deploy.registry.retry import Retrying
@@ -152,3 +154,28 @@ def test_a_lock_is_stale_when_its_process_on_this_host_is_gone_or_it_outlived_th
     assert stale({"host": "elsewhere"}, old, now) == f"held for {LEASE_S + 1:.0f} s, longer than the lease of " \
                                                      f"{LEASE_S:.0f} s"
     assert stale({}, old, now).startswith("held for")  # a holder that cannot be read: by age alone
+
+
+class _ReleasedMeanwhile(MlflowClient):
+    """A client whose first lock insert meets a rival's lock that the rival releases before the server reads it
+    back: MLflow's SQL store then answers RESOURCE_DOES_NOT_EXIST for the create (seen on PostgreSQL in CI)."""
+
+    raced = False
+
+    def create_registered_model(self, name, *args, **kwargs):
+        if name.endswith(LOCK_SUFFIX) and not self.raced:
+            self.raced = True
+            super().create_registered_model(name)  # the rival takes the lock ...
+            self.delete_registered_model(name)  # ... and releases it
+            raise MlflowException(f"Registered Model with name={name} not found", RESOURCE_DOES_NOT_EXIST)
+        return super().create_registered_model(name, *args, **kwargs)
+
+
+def test_a_lock_released_while_the_server_answers_the_insert_is_taken_on_the_next_try(tmp_path):
+    store = ModelStore(tmp_path / "store")
+    versions(store, 1)
+    client = _ReleasedMeanwhile(store.tracking_uri, store.tracking_uri)
+    with AliasLock(client, MODEL, "a gate", Retrying(RetryConfig(attempts=1), store.tracking_uri)) as lock:
+        assert client.raced and locked(client)
+        lock.check()  # this process holds it
+    assert not locked(client)

@@ -222,6 +222,10 @@ class AliasLock:
                 description=f"train_deploy: held while the aliases of {self.name} move; deleted by its holder"))
             return None
         except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                # The server's insert met the lock, whose holder released it before the server read it back to
+                # say so (MLflow's SQL store answers a duplicate name with a lookup): free now, try again.
+                return self._take()
             if exc.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
         found = self._read()
