@@ -113,3 +113,52 @@ def test_the_scheduler_collects_after_a_successful_run_under_its_own_lock(projec
     assert sorted(p.name for p in logs.iterdir()) == [f"run{run:02d}" for run in range(2, 12)]
     (record,) = read_records(project / "data" / "08_reporting" / "retention.jsonl")
     assert sorted(Path(r["target"]).name for r in record["removed"]) == ["run00", "run01"]
+
+
+def _night(store, experiment: str, bundle: Path, status: str, register: bool = False) -> tuple[str, str]:
+    """A run of ``experiment`` that logged the bundle as the pipeline does (``export/bundle`` and a logged model)
+    and ended ``status``; with ``register``, a version of :data:`MODEL` came from it. Its run and model ids."""
+    from train_deploy.registry.model import log_bundle_model
+
+    with store.active():
+        mlflow.set_experiment(experiment)
+        with mlflow.start_run() as run:
+            mlflow.log_artifacts(str(bundle), "export/bundle")
+            info = log_bundle_model(bundle, registered_model_name=MODEL if register else None)
+            mlflow.end_run(status)
+    return run.info.run_id, info.model_id
+
+
+def test_a_night_killed_before_it_registered_a_version_loses_its_run_and_model_after_the_grace_period(
+        tmp_path, tiny_bundle):
+    from tests.helpers.registry import ModelStore
+
+    store = ModelStore(tmp_path / "store")
+    killed = _night(store, "nightly", Path(tiny_bundle), "KILLED")  # killed between log_model and register
+    finished = _night(store, "nightly", Path(tiny_bundle), "FINISHED")  # a run by hand that registered nothing
+    gated = _night(store, "nightly", Path(tiny_bundle), "FAILED", register=True)  # the gate failed: version 1
+    elsewhere = _night(store, "another project", Path(tiny_bundle), "FAILED")
+    client, layout = mlflow.MlflowClient(store.tracking_uri, store.tracking_uri), Layout(project=tmp_path)
+    client.set_model_version_tag(MODEL, "1", "gate.decision", "failed")
+    client.set_registered_model_alias(MODEL, "champion", "1")
+
+    waiting = make_plan(layout, RetentionConfig.from_params({"mlflow": {"grace_days": 7}}), MODEL,
+                        store.tracking_uri, "nightly")
+    assert [r for r in waiting.removals if r.kind.startswith("mlflow")] == []
+    config = RetentionConfig.from_params({"mlflow": {"grace_days": 0}})
+    plan = make_plan(layout, config, MODEL, store.tracking_uri, "nightly")
+    assert {(r.kind, r.target) for r in plan.removals} == {("mlflow_run", killed[0]), ("mlflow_model", killed[1])}
+    assert all(r.bytes > 1_000_000 and "ended KILLED" in r.reason for r in plan.removals)
+    off = RetentionConfig.from_params({"mlflow": {"grace_days": 0, "failed_runs": False}})
+    assert make_plan(layout, off, MODEL, store.tracking_uri, "nightly").removals == []
+
+    artifacts = _local(client.get_run(killed[0]).info.artifact_uri)
+    apply(plan, layout, config, store.tracking_uri)
+    with pytest.raises(MlflowException):
+        client.get_run(killed[0])
+    with pytest.raises(MlflowException):
+        client.get_logged_model(killed[1])
+    assert not artifacts.exists()
+    for run_id, logged in (finished, gated, elsewhere):  # a finished run, a version's, another experiment's: kept
+        assert client.get_run(run_id).info.lifecycle_stage == "active"
+        assert client.get_logged_model(logged).status is not None

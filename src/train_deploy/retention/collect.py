@@ -50,9 +50,11 @@ class Plan:
                         f"{self.kept.describe()}"]
 
 
-def make_plan(layout: Layout, config: RetentionConfig, model_name: str, tracking_uri: str) -> Plan:
+def make_plan(layout: Layout, config: RetentionConfig, model_name: str, tracking_uri: str,
+              experiment: str | None = None) -> Plan:
     """Decide what goes: the registry says what the aliases need, then the folders and MLflow artifacts past the
-    configured counts (``train_deploy.retention.plan``, ``.store``)."""
+    configured counts (``train_deploy.retention.plan``, ``.store``); ``experiment`` is the project's, whose failed
+    runs that registered nothing go too."""
     from mlflow import MlflowClient
 
     from train_deploy.registry.config import RetryConfig
@@ -62,7 +64,7 @@ def make_plan(layout: Layout, config: RetentionConfig, model_name: str, tracking
     client, retry = MlflowClient(tracking_uri, tracking_uri), Retrying(RetryConfig(), tracking_uri)
     kept = kept_by_aliases(client, retry, model_name)
     removals = plan_files(layout, config, model_name, kept) + plan_mlflow(client, retry, model_name, config.mlflow,
-                                                                          kept)
+                                                                          kept, experiment)
     return Plan(kept=kept, removals=removals)
 
 
@@ -166,6 +168,7 @@ def collect_project(project: Path, env: str | None = None, dry_run: bool = False
     with KedroSession.create(project_path=project, env=env, runtime_params=params) as session:
         context = session.load_context()  # kedro-mlflow's hook sets the tracking URI of conf/<env>/mlflow.yml
         catalog, parameters = context.catalog, context.params
+        experiment = context.mlflow.tracking.experiment.name
     config = RetentionConfig.from_params(parameters.get("retention"))
     if after_run and not config.after_scheduled_run:
         raise NothingToCollect("retention.after_scheduled_run is false: nothing collected after the run")
@@ -173,11 +176,11 @@ def collect_project(project: Path, env: str | None = None, dry_run: bool = False
     tracking_uri = mlflow.get_tracking_uri()
     layout = Layout.from_catalog(catalog, project, tracking_uri)
     if dry_run:
-        return make_plan(layout, config, model_name, tracking_uri), None
+        return make_plan(layout, config, model_name, tracking_uri, experiment), None
     lock = RunLock(project / "data")
     lock.acquire(RunConfig(lock="fail"), "gc (train-deploy gc)")
     try:
-        plan = make_plan(layout, config, model_name, tracking_uri)
+        plan = make_plan(layout, config, model_name, tracking_uri, experiment)
         return plan, apply(plan, layout, config, tracking_uri)
     finally:
         lock.release()

@@ -12,11 +12,14 @@ import logging
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 from mlflow import MlflowClient
+from mlflow.entities import ViewType
 from mlflow.exceptions import MlflowException
+from mlflow.store.entities.paged_list import PagedList
 
 from train_deploy.registry.gate import DECISION_TAG
 from train_deploy.registry.retry import Retrying
@@ -54,14 +57,21 @@ def kept_by_aliases(client: MlflowClient, retry: Retrying, model_name: str) -> K
     return kept
 
 
-def plan_mlflow(client: MlflowClient, retry: Retrying, model_name: str, config: MlflowRetention,
-                kept: Kept) -> list[Removal]:
+def plan_mlflow(client: MlflowClient, retry: Retrying, model_name: str, config: MlflowRetention, kept: Kept,
+                experiment: str | None = None) -> list[Removal]:
     """The runs and logged models of versions whose gate decision is one of ``config.decisions`` (rejected or
     failed), registered more than ``grace_days`` ago, that hold no alias; ones already marked deleted are listed
-    again (``mlflow gc`` finishes them)."""
-    if not config.delete_rejected:
-        return []
+    again (``mlflow gc`` finishes them). Then the failed runs of ``experiment`` that registered no version
+    (:func:`plan_failed_runs`)."""
     found = retry("list the versions", lambda: client.search_model_versions(f"name = '{model_name}'"))
+    removals = _plan_versions(client, found, config, kept) if config.delete_rejected else []
+    if config.failed_runs and experiment:
+        registered = {v.run_id for v in found} | {model_id(v) for v in found} | kept.run_ids | kept.model_ids
+        removals += plan_failed_runs(client, retry, experiment, config.grace_days, registered - {None})
+    return removals
+
+
+def _plan_versions(client: MlflowClient, found: list, config: MlflowRetention, kept: Kept) -> list[Removal]:
     cutoff_ms = (time.time() - config.grace_days * 86400) * 1000
     removals: list[Removal] = []
     for version in sorted(found, key=lambda v: int(v.version)):
@@ -76,6 +86,45 @@ def plan_mlflow(client: MlflowClient, retry: Retrying, model_name: str, config: 
         if logged and logged not in kept.model_ids:
             removals += _model_removal(client, logged, why)
     return removals
+
+
+def plan_failed_runs(client: MlflowClient, retry: Retrying, experiment: str, grace_days: float,
+                     registered: set[str]) -> list[Removal]:
+    """The runs of ``experiment`` that ended ``FAILED`` or ``KILLED`` more than ``grace_days`` ago, with their logged
+    models, where no version was registered from either (``registered``: the versions' run and model ids). A night
+    killed between logging the model and registering it leaves both copies of its bundle here, named by nothing."""
+    found = retry("find the experiment", lambda: client.get_experiment_by_name(experiment))
+    if found is None:
+        return []
+    cutoff_ms = (time.time() - grace_days * 86400) * 1000
+    runs = [run for status in ("FAILED", "KILLED") for run in retry(f"list the {status} runs", lambda s=status: (
+        _all_pages(lambda token: client.search_runs([found.experiment_id], f"attributes.status = '{s}'", ViewType.ALL,
+                                                    1000, page_token=token))))]
+    models = retry("list the logged models", lambda: _all_pages(lambda token: client.search_logged_models(
+        [found.experiment_id], max_results=1000, page_token=token)))
+    removals: list[Removal] = []
+    for run in sorted(runs, key=lambda r: r.info.start_time or 0):
+        ended = run.info.end_time or run.info.start_time or 0
+        if run.info.run_id in registered or ended > cutoff_ms:
+            continue
+        why = (f"run {run.info.run_name or run.info.run_id} ended {run.info.status} more than {grace_days:g} days "
+               "ago and registered no version")
+        removals += _run_removal(client, run.info.run_id, why)
+        removals += [Removal(kind="mlflow_model", target=m.model_id, bytes=_local_bytes(m.artifact_location),
+                             reason=why) for m in models
+                     if m.source_run_id == run.info.run_id and m.model_id not in registered]
+    return removals
+
+
+def _all_pages(search: Callable[[str | None], PagedList]) -> list:
+    """Every item of a paged MLflow search."""
+    items, token = [], None
+    while True:
+        page = search(token)
+        items += list(page)
+        token = page.token
+        if not token:
+            return items
 
 
 def model_id(version) -> str | None:
