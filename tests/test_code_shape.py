@@ -43,7 +43,7 @@ FLOORS = {
     # what the stages do, one package each
     **dict.fromkeys(("corpus", "training", "export", "averaging", "registry", "retention", "validation"), DOMAIN),
     # the ground every floor stands on
-    **dict.fromkeys(("__init__", "handoffs", "atomic", "config", "environment", "cache", "console", "datasets",
+    **dict.fromkeys(("__init__", "handoffs", "atomic", "conf", "config", "environment", "cache", "console", "datasets",
                      "baselines", "hashing", "notify", "params", "processes", "redaction", "run_lock", "signals"),
                     GROUND),
 }

@@ -19,6 +19,7 @@ import pytest
 from kedro.framework.session import KedroSession
 
 from tests.helpers.project import cli_params, tiny_runtime_params
+from tests.http_receiver import Receiver
 from train_deploy.run_lock import HOLDER_FILE, RunConfig, RunLock
 
 TRAIN_DEPLOY = Path(sys.executable).parent / "train-deploy"
@@ -128,21 +129,31 @@ def test_a_night_the_data_gate_stopped_is_not_retried(stand_in):
     assert "stopped by the data gate (rc 3): not retried" in err and "retry" not in err.replace("not retried", "")
 
 
-def test_second_trigger_while_a_run_holds_the_project_is_skipped_naming_the_holder(stand_in):
+def test_second_trigger_while_a_run_holds_the_project_is_skipped_naming_the_holder_and_notified(stand_in):
     project, script = stand_in
+    receiver = Receiver()
+    (project / "conf" / "base").mkdir(parents=True)
+    (project / "conf" / "nightly").mkdir()
+    (project / "conf" / "nightly" / "parameters.yml").write_text(f"notify:\n  webhooks: [{receiver.url}]\n")
     first = _schedule(project, script, "hold", "--once")
     try:
         _wait_for(lambda: (_holder(project) or {}).get("pipeline") == "stand-in")  # the scheduler's, then the run's
         holder = _runs(project)[0]["pid"]
-        second = _schedule(project, script, "hold", "--once", "--retries", "3", "--backoff", "0.1")
-        _, err = second.communicate(timeout=20)
+        second = _schedule(project, script, "hold", "--once", "--retries", "3", "--backoff", "0.1", "--env",
+                           "nightly")
+        _, err = second.communicate(timeout=60)
         assert second.returncode == 0, err  # a skip is no failure
         assert re.search(rf"INFO .*skipped: pid {holder} on .*pipeline stand-in, started .* holds the project", err)
-        assert "started:" not in err and "retry" not in err
+        assert "started:" not in err and "retry" not in err and "could not notify" not in err
         assert len(_runs(project)) == 1  # the second trigger started no run
+        ((_, body),) = receiver.wait_for(1, timeout=5)
+        message = json.loads(body)
+        assert (message["event"], message["project"], message["trigger"]) == ("skipped", "proj", "schedule")
+        assert re.fullmatch(rf"pid {holder} on .*pipeline stand-in, started .* holds the project", message["reason"])
         (project.parent / "release").touch()
         assert first.wait(20) == 0
     finally:
+        receiver.close()
         first.kill()
         first.communicate()
 

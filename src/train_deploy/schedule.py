@@ -50,6 +50,8 @@ class Schedule:
     """The pipeline it runs (named in the run lock's holder description while the scheduler holds the lock)."""
     project: Path
     """The project folder: the run's working directory; its ``data/`` holds the run lock."""
+    env: str | None = None
+    """The run's ``--env``: its ``notify`` block is told of a slot the scheduler skips."""
     cron: str | None = None
     """A cron expression (five fields, or six with seconds last); None runs once."""
     retries: int = 0
@@ -97,6 +99,7 @@ def run_with_retries(schedule: Schedule, stop: _Stop) -> int:
         lock.acquire(RunConfig(lock="fail"), f"{schedule.pipeline} (train-deploy schedule)")
     except RunLockHeld as held:
         logger.info("skipped: %s holds the project %s", held.holder, schedule.project)
+        notify_skipped(schedule, f"{held.holder} holds the project")
         return 0
     died = None
     try:
@@ -121,6 +124,23 @@ def run_with_retries(schedule: Schedule, stop: _Stop) -> int:
     elif rc != 0 and not stop.event.is_set():
         logger.error("run failed (rc %d) after %d retries", rc, schedule.retries)
     return rc
+
+
+def notify_skipped(schedule: Schedule, reason: str) -> None:
+    """Tell the project's ``notify`` receivers (``conf/<env>``) of a slot skipped before any run started (a run
+    that starts reports its own outcome); never raises: a failure is logged in one line."""
+    if not (schedule.project / "conf").is_dir():
+        return  # no configuration, no receivers (the scheduler's tests run a script in a bare folder)
+    try:
+        from train_deploy.conf import project_config
+        from train_deploy.notify import NotifyConfig, notify
+
+        params = project_config(schedule.project, schedule.env)["parameters"]
+        notify(NotifyConfig.from_params(params.get("notify")), "skipped", schedule.project, reason=reason,
+               pipeline=schedule.pipeline, trigger="schedule")
+    except Exception as exc:  # a broken conf/ fails the run that reads it, with its own message
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        logger.warning("could not notify the skipped slot: %s", first)
 
 
 def serve(schedule: Schedule, stop: _Stop) -> None:
@@ -185,8 +205,8 @@ def _schedule(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sche
     if not (project / "pyproject.toml").is_file():
         parser.error(f"--project {project}: no pyproject.toml there (run from the project folder or name it)")
     command = shlex.split(args.command) if args.command else kedro_command(args.pipeline, args.env, args.params)
-    return Schedule(command=command, pipeline=args.pipeline, project=project, cron=args.cron, retries=args.retries,
-                    backoff=args.backoff)
+    return Schedule(command=command, pipeline=args.pipeline, project=project, env=args.env, cron=args.cron,
+                    retries=args.retries, backoff=args.backoff)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit
 
+from train_deploy.conf import project_config
 from train_deploy.registry.config import RegistryConfig
 
 CONF_MARKER = Path("conf") / "base" / "mlflow.yml"
@@ -57,14 +58,6 @@ def find_project(project: Path | None = None) -> Path:
                      "--project with the folder holding conf/base/mlflow.yml")
 
 
-def _config(project: Path, env: str | None):
-    """The project's configuration loader, as a run builds it (the project's Kedro settings)."""
-    from kedro.framework.project import configure_project, settings
-
-    configure_project(__package__)
-    return settings.CONFIG_LOADER_CLASS(conf_source=str(project / "conf"), env=env, **settings.CONFIG_LOADER_ARGS)
-
-
 def absolute_uri(uri: str, project: Path) -> str:
     """``uri`` with a relative local path (``sqlite:///mlruns.db``, ``file:mlruns``, ``mlruns``) made absolute
     against ``project``, where the runs resolve it; other URIs as they are."""
@@ -80,7 +73,7 @@ def absolute_uri(uri: str, project: Path) -> str:
 def store_uris(project: Path, env: str | None = None) -> tuple[str, str]:
     """The tracking and registry URIs the project's runs use (``conf/<env>/mlflow.yml``; ``MLFLOW_TRACKING_URI``
     wins through its ``oc.env`` resolver), local paths absolute."""
-    server = _config(project, env)["mlflow"]["server"]
+    server = project_config(project, env)["mlflow"]["server"]
     tracking = absolute_uri(str(server["mlflow_tracking_uri"]), project)
     registry = server.get("mlflow_registry_uri")
     return tracking, absolute_uri(str(registry), project) if registry else tracking
@@ -88,7 +81,7 @@ def store_uris(project: Path, env: str | None = None) -> tuple[str, str]:
 
 def default_model_name(project: Path, env: str | None = None) -> str:
     """``registry.model_name`` as the project's runs read it (conf/base, then conf/<env>)."""
-    return RegistryConfig.from_params(_config(project, env)["parameters"].get("registry")).model_name
+    return RegistryConfig.from_params(project_config(project, env)["parameters"].get("registry")).model_name
 
 
 def check_servable(tracking: str, registry: str, model_name: str, alias: str) -> str:
