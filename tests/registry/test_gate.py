@@ -30,6 +30,7 @@ from train_deploy.registry.gate import (
     RegistryDecision,
     decide,
     register_and_gate,
+    register_version,
     version_tags,
 )
 from train_deploy.registry.history import read_history
@@ -311,3 +312,27 @@ def test_a_candidate_that_cannot_be_served_in_time_is_rejected_and_the_champion_
     tags = client.get_model_version(MODEL, "2").tags
     assert tags["gate.decision"] == "rejected" and tags[SERVING_TAG].startswith("failed: the server did not answer")
     assert [event["decision"] for event in read_history(client, MODEL)] == ["first", "rejected"]
+
+
+def test_a_registration_whose_answer_is_lost_is_not_registered_twice(store, tiny_bundle, monkeypatch):
+    """``mlflow.register_model`` creates the version, then polls it until it is ready: a server failing in between
+    (its database restarting, seen on PostgreSQL) fails the call after the version exists. The retry finds it."""
+    from train_deploy.registry.model import log_bundle_model
+
+    real, calls = mlflow.register_model, []
+
+    def fails_after_the_create(*args, **kwargs):
+        calls.append(real(*args, **kwargs).version)
+        if len(calls) == 1:
+            raise mlflow.exceptions.MlflowException("API request to endpoint /api/2.0/mlflow/model-versions/get "
+                                                    "failed with error code 500 != 200")
+        return calls[-1]
+
+    monkeypatch.setattr(mlflow, "register_model", fails_after_the_create)
+    client, retry = MlflowClient(store.tracking_uri, store.tracking_uri), Retrying(
+        RetryConfig(attempts=2, wait_seconds=0), store.tracking_uri)
+    with a_run(store.tracking_uri, None) as run_id:
+        uri = log_bundle_model(Path(tiny_bundle)).model_uri
+        assert register_version(client, retry, MODEL, uri, {"source.run_id": run_id}, run_id) == "1"
+        assert register_version(client, retry, MODEL, uri, {"source.run_id": run_id}, run_id) == "1"  # a rerun
+    assert calls == [1] and [str(v.version) for v in client.search_model_versions(f"name = '{MODEL}'")] == ["1"]

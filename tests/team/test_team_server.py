@@ -334,7 +334,7 @@ def test_two_machines_three_cycles_each_and_a_serving_host(team, cycles):
     _all_rounds(cycles)
     admin = _client(team, "admin")
     versions = {v.version: v for v in admin.search_model_versions(f"name = '{MODEL}'")}
-    assert len(versions) == 6, sorted(versions)
+    assert len(versions) == 6, {n: (v.tags.get("gate.decision"), v.run_id) for n, v in versions.items()}
     runs = {number: admin.get_run(v.run_id) for number, v in versions.items()}
     later = [number for number, run in runs.items() if run.data.tags.get("init_from") == "champion"]
     assert len(later) == 4, {n: r.data.tags.get("init_from") for n, r in runs.items()}

@@ -130,8 +130,7 @@ def register_and_gate(bundle: Bundle, config: RegistryConfig, tags: dict[str, st
     stored = retry("read the evaluation set", lambda: stored_eval_set(client, name))
     info = retry("log the model", lambda: log_bundle_model(Path(bundle.path), max_batch=config.max_batch,
                                                            serving=config.serving))
-    version = str(retry("register the version", lambda: mlflow.register_model(
-        info.model_uri, name, tags={**tags, "source.run_id": run_id})).version)
+    version = register_version(client, retry, name, info.model_uri, {**tags, "source.run_id": run_id}, run_id)
     try:
         if stored is None:
             stored = first_eval_set(client, retry, name, run_id, build_texts)
@@ -141,6 +140,22 @@ def register_and_gate(bundle: Bundle, config: RegistryConfig, tags: dict[str, st
         raise
     logger.info("%s version %s: %s (%s)", name, version, result.decision, result.reason)
     return result
+
+
+def register_version(client: MlflowClient, retry: Retrying, name: str, model_uri: str, tags: dict[str, str],
+                     run_id: str) -> str:
+    """Register ``model_uri`` as a version of ``name`` once, however often it is tried: ``mlflow.register_model``
+    creates the version, then polls it until it is ready, so a server that fails after the create (a database
+    restarting) would otherwise leave an ungated twin behind the retry. Each try first looks for this run's version
+    of ``model_uri``."""
+    def once() -> str:
+        for found in client.search_model_versions(f"name = '{name}' and run_id = '{run_id}'"):
+            if found.source == model_uri:
+                logger.info("%s version %s: registered by an earlier try of this run", name, found.version)
+                return str(found.version)
+        return str(mlflow.register_model(model_uri, name, tags=tags).version)
+
+    return retry("register the version", once)
 
 
 def first_eval_set(client: MlflowClient, retry: Retrying, name: str, run_id: str,
