@@ -134,3 +134,20 @@ def seed_champion(tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer):
                               partial(validation_texts, tiny_token_files, tiny_tokenizer, 8, 60))
 
     return seed
+
+
+@pytest.fixture(scope="session")
+def model_store(tmp_path_factory):
+    """An empty SQLite store for this session's models (``tests.helpers.registry.ModelStore``)."""
+    from tests.helpers.registry import ModelStore
+
+    return ModelStore(tmp_path_factory.mktemp("model_store"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(model_store, tiny_bundle):
+    """The tiny bundle logged with the defaults and registered as a version of ``train_deploy_lm`` (its
+    ``ModelInfo``): the registry's and the export's integrity tests share it."""
+    from tests.helpers.registry import REGISTERED_MODEL
+
+    return model_store.log(tiny_bundle, registered_model_name=REGISTERED_MODEL)

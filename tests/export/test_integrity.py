@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 from tests.helpers.export import fused_here
-from tests.registry.conftest import model_store, tiny_model  # noqa: F401 (the registry's session fixtures)
 from train_deploy.export import LanguageModel
 from train_deploy.export.errors import BundleError
 from train_deploy.hashing import file_record

@@ -1,29 +1,14 @@
 """MLflow models of the tiny bundle, in SQLite stores of the test session's own, and fresh processes to use them.
 
-``tiny_bundle`` (and the export fixtures it needs) come from ``tests/export/conftest.py``; ``step_bundles`` are
-bundles of three qualities; :class:`GateProcess` runs the gate in a process of its own.
+``tiny_bundle``, ``model_store`` and ``tiny_model`` come from ``tests/conftest.py``; ``step_bundles`` are
+bundles of three qualities (``tests.helpers.registry.GateProcess`` runs the gate in a process of its own).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import mlflow
 import pytest
-
-from tests.helpers.registry import REGISTERED_MODEL, ModelStore
-
-
-@pytest.fixture(scope="session")
-def model_store(tmp_path_factory) -> ModelStore:
-    """An empty SQLite store for this session's models."""
-    return ModelStore(tmp_path_factory.mktemp("model_store"))
-
-
-@pytest.fixture(scope="session")
-def tiny_model(model_store, tiny_bundle) -> mlflow.models.model.ModelInfo:
-    """The tiny bundle logged with the defaults and registered as a version of ``train_deploy_lm``."""
-    return model_store.log(tiny_bundle, registered_model_name=REGISTERED_MODEL)
 
 
 @pytest.fixture(scope="session")

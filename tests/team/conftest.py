@@ -26,22 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.project import REPO
+from tests.helpers.team import guide_blocks
 from tests.mlflow_server import HOST, MlflowServer, free_port
 
 # Debian's and Ubuntu's server packages (postgresql-NN); the newest installed.
 PG_BIN = max(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]),
              default=Path("/none/initdb")).parent
 PG_ACCOUNT = "train_deploy_pg"
-GUIDE = REPO / "docs" / "team-server.md"
-_BLOCK = re.compile(r"<!-- run: ([\w-]+)[^>]*-->\n```bash\n(.*?)```", re.S)
-
-
-def guide_blocks() -> dict[str, str]:
-    """The guide's runnable bash blocks by name (a block marked ``run: no`` is left out)."""
-    return {name: body for name, body in _BLOCK.findall(GUIDE.read_text(encoding="utf-8")) if name != "no"}
-
-
 def _account() -> tuple[int, int]:
     """The uid and gid PostgreSQL runs as: this process's own, or (as root) the system account, created once."""
     if os.geteuid() != 0:

@@ -29,8 +29,8 @@ from mlflow.exceptions import MlflowException
 from tests.helpers.project import cli_params, copy_project, tiny_runtime_params
 from tests.helpers.retrain import _params as _retrain_params
 from tests.helpers.retrain import _write_corpus
+from tests.helpers.team import GUIDE, guide_blocks
 from tests.mlflow_server import MlflowServer, free_port
-from tests.team.conftest import GUIDE, guide_blocks
 from train_deploy.corpus.people_daily import strip_pos_tags
 from train_deploy.corpus.readers import people_daily_path
 
