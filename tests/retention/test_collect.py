@@ -115,21 +115,23 @@ def test_the_scheduler_collects_after_a_successful_run_under_its_own_lock(projec
     assert sorted(Path(r["target"]).name for r in record["removed"]) == ["run00", "run01"]
 
 
-def _night(store, experiment: str, bundle: Path, status: str, register: bool = False) -> tuple[str, str]:
+def _night(store, experiment: str, bundle: Path, status: str, register: bool = False) -> tuple[str, str, str]:
     """A run of ``experiment`` that logged the bundle as the pipeline does (``export/bundle`` and a logged model)
-    and ended ``status``; with ``register``, a version of :data:`MODEL` came from it. Its run and model ids."""
+    and ended ``status``; with ``register``, a version of :data:`MODEL` came from it, after a first log whose
+    answer was lost (a retried ``log the model``: its model is the third id). Its run and model ids."""
     from train_deploy.registry.model import log_bundle_model
 
     with store.active():
         mlflow.set_experiment(experiment)
         with mlflow.start_run() as run:
             mlflow.log_artifacts(str(bundle), "export/bundle")
+            twin = log_bundle_model(bundle).model_id if register else ""
             info = log_bundle_model(bundle, registered_model_name=MODEL if register else None)
             mlflow.end_run(status)
-    return run.info.run_id, info.model_id
+    return run.info.run_id, info.model_id, twin
 
 
-def test_a_night_killed_before_it_registered_a_version_loses_its_run_and_model_after_the_grace_period(
+def test_a_killed_nights_run_and_model_and_a_retried_logs_extra_model_go_after_the_grace_period(
         tmp_path, tiny_bundle):
     from tests.helpers.registry import ModelStore
 
@@ -147,9 +149,12 @@ def test_a_night_killed_before_it_registered_a_version_loses_its_run_and_model_a
     assert [r for r in waiting.removals if r.kind.startswith("mlflow")] == []
     config = RetentionConfig.from_params({"mlflow": {"grace_days": 0}})
     plan = make_plan(layout, config, MODEL, store.tracking_uri, "nightly")
-    assert {(r.kind, r.target) for r in plan.removals} == {("mlflow_run", killed[0]), ("mlflow_model", killed[1])}
-    assert all(r.bytes > 1_000_000 and "ended KILLED" in r.reason for r in plan.removals)
-    off = RetentionConfig.from_params({"mlflow": {"grace_days": 0, "failed_runs": False}})
+    assert {(r.kind, r.target) for r in plan.removals} == {
+        ("mlflow_run", killed[0]), ("mlflow_model", killed[1]), ("mlflow_model", gated[2])}
+    assert all(r.bytes > 1_000_000 for r in plan.removals)
+    assert {r.target: "ended KILLED" in r.reason or "retried log" in r.reason for r in plan.removals} == dict.fromkeys(
+        (killed[0], killed[1], gated[2]), True)
+    off = RetentionConfig.from_params({"mlflow": {"grace_days": 0, "unregistered": False}})
     assert make_plan(layout, off, MODEL, store.tracking_uri, "nightly").removals == []
 
     artifacts = _local(client.get_run(killed[0]).info.artifact_uri)
@@ -159,6 +164,8 @@ def test_a_night_killed_before_it_registered_a_version_loses_its_run_and_model_a
     with pytest.raises(MlflowException):
         client.get_logged_model(killed[1])
     assert not artifacts.exists()
-    for run_id, logged in (finished, gated, elsewhere):  # a finished run, a version's, another experiment's: kept
+    with pytest.raises(MlflowException):
+        client.get_logged_model(gated[2])
+    for run_id, logged, _ in (finished, gated, elsewhere):  # a finished run, a version's, another experiment's: kept
         assert client.get_run(run_id).info.lifecycle_stage == "active"
         assert client.get_logged_model(logged).status is not None

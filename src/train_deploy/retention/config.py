@@ -77,13 +77,14 @@ class MlflowRetention:
     """The gate decisions (``gate.decision``) whose versions' artifacts go; add ``promoted``, ``first`` and
     ``forced`` to remove retired champions' too (versions that hold no alias any more; rollback needs only
     ``previous``)."""
-    failed_runs: bool = True
-    """Also remove, after ``grace_days``, the runs of the project's experiment that ended ``FAILED`` or ``KILLED``
-    without registering a version, with their logged models: a night killed in the export or registry stage leaves
-    the bundle's two copies there, and no version ever names them."""
+    unregistered: bool = True
+    """Also remove, after ``grace_days``, what in the project's experiment no version was registered from: runs that
+    ended ``FAILED`` or ``KILLED`` without a version, with their logged models (a night killed in the export or
+    registry stage leaves the bundle's two copies there), and a logged model left beside a version's own by a
+    retried log. Finished runs that registered nothing (run by hand) are kept."""
     grace_days: float = 7.0
     """Days after its registration a rejected version's artifacts are kept (to look at, or to promote by hand); for
-    a failed run, days after it ended."""
+    a failed run, days after it ended; for a retried log's model, days after it was logged."""
     gc_backend_store_uri: str | None = None
     """For a tracking server: the database ``mlflow gc --backend-store-uri`` removes from (run where it is
     reachable); null with a server only marks deleted and logs the command for its admin. Local stores need none."""

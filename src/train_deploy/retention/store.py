@@ -61,13 +61,13 @@ def plan_mlflow(client: MlflowClient, retry: Retrying, model_name: str, config: 
                 experiment: str | None = None) -> list[Removal]:
     """The runs and logged models of versions whose gate decision is one of ``config.decisions`` (rejected or
     failed), registered more than ``grace_days`` ago, that hold no alias; ones already marked deleted are listed
-    again (``mlflow gc`` finishes them). Then the failed runs of ``experiment`` that registered no version
-    (:func:`plan_failed_runs`)."""
+    again (``mlflow gc`` finishes them). Then what in ``experiment`` no version was registered from
+    (:func:`plan_unregistered`)."""
     found = retry("list the versions", lambda: client.search_model_versions(f"name = '{model_name}'"))
     removals = _plan_versions(client, found, config, kept) if config.delete_rejected else []
-    if config.failed_runs and experiment:
+    if config.unregistered and experiment:
         registered = {v.run_id for v in found} | {model_id(v) for v in found} | kept.run_ids | kept.model_ids
-        removals += plan_failed_runs(client, retry, experiment, config.grace_days, registered - {None})
+        removals += plan_unregistered(client, retry, experiment, config.grace_days, registered - {None})
     return removals
 
 
@@ -88,11 +88,12 @@ def _plan_versions(client: MlflowClient, found: list, config: MlflowRetention, k
     return removals
 
 
-def plan_failed_runs(client: MlflowClient, retry: Retrying, experiment: str, grace_days: float,
-                     registered: set[str]) -> list[Removal]:
-    """The runs of ``experiment`` that ended ``FAILED`` or ``KILLED`` more than ``grace_days`` ago, with their logged
-    models, where no version was registered from either (``registered``: the versions' run and model ids). A night
-    killed between logging the model and registering it leaves both copies of its bundle here, named by nothing."""
+def plan_unregistered(client: MlflowClient, retry: Retrying, experiment: str, grace_days: float,
+                      registered: set[str]) -> list[Removal]:
+    """What no version was registered from (``registered``: the versions' run and model ids) in ``experiment``, older
+    than ``grace_days``: runs that ended ``FAILED`` or ``KILLED`` with their logged models (a night killed between
+    logging the model and registering it leaves both copies of its bundle, named by nothing), and the extra logged
+    models of a run that did register a version (a ``log the model`` try whose answer was lost, then retried)."""
     found = retry("find the experiment", lambda: client.get_experiment_by_name(experiment))
     if found is None:
         return []
@@ -110,10 +111,17 @@ def plan_failed_runs(client: MlflowClient, retry: Retrying, experiment: str, gra
         why = (f"run {run.info.run_name or run.info.run_id} ended {run.info.status} more than {grace_days:g} days "
                "ago and registered no version")
         removals += _run_removal(client, run.info.run_id, why)
-        removals += [Removal(kind="mlflow_model", target=m.model_id, bytes=_local_bytes(m.artifact_location),
-                             reason=why) for m in models
+        removals += [_logged_removal(m, why) for m in models
                      if m.source_run_id == run.info.run_id and m.model_id not in registered]
-    return removals
+    twins = [m for m in models if m.source_run_id in registered and m.model_id not in registered
+             and (m.creation_timestamp or 0) <= cutoff_ms]
+    return removals + [_logged_removal(m, f"logged by run {m.source_run_id} beside the model it registered (a "
+                                          f"retried log), more than {grace_days:g} days ago") for m in twins]
+
+
+def _logged_removal(model, why: str) -> Removal:
+    return Removal(kind="mlflow_model", target=model.model_id, bytes=_local_bytes(model.artifact_location),
+                   reason=why)
 
 
 def _all_pages(search: Callable[[str | None], PagedList]) -> list:
