@@ -53,8 +53,8 @@ class Plan:
 def make_plan(layout: Layout, config: RetentionConfig, model_name: str, tracking_uri: str,
               experiment: str | None = None) -> Plan:
     """Decide what goes: the registry says what the aliases need, then the folders and MLflow artifacts past the
-    configured counts (``train_deploy.retention.plan``, ``.store``); ``experiment`` is the project's, whose failed
-    runs that registered nothing go too."""
+    configured counts (``train_deploy.retention.plan``, ``.store``); ``experiment`` is the project's, where what no
+    version was registered from goes too (``retention.mlflow.unregistered``)."""
     from mlflow import MlflowClient
 
     from train_deploy.registry.config import RetryConfig
