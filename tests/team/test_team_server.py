@@ -393,6 +393,9 @@ def test_skip_unchanged_sees_the_other_machines_version(team, cycles, monkeypatc
     _all_rounds(cycles)
     params = _cycle_params(cycles.corpus, init_from="champion")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", team.server.uri)
+    # a URI an earlier test of this process set with mlflow.set_*_uri wins over the variable: the team's server here
+    monkeypatch.setattr("mlflow.tracking._tracking_service.utils._tracking_uri", team.server.uri)
+    monkeypatch.setattr("mlflow.tracking._model_registry.utils._registry_uri", team.server.uri)
     monkeypatch.chdir(cycles.machines["A"])
     for key, value in team.guide.credentials("trainer").items():
         monkeypatch.setenv(key, value)
