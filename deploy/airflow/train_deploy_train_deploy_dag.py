@@ -99,7 +99,12 @@ def train_deploy():
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
             session.run(pipeline_names=["train_deploy"], node_names=[
-                "configure_corpus_training", "plan_corpus_inputs", "resolve_init_source", "prepare_tokenizer", "encode_corpus"])
+                "configure_corpus_training",
+                "plan_corpus_inputs",
+                "resolve_init_source",
+                "prepare_tokenizer",
+                "encode_corpus",
+            ])
 
     @task.external_python(task_id="report-corpus", python=PROJECT_PYTHON, expect_airflow=False)
     def report_corpus(project: str, trigger: str, mlflow_run_id: str) -> None:
@@ -117,7 +122,8 @@ def train_deploy():
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
             session.run(pipeline_names=["train_deploy"], node_names=[
-                "report_corpus"])
+                "report_corpus",
+            ])
 
     @task.external_python(task_id="report-corpus-quality", python=PROJECT_PYTHON, expect_airflow=False)
     def report_corpus_quality(project: str, trigger: str, mlflow_run_id: str) -> None:
@@ -135,7 +141,8 @@ def train_deploy():
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
             session.run(pipeline_names=["train_deploy"], node_names=[
-                "report_corpus_quality"])
+                "report_corpus_quality",
+            ])
 
     @task.external_python(task_id="train-model", python=PROJECT_PYTHON, expect_airflow=False)
     def train_model(project: str, trigger: str, mlflow_run_id: str) -> None:
@@ -153,7 +160,10 @@ def train_deploy():
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
             session.run(pipeline_names=["train_deploy"], node_names=[
-                "validate_corpus", "configure_training", "train_model"])
+                "validate_corpus",
+                "configure_training",
+                "train_model",
+            ])
 
     @task.external_python(task_id="average-checkpoints", python=PROJECT_PYTHON, expect_airflow=False)
     def average_checkpoints(project: str, trigger: str, mlflow_run_id: str) -> None:
@@ -171,7 +181,8 @@ def train_deploy():
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
             session.run(pipeline_names=["train_deploy"], node_names=[
-                "average_checkpoints"])
+                "average_checkpoints",
+            ])
 
     @task.external_python(task_id="evaluate-checkpoints", python=PROJECT_PYTHON, expect_airflow=False)
     def evaluate_checkpoints(project: str, trigger: str, mlflow_run_id: str) -> None:
@@ -189,7 +200,8 @@ def train_deploy():
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
             session.run(pipeline_names=["train_deploy"], node_names=[
-                "evaluate_checkpoints"])
+                "evaluate_checkpoints",
+            ])
 
     @task.external_python(task_id="export-bundle", python=PROJECT_PYTHON, expect_airflow=False)
     def export_bundle(project: str, trigger: str, mlflow_run_id: str) -> None:
@@ -207,7 +219,8 @@ def train_deploy():
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
             session.run(pipeline_names=["train_deploy"], node_names=[
-                "export_bundle"])
+                "export_bundle",
+            ])
 
     @task.external_python(task_id="report-export", python=PROJECT_PYTHON, expect_airflow=False)
     def report_export(project: str, trigger: str, mlflow_run_id: str) -> None:
@@ -225,7 +238,8 @@ def train_deploy():
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
             session.run(pipeline_names=["train_deploy"], node_names=[
-                "report_export"])
+                "report_export",
+            ])
 
     @task.external_python(task_id="register-bundle", python=PROJECT_PYTHON, expect_airflow=False)
     def register_bundle(project: str, trigger: str, mlflow_run_id: str) -> None:
@@ -243,7 +257,8 @@ def train_deploy():
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
             session.run(pipeline_names=["train_deploy"], node_names=[
-                "register_bundle"])
+                "register_bundle",
+            ])
 
     mlflow_run_id = check_changes(PROJECT, TRIGGER, NOTHING_TO_RETRAIN)
     tasks = {
