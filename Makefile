@@ -91,8 +91,11 @@ ui: $(STAMP)
 	exec env PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python tools/process_group.py -- \
 		$(BIN)/kedro mlflow ui $(if $(PORT),--port $(PORT))
 
+# Two worker processes, a test file each (a file's module fixtures and servers stay in one process): much of the
+# suite waits on servers and process start-up, so two workers on 2 cores halve its time (docs/benchmarks.md).
+TEST_WORKERS ?= 2
 test: check-paddle
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The pipeline picture: a static Kedro-Viz site in build/; the last lines say how to serve and open it.
 # `kedro viz build` exits 0 even when the project fails to load, and draws a dataset it cannot build as a

@@ -144,7 +144,7 @@ def test_outdated_gpu_venv_reinstalls_the_gpu_lock_not_the_cpu_one(tmp_path):
         f"{venv}/bin/python -m pip install --quiet --disable-pip-version-check "
         f"-r requirements-gpu.lock --extra-index-url {PADDLE_INDEX.format('cu129')}"]
     assert dry_run.splitlines()[-2:] == [f"{venv}/bin/python tools/check_paddle_wheel.py --device gpu",
-                                         f"{venv}/bin/python -m pytest"]
+                                         f"{venv}/bin/python -m pytest -n 2 --dist loadfile"]
 
 
 @pytest.mark.parametrize("flavour", [("DEVICE=gpu", "CUDA=cu118"), ("DEVICE=cpu",), ()],
@@ -153,7 +153,7 @@ def test_up_to_date_venv_of_either_flavour_runs_the_tests_without_installing(tmp
     venv = _built_venv(tmp_path / "venv", *flavour)
     device = "gpu" if "DEVICE=gpu" in flavour else "cpu"
     assert _dry_run(f"VENV={venv}", "test").splitlines() == [
-        f"{venv}/bin/python tools/check_paddle_wheel.py --device {device}", f"{venv}/bin/python -m pytest"]
+        f"{venv}/bin/python tools/check_paddle_wheel.py --device {device}", f"{venv}/bin/python -m pytest -n 2 --dist loadfile"]
 
 
 @pytest.mark.parametrize(("built", "asked", "lock"), [
