@@ -153,7 +153,8 @@ def test_up_to_date_venv_of_either_flavour_runs_the_tests_without_installing(tmp
     venv = _built_venv(tmp_path / "venv", *flavour)
     device = "gpu" if "DEVICE=gpu" in flavour else "cpu"
     assert _dry_run(f"VENV={venv}", "test").splitlines() == [
-        f"{venv}/bin/python tools/check_paddle_wheel.py --device {device}", f"{venv}/bin/python -m pytest -n 2 --dist loadfile"]
+        f"{venv}/bin/python tools/check_paddle_wheel.py --device {device}",
+        f"{venv}/bin/python -m pytest -n 2 --dist loadfile"]
 
 
 @pytest.mark.parametrize(("built", "asked", "lock"), [
