@@ -16,12 +16,21 @@ Each cycle appends the night's documents and runs ``train-deploy schedule --once
 placed by ``--seed``: SIGKILL and SIGTERM to ``kedro run`` in each stage (``pipeline_registry.STAGES``, read from
 the run lock's holder record), the tracking server stopped for 20 s during training and started again, the newest
 checkpoint damaged after a SIGKILL in training (the retry resumes past it), a night of English text (the data
-gate stops it; the batch is withdrawn afterwards), and the disk filled to 1 MiB under the budget (the run stops
-before its first node; the ballast is removed afterwards). Cycle 1 has no fault (it makes the first champion).
+gate stops it; the batch is withdrawn afterwards), the disk filled to 1 MiB under the budget (the run stops
+before its first node; the ballast is removed afterwards), a webhook receiver that trickles its answer one byte
+every 1.5 s (the run must end and free the project anyway), and the read-only ``server`` account creating the
+registry's alias lock (and the names after it) before the night (the trainer's gate must go on). Cycle 1's fault is
+always a failed first version: ``kedro run`` is SIGKILLed in the registry stage once the first registration has
+stored the evaluation set, the retry's version becomes champion, and retention (no grace period) collects the
+killed version right after: every later night must still gate on that set.
+
+The tracking server is the team guide's: ``--app-name basic-auth`` with ``default_permission = READ``, a
+``trainer`` account with EDIT on the experiment (every run and ``gc`` use it) and a read-only ``server`` account.
 
 Probes after every cycle: the champion loads and answers a score request through ``train-deploy serve``
 (``mlflow models serve``); no MLflow run is ``RUNNING``; no process is left in the project folder; ``data/`` is
-within the budget; the receiver got exactly one message per ``kedro run`` the scheduler started.
+within the budget; the receiver got exactly one message per ``kedro run`` the scheduler started; the run lock is
+free once the scheduler is done; a night without a fault ends gated (promoted, rejected, undecided or skipped).
 
 Output in ``--work``: ``soak-report.json`` (rewritten after every cycle: a killed soak resumes at the next
 cycle), ``soak-disk.png`` (disk over the cycles) and ``soak-summary.md`` (for docs/benchmarks.md).
@@ -55,6 +64,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 STAGES = ("corpus", "validation", "training", "averaging", "export", "registry")
+MODEL = "train_deploy_lm"
+GATED = frozenset({"promoted", "rejected", "undecided", "skipped"})
 OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 logger = logging.getLogger("soak")
 
@@ -62,19 +73,36 @@ logger = logging.getLogger("soak")
 # --- the receiver and the tracking server ------------------------------------------------------------------------
 
 class Receiver:
-    """A webhook receiver on 127.0.0.1: every JSON message POSTed, with the time it came, in order."""
+    """A webhook receiver on 127.0.0.1: every JSON message POSTed, with the time it came, in order. While
+    ``trickle`` is set it answers as a slow receiver does: the status line, then one byte of a header every 1.5 s,
+    for as long as the sender listens (each read of the sender is answered well within any socket timeout)."""
 
     def __init__(self) -> None:
         self.messages: list[dict[str, Any]] = []
-        received = self.messages
+        self.trickle = threading.Event()
+        received, trickle = self.messages, self.trickle
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
                 with contextlib.suppress(ValueError):
                     received.append({**json.loads(body), "_received": time.time()})
+                if trickle.is_set():
+                    self._trickle()
+                    return
                 self.send_response(204)
                 self.end_headers()
+
+            def _trickle(self) -> None:
+                self.close_connection = True
+                with contextlib.suppress(OSError):
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+                    self.wfile.flush()
+                    deadline = time.monotonic() + 600
+                    while trickle.is_set() and time.monotonic() < deadline:
+                        time.sleep(1.5)
+                        self.wfile.write(b"x")
+                        self.wfile.flush()
 
             def log_message(self, *args) -> None:
                 return
@@ -94,7 +122,11 @@ def free_port() -> int:
 
 
 class TrackingServer:
-    """``mlflow server`` on 127.0.0.1 with a SQLite store and proxied artifacts under ``folder``."""
+    """``mlflow server --app-name basic-auth`` on 127.0.0.1 with a SQLite store and proxied artifacts under
+    ``folder``, set up as docs/team-server.md sets up the team's: ``default_permission = READ``, an admin whose
+    password is generated into the owner-only auth configuration, and (:meth:`accounts`) a ``trainer`` with EDIT
+    on the experiment and a read-only ``server``. The passwords are kept in ``folder/accounts.json`` (mode 0600) so
+    that a resumed soak signs in again."""
 
     def __init__(self, folder: Path, port: int) -> None:
         self.folder, self.port = folder, port
@@ -103,14 +135,61 @@ class TrackingServer:
         self.artifacts = folder / "artifacts"
         self.process: subprocess.Popen | None = None
 
+    def _auth_config(self) -> Path:
+        import secrets
+
+        config = self.folder / "basic_auth.ini"
+        if not config.exists():
+            descriptor = os.open(config, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+                out.write(f"[mlflow]\ndefault_permission = READ\n"
+                          f"database_uri = sqlite:///{(self.folder / 'basic_auth.db').as_posix()}\n"
+                          f"admin_username = admin\nadmin_password = {secrets.token_urlsafe(18)}\n"
+                          "auth_cache_ttl_seconds = 60\n")
+            secret = os.open(self.folder / "flask_secret_key", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(secret, "w", encoding="utf-8") as out:
+                out.write(secrets.token_hex(32))
+        return config
+
+    def admin_password(self) -> str:
+        return re.search(r"^admin_password = (\S+)$", self._auth_config().read_text(), re.M).group(1)
+
+    def accounts(self) -> dict[str, str]:
+        """``{"trainer": password, "server": password}``, created by the admin on the first call."""
+        import secrets
+
+        saved = self.folder / "accounts.json"
+        if saved.is_file():
+            return json.loads(saved.read_text(encoding="utf-8"))
+        from mlflow import MlflowClient
+        from mlflow.server import get_app_client
+
+        os.environ.update(MLFLOW_TRACKING_USERNAME="admin", MLFLOW_TRACKING_PASSWORD=self.admin_password())
+        auth = get_app_client("basic-auth", tracking_uri=self.url)
+        client = MlflowClient(self.url)
+        experiment = client.get_experiment_by_name("train_deploy")
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment("train_deploy")
+        accounts = {name: secrets.token_urlsafe(18) for name in ("trainer", "server")}
+        for name, password in accounts.items():
+            auth.create_user(username=name, password=password)
+        auth.grant_user_permission("trainer", "experiment", experiment_id, "EDIT")
+        descriptor = os.open(saved, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as out:
+            json.dump(accounts, out)
+        return accounts
+
     def start(self, timeout: float = 180.0) -> None:
         self.folder.mkdir(parents=True, exist_ok=True)
-        command = [str(BIN / "mlflow"), "server", "--backend-store-uri", self.database, "--artifacts-destination",
-                   str(self.artifacts), "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+        config = self._auth_config()
+        secret = (self.folder / "flask_secret_key").read_text(encoding="utf-8")
+        command = [str(BIN / "mlflow"), "server", "--app-name", "basic-auth", "--backend-store-uri", self.database,
+                   "--artifacts-destination", str(self.artifacts), "--host", "127.0.0.1", "--port", str(self.port),
+                   "--workers", "1"]
+        env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "MLFLOW_AUTH_CONFIG_PATH": str(config),
+               "MLFLOW_FLASK_SERVER_SECRET_KEY": secret}
         with (self.folder / "server.log").open("ab") as log:
             self.process = subprocess.Popen(command, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True,
-                                            env={**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"})
+                                            stdin=subprocess.DEVNULL, start_new_session=True, env=env)
         deadline = time.monotonic() + timeout
         while not _answers(f"{self.url}/health"):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -209,24 +288,28 @@ def write_bad_night(work: Path, night: int, count: int, seed: int) -> Path:
 
 # --- faults ------------------------------------------------------------------------------------------------------
 
+# The faults that are not a kill in a stage, with the stage they strike in (``before`` the run: set up by the cycle).
+ONCE_STAGES = {"tracking_restart": "training", "damaged_checkpoint": "training", "bad_corpus": "validation",
+               "disk_budget": "preflight", "trickling_receiver": "before", "readonly_lock": "before"}
+FIRST_FAULT = {"kind": "failed_first_version", "stage": "registry"}
+
+
 def fault_schedule(cycles: int, seed: int) -> dict[int, dict[str, str]]:
-    """Cycle → fault. Every kind once (kills in every stage), shuffled by ``seed`` over cycles 2..N, as many as fit;
-    the rest of the nights are clean."""
+    """Cycle → fault. Cycle 1 a failed first version; then every kind once (kills in every stage), shuffled by
+    ``seed`` over cycles 2..N, as many as fit; the rest of the nights are clean."""
     faults = [{"kind": kind, "stage": stage} for kind in ("sigkill", "sigterm") for stage in STAGES]
-    faults += [{"kind": "tracking_restart", "stage": "training"}, {"kind": "damaged_checkpoint", "stage": "training"},
-               {"kind": "bad_corpus", "stage": "validation"}, {"kind": "disk_budget", "stage": "preflight"}]
+    faults += [{"kind": kind, "stage": stage} for kind, stage in ONCE_STAGES.items()]
     rng = random.Random(seed)
     rng.shuffle(faults)
     slots = list(range(2, cycles + 1))
     chosen = sorted(rng.sample(slots, min(len(slots), len(faults))))
-    return dict(zip(chosen, faults[:len(chosen)], strict=True))
+    return {1: FIRST_FAULT, **dict(zip(chosen, faults[:len(chosen)], strict=True))}
 
 
 def given_faults(text: str) -> dict[int, dict[str, str]]:
-    """``--faults kind[:stage],…`` on cycles 2, 3, …"""
-    stages = {"tracking_restart": "training", "damaged_checkpoint": "training", "bad_corpus": "validation",
-              "disk_budget": "preflight"}
-    faults = {}
+    """``--faults kind[:stage],…`` on cycles 2, 3, … (cycle 1 a failed first version, as always)"""
+    stages = ONCE_STAGES
+    faults = {1: FIRST_FAULT}
     for cycle, item in enumerate(text.split(","), start=2):
         kind, _, stage = item.strip().partition(":")
         if kind not in (*stages, "sigkill", "sigterm") or (kind in ("sigkill", "sigterm") and stage not in STAGES):
@@ -257,7 +340,8 @@ class Injector(threading.Thread):
         while self.scheduler.poll() is None and self.fired is None:
             about = holder(self.project)
             if about.get("stage") == stage and about.get("pid") not in (None, self.scheduler.pid):
-                if stage == "training" and not self._checkpoint_written():
+                if stage == "training" and not self._checkpoint_written() or (
+                        self.fault["kind"] == "failed_first_version" and not _eval_set_stored()):
                     time.sleep(0.2)
                     continue
                 self._hit(int(about["pid"]))
@@ -278,7 +362,7 @@ class Injector(threading.Thread):
     def _hit(self, pid: int) -> None:
         kind = self.fault["kind"]
         with contextlib.suppress(ProcessLookupError):
-            if kind in ("sigkill", "damaged_checkpoint"):
+            if kind in ("sigkill", "damaged_checkpoint", "failed_first_version"):
                 os.kill(pid, signal.SIGKILL)
             elif kind == "sigterm":
                 os.kill(pid, signal.SIGTERM)
@@ -294,8 +378,47 @@ class Injector(threading.Thread):
             self.server.start()
             self.fired = "tracking server stopped 20 s during training, started again"
             return
+        if kind == "failed_first_version":
+            self.fired = "SIGKILL in registry after the first registration stored the evaluation set"
+            return
         self.fired = f"{'SIGKILL' if kind == 'sigkill' else 'SIGTERM'} in {self.fault['stage']}"
 
+
+def _eval_set_stored() -> bool:
+    """The registered model has its evaluation set (the hash tag is what says so; see registry.evalstore)."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return "eval_set.sha256" in MlflowClient().get_registered_model(MODEL).tags
+    except MlflowException:
+        return False
+
+
+def forge_lock(server: TrackingServer) -> str:
+    """As the read-only ``server`` account: create the registry's alias lock and the next names a lock may move on
+    to, each claiming a holder, as an attacker or a misconfigured tool would. What the server refused is said."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    password = server.accounts()["server"]
+    saved = {k: os.environ.get(k) for k in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+    os.environ.update(MLFLOW_TRACKING_USERNAME="server", MLFLOW_TRACKING_PASSWORD=password)
+    made, refused = [], []
+    try:
+        client = MlflowClient(server.url)
+        for name in (f"{MODEL}.aliases-lock", *(f"{MODEL}.aliases-lock.{n}" for n in range(1, 4))):
+            holder = json.dumps({"host": "forged", "pid": 1, "what": "read-only account", "time": time.time()})
+            try:
+                client.create_registered_model(name, tags={"holder": holder})
+                made.append(name)
+            except MlflowException as exc:
+                refused.append(f"{name} ({exc.error_code})")
+    finally:
+        for key, value in saved.items():
+            os.environ[key] = value or ""
+    return f"read-only account created {', '.join(made) or 'nothing'}" + (
+        f"; refused: {', '.join(refused)}" if refused else "")
 
 def fill_to_budget(project: Path, budget: int) -> Path:
     """A ballast file that leaves ``data/`` 1 MiB under the budget: the run's estimate no longer fits."""
@@ -364,6 +487,13 @@ def probe_orphans(project: Path, wait: float = 20.0) -> list[str]:
         time.sleep(1)
 
 
+def run_lock_holder(project: Path) -> str | None:
+    """Who holds the project's run lock now (None: free)."""
+    from train_deploy.run_lock import RunLock
+
+    return RunLock(project / "data").held_by()
+
+
 def cycle_outcomes(log: Path) -> tuple[int, int]:
     """(runs the scheduler started, collections after a run) from its log."""
     text = log.read_text(encoding="utf-8", errors="replace")
@@ -383,6 +513,12 @@ def run_cycle(cycle: int, fault: dict[str, str] | None, ctx: dict[str, Any]) -> 
         extra.append(write_bad_night(work, cycle, 400, ctx["seed"]))
     if fault and fault["kind"] == "disk_budget":
         extra.append(fill_to_budget(project, parse_size(ctx["budget"], "budget")))
+    before = None
+    if fault and fault["kind"] == "trickling_receiver":
+        ctx["receiver"].trickle.set()
+        before = "the webhook receiver trickled its answers (one byte every 1.5 s)"
+    if fault and fault["kind"] == "readonly_lock":
+        before = forge_lock(server)
     log = work / "logs" / f"cycle-{cycle:03d}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     started, wall = time.time(), time.monotonic()
@@ -395,18 +531,25 @@ def run_cycle(cycle: int, fault: dict[str, str] | None, ctx: dict[str, Any]) -> 
             injector.start()
         rc = scheduler.wait()
     seconds = round(time.monotonic() - wall, 1)
+    lock_holder = run_lock_holder(project)  # right as the scheduler is done, before anything waits
+    ctx["receiver"].trickle.clear()
     if injector:
         injector.join(60)
     if server.process is None or server.process.poll() is not None:
         server.start()
     attempts, collections = cycle_outcomes(log)
     probes = run_probes(ctx, started, attempts, work / "logs" / f"serve-{cycle:03d}.log")
+    probes["checks"]["lock_free_after_run"] = lock_holder is None
+    if fault is None:  # a clean night, whatever came before it, ends gated or skipped
+        probes["checks"]["clean_night_gated"] = bool(probes["events"]) and probes["events"][-1] in GATED
+    probes["passed"] = all(probes["checks"].values())
     for path in extra:
         path.unlink(missing_ok=True)  # the upstream export fixed, the disk freed: the next night is clean
     if fault and fault["kind"] == "damaged_checkpoint":
         moved = sorted(p.name for p in project.glob("data/06_models/checkpoints/*/step_*.damaged-*"))
         injector.fired = f"{injector.fired}; moved aside by the retry: {', '.join(moved) or 'none'}"
-    return {"cycle": cycle, "fault": fault, "fired": injector.fired if injector else (fault and "before the run"),
+    fired = injector.fired if injector else (before or (fault and "before the run"))
+    return {"cycle": cycle, "fault": fault, "fired": fired, "lock_holder": lock_holder,
             "rc": rc, "seconds": seconds, "attempts": attempts, "collections": collections,
             "time": dt.datetime.fromtimestamp(started, dt.UTC).isoformat(timespec="seconds"), **probes}
 
@@ -488,7 +631,7 @@ def summary(report: dict[str, Any]) -> str:
              f"{report['started']} on {report['host']}: {len(cycles)} cycles, budget {report['budget']} for data/.",
              "", f"- Faults by kind: {', '.join(f'{k} {v}' for k, v in sorted(faults.items())) or 'none'}.",
              f"- Outcomes notified: {', '.join(f'{k} {v}' for k, v in sorted(outcomes.items()))}.",
-             f"- Probes: {len(cycles) - len(failed)} of {len(cycles)} cycles passed all five"
+             f"- Probes: {len(cycles) - len(failed)} of {len(cycles)} cycles passed all their probes"
              + (f"; failed: cycles {', '.join(map(str, failed))}." if failed else "."),
              f"- Time per cycle (schedule --once, with retries): median {statistics.median(seconds):.0f} s, "
              f"min {min(seconds):.0f} s, max {max(seconds):.0f} s.",
@@ -530,7 +673,7 @@ def _has_champion(server: TrackingServer) -> bool:
     from mlflow.exceptions import MlflowException
 
     try:
-        MlflowClient(server.url).get_model_version_by_alias("train_deploy_lm", "champion")
+        MlflowClient(server.url).get_model_version_by_alias(MODEL, "champion")
         return True
     except MlflowException:
         return False
@@ -562,6 +705,8 @@ def main() -> int:
 def soak(args: argparse.Namespace, work: Path, report: dict[str, Any], report_path: Path) -> None:
     receiver, server = Receiver(), TrackingServer(work / "server", report["port"])
     server.start()
+    os.environ.update(MLFLOW_TRACKING_USERNAME="trainer", MLFLOW_TRACKING_PASSWORD=server.accounts()["trainer"],
+                      MLFLOW_TRACKING_URI=server.url)
     params = soak_params(work, receiver.url, server, report["budget"], not args.no_serving_check)
     project = make_project(work, params)
     env = {**os.environ, "MLFLOW_TRACKING_URI": server.url, "KEDRO_DISABLE_TELEMETRY": "1",
