@@ -22,10 +22,9 @@ from train_deploy.handoffs import Bundle, TrainingResult
 from train_deploy.registry.aliases import AliasLock, rollback
 from train_deploy.registry.config import RegistryConfig, RetryConfig
 from train_deploy.registry.evalset import EvalSetError, cut, jsonl_texts, validation_texts
+from train_deploy.registry.evalstore import EVAL_SET_ARTIFACT, TAG_EVAL_SHA256
 from train_deploy.registry.gate import (
-    EVAL_SET_ARTIFACT,
     SERVING_TAG,
-    TAG_EVAL_SHA256,
     GateError,
     RegistryDecision,
     decide,

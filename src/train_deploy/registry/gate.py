@@ -44,7 +44,6 @@ import datetime as dt
 import json
 import logging
 import subprocess
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,9 +55,9 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from train_deploy.handoffs import Bundle, TokenManifest, TrainingResult
-from train_deploy.registry import evalset
 from train_deploy.registry.aliases import AliasLock, Move
 from train_deploy.registry.config import RegistryConfig
+from train_deploy.registry.evalstore import EvalSet, first_eval_set, stored_eval_set
 from train_deploy.registry.history import CHAMPION, alias_version, event_key, record_event
 from train_deploy.registry.infra import ServingCheckFailed, check_serving
 from train_deploy.registry.retry import RegistryUnreachable, Retrying
@@ -67,8 +66,6 @@ from train_deploy.training.pretrained import TOKENIZER_TAG
 logger = logging.getLogger(__name__)
 
 METRIC = "nats_per_char"
-EVAL_SET_ARTIFACT = "registry/eval_set.jsonl"
-TAG_EVAL_SHA256, TAG_EVAL_URI, TAG_EVAL_TEXTS = "eval_set.sha256", "eval_set.uri", "eval_set.texts"
 _SCORE_CHUNK = 8  # texts per predict call: within any model's max_batch worth setting
 
 Decision = Literal["first", "promoted", "rejected", "forced"]
@@ -106,12 +103,6 @@ class RegistryDecision:
     eval_set_sha256: str
     eval_texts: int
     decided_at: str
-
-
-@dataclass(frozen=True, slots=True)
-class EvalSet:
-    texts: list[str]
-    sha256: str
 
 
 def register_and_gate(bundle: Bundle, config: RegistryConfig, tags: dict[str, str],
@@ -156,20 +147,6 @@ def register_version(client: MlflowClient, retry: Retrying, name: str, model_uri
         return str(mlflow.register_model(model_uri, name, tags=tags).version)
 
     return retry("register the version", once)
-
-
-def first_eval_set(client: MlflowClient, retry: Retrying, name: str, run_id: str,
-                   build_texts: Callable[[], list[str]]) -> EvalSet:
-    """The registered model's evaluation set when it has none yet: stored by this run, under the registry lock, unless
-    another first registration stored one meanwhile (two machines' first runs racing), which then serves both."""
-    texts = build_texts()
-    with AliasLock(client, name, "store the evaluation set", retry):
-        stored = retry("read the evaluation set again", lambda: stored_eval_set(client, name))
-        if stored is not None:
-            logger.info("Registered model %s: another run stored the evaluation set meanwhile (sha256 %s); this "
-                        "version is gated on it", name, stored.sha256)
-            return stored
-        return retry("store the evaluation set", lambda: store_eval_set(client, name, run_id, texts))
 
 
 def gate_version(client: MlflowClient, retry: Retrying, config: RegistryConfig, version: str, run_id: str,
@@ -305,41 +282,6 @@ def score(model_uri: str, texts: list[str], config: RegistryConfig) -> float:
     frames = [model.predict(pd.DataFrame({"text": texts[first : first + chunk]}), params=params)
               for first in range(0, len(texts), chunk)]
     return nats_per_char(pd.concat(frames, ignore_index=True))
-
-
-def stored_eval_set(client: MlflowClient, name: str) -> EvalSet | None:
-    """The registered model's evaluation set, checked against its recorded hash; None when it has none yet."""
-    try:
-        model_tags = client.get_registered_model(name).tags
-    except MlflowException as exc:
-        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
-            return None
-        raise
-    if TAG_EVAL_SHA256 not in model_tags:
-        return None
-    uri, expected = model_tags.get(TAG_EVAL_URI, "(no eval_set.uri tag)"), model_tags[TAG_EVAL_SHA256]
-    with tempfile.TemporaryDirectory(prefix="train_deploy-eval-") as folder:
-        data = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=folder)).read_bytes()
-    if (found := evalset.sha256(data)) != expected:
-        raise evalset.EvalSetError(f"{uri}: the evaluation set of registered model {name} has sha256 {found}, but "
-                                   f"the model records {expected} ({TAG_EVAL_SHA256}); it was changed after it was "
-                                   "stored, so no candidate can be compared with the champion")
-    return EvalSet(texts=evalset.from_jsonl(data, uri), sha256=expected)
-
-
-def store_eval_set(client: MlflowClient, name: str, run_id: str, texts: list[str]) -> EvalSet:
-    """Log ``texts`` as the run's ``registry/eval_set.jsonl`` and make it the registered model's set (tags)."""
-    data = evalset.to_jsonl(texts)
-    with tempfile.TemporaryDirectory(prefix="train_deploy-eval-") as folder:
-        path = Path(folder) / Path(EVAL_SET_ARTIFACT).name
-        path.write_bytes(data)
-        client.log_artifact(run_id, str(path), str(Path(EVAL_SET_ARTIFACT).parent))
-    digest = evalset.sha256(data)
-    for key, value in ((TAG_EVAL_URI, f"runs:/{run_id}/{EVAL_SET_ARTIFACT}"), (TAG_EVAL_TEXTS, str(len(texts))),
-                       (TAG_EVAL_SHA256, digest)):  # the hash last: it is what says the model has a set
-        client.set_registered_model_tag(name, key, value)
-    logger.info("Registered model %s: evaluation set of %d texts stored (sha256 %s)", name, len(texts), digest)
-    return EvalSet(texts=list(texts), sha256=digest)
 
 
 def version_tags(bundle: Bundle, token_files: TokenManifest, training_result: TrainingResult,

@@ -11,7 +11,7 @@ from mlflow import MlflowClient
 
 from tests.helpers.project import tiny_train_deploy_params
 from train_deploy.registry.config import RegistryConfig
-from train_deploy.registry.gate import EVAL_SET_ARTIFACT
+from train_deploy.registry.evalstore import EVAL_SET_ARTIFACT
 from train_deploy.retrain import CORPUS_TAG, REASON_TAG, TRAINING_TAG, current_fingerprints
 
 pytestmark = pytest.mark.slow
