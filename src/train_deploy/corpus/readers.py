@@ -32,7 +32,7 @@ from xml.etree import ElementTree
 
 from train_deploy.corpus.config import ReaderConfig
 from train_deploy.corpus.errors import CorpusError
-from train_deploy.corpus.html import PageError, decode_page, main_text
+from train_deploy.corpus.html import PageError, decode_page, page_documents
 from train_deploy.corpus.man import ManPageError, find_renderer, man_text, renderer_version
 from train_deploy.corpus.man import decode_page as decode_man_page
 from train_deploy.corpus.people_daily import strip_pos_tag_bytes, strip_pos_tags
@@ -695,7 +695,8 @@ def _read_page(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> bytes | 
 
 
 def _html_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterator[str]:
-    """One web page: its main text in its own charset (a page over ``max_line_bytes`` is bad input)."""
+    """One web page: its main text in its own charset, one document, or one per section when longer than
+    ``html_split_chars`` (a page over ``max_line_bytes`` is bad input)."""
     data = _read_page(chunk, reader, stats)
     if data is None:
         return
@@ -704,9 +705,7 @@ def _html_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Ite
     except PageError as exc:
         _bad_input(reader, stats, "undecodable_page", f"{chunk.path}: {exc}")
         return
-    text = main_text(page)
-    if text:
-        yield text
+    yield from page_documents(page, reader.html_split_chars)
 
 
 def _man_documents(chunk: Chunk, reader: ReaderConfig, stats: ReadStats) -> Iterator[str]:
