@@ -9,12 +9,16 @@ Kedro loads this module's ``cli`` group over its own commands and takes its ``ru
 - a run failing with one of the project's own errors (configuration, corpus, checkpoint, bundle, training, …)
   prints its one-line message and where the traceback is (the project's log file, ``train_deploy.console``),
   and exits 1; any other error keeps its whole traceback on the console.
+- Kedro's hint to resume a failed run (``--from-nodes …``, or "Repeat the previous command") is left out when a
+  node failed on a configuration or corpus error (:class:`NoResumeHint`): a setting or the input has to change
+  first, and a whole run again reuses every stage that is still current.
 
 ``train-deploy`` is ``train_deploy.commands``, which runs this ``run`` as ``train-deploy run``.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -26,6 +30,8 @@ from train_deploy.console import quiet_third_party, record_in_log_file
 
 quiet_third_party()  # Kedro's CLI imports this module before the project's settings
 
+from train_deploy.config import ConfigError  # noqa: E402
+from train_deploy.corpus.errors import CorpusError  # noqa: E402
 from train_deploy.params import with_project_params  # noqa: E402
 from train_deploy.processes import exit_now  # noqa: E402
 from train_deploy.retrain import NothingToRetrain  # noqa: E402
@@ -89,7 +95,28 @@ def _run_project(**options: Any) -> Any:
         raise SystemExit(VALIDATION_STOPPED if isinstance(own, ValidationStopped) else 1) from None
 
 
-def project_error(error: BaseException) -> BaseException | None:
+class NoResumeHint(logging.Filter):
+    """Drops Kedro's resume hint, which its runner logs while the node's error is being handled, when that error is
+    (or wraps) a :class:`~train_deploy.config.ConfigError` or :class:`~train_deploy.corpus.errors.CorpusError`."""
+
+    RUNNER_LOGGERS = ("kedro.runner.sequential_runner", "kedro.runner.parallel_runner", "kedro.runner.thread_runner")
+    HINTS = ("--from-nodes", "Repeat the previous command")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not any(hint in record.getMessage() for hint in self.HINTS):
+            return True
+        return not isinstance(project_error(sys.exc_info()[1]), ConfigError | CorpusError)
+
+    @classmethod
+    def install(cls) -> None:
+        """Add the filter to each Kedro runner's logger (once)."""
+        for name in cls.RUNNER_LOGGERS:
+            runner = logging.getLogger(name)
+            if not any(isinstance(f, cls) for f in runner.filters):
+                runner.addFilter(cls())
+
+
+def project_error(error: BaseException | None) -> BaseException | None:
     """The project's own error (a class of a ``train_deploy`` module, whose message is one line naming the file,
     key or value) that ``error`` is or wraps (Kedro wraps what a dataset raises), or None."""
     seen: BaseException | None = error
@@ -99,6 +126,8 @@ def project_error(error: BaseException) -> BaseException | None:
         seen = seen.__cause__ or seen.__context__
     return None
 
+
+NoResumeHint.install()
 
 run = click.Command("run", params=with_project_params(kedro_run.params), callback=_run, help=kedro_run.help,
                     short_help=kedro_run.short_help)
