@@ -97,14 +97,16 @@ class ShowRegistryDecision:
     def after_pipeline_run(self, run_params, pipeline, catalog) -> None:
         if "registry_decision" not in pipeline.all_outputs():
             return
-        from train_deploy.serve import serve_line  # the command that serves it from any folder
+        from train_deploy.registry.cli import registry_command  # the commands as they work from any folder
+        from train_deploy.serve import serve_line
 
-        decision = catalog.load("registry_decision")
+        decision, project = catalog.load("registry_decision"), run_params["project_path"]
         verdict = ("became champion" if decision.champion else
                    f"did not become champion (champion stays version {decision.previous_champion})")
         sys.stdout.write(
             f"\nMLflow run: {decision.run_id}\n"
             f"Registered {decision.model_name} version {decision.version}: {verdict} [{decision.decision}]\n"
             f"  reason: {decision.reason}\n"
-            f"  serve the champion: {serve_line(decision.model_name, run_params['project_path'])}\n"
-            f"  history and rollback: train-deploy-registry history|rollback --model {decision.model_name}\n")
+            f"  serve the champion: {serve_line(decision.model_name, project)}\n"
+            f"  history: {registry_command('history', decision.model_name, project, run_params.get('env'))}\n"
+            f"  roll back: {registry_command('rollback', decision.model_name, project, run_params.get('env'))}\n")
