@@ -12,6 +12,7 @@ import mlflow
 from kedro.framework.hooks import hook_impl
 from mlflow.utils.file_utils import local_file_uri_to_path
 
+from train_deploy.conf import is_local_store
 from train_deploy.schedule import TRIGGER_VARIABLE
 
 
@@ -39,12 +40,26 @@ class TagTrigger:
 
 
 class RelativeArtifactLocation:
-    """The project's SQLite store keeps its experiment's artifact location relative to the project (``mlartifacts``
-    from conf/base/mlflow.yml): kedro-mlflow and MLflow store it absolute, so a moved or copied project would
-    write its runs' artifacts into the old folder. Runs and ``make ui`` resolve it from the project root."""
+    """Where the experiment a run creates keeps its artifacts. conf/base's ``mlartifacts`` is resolved against
+    conf/base's own tracking URI, before conf/<env> names a server (``--env team``, a conf/local ``mlflow.yml``): a
+    server then chooses the location (with --serve-artifacts it proxies them), or the experiment a first run creates
+    there would keep every artifact on that one machine's disk; a local store gets the project's ``mlartifacts/`` as
+    an absolute location (kedro-mlflow logs a line about every relative one). Both before kedro-mlflow reads
+    mlflow.yml.
 
-    @hook_impl(trylast=True)  # after kedro-mlflow has created the experiment
-    def after_context_created(self, context) -> None:
+    Once kedro-mlflow has created the experiment, the project's SQLite store records that location relative to the
+    project: kedro-mlflow and MLflow store it absolute, so a moved or copied project would write its runs' artifacts
+    into the old folder. Runs and ``make ui`` resolve it from the project root."""
+
+    @hook_impl(wrapper=True)
+    def after_context_created(self, context):
+        _settle_artifact_location(context)
+        result = yield
+        self._record_relative(context)
+        return result
+
+    @staticmethod
+    def _record_relative(context) -> None:
         config = getattr(context, "mlflow", None)
         uri = mlflow.get_tracking_uri()
         if config is None or not uri.startswith("sqlite:///"):
@@ -59,6 +74,19 @@ class RelativeArtifactLocation:
                 connection.execute("UPDATE experiments SET artifact_location = ? WHERE name = ? AND "
                                    "artifact_location = ?", (absolute.relative_to(project).as_posix(),
                                                              config.tracking.experiment.name, location))
+
+
+def _settle_artifact_location(context) -> None:
+    """A relative local ``artifact_location`` in the run's mlflow.yml: none for a tracking server, absolute in the
+    project for a local store (``train_deploy.conf.is_local_store``)."""
+    config = context.config_loader["mlflow"]
+    kwargs = ((config.get("tracking") or {}).get("experiment") or {}).get("create_experiment_kwargs") or {}
+    location, uri = kwargs.get("artifact_location"), (config.get("server") or {}).get("mlflow_tracking_uri")
+    if not location or not uri or "://" in str(location) or Path(str(location)).is_absolute():
+        return
+    kwargs["artifact_location"] = (Path(context.project_path) / str(location)).as_uri() if is_local_store(str(uri)) \
+        else None
+    context.config_loader["mlflow"] = config
 
 
 class LineageTags:
