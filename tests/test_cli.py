@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from kedro.io import DataCatalog
 from kedro.pipeline import node, pipeline
 from kedro.runner import SequentialRunner
+from mlflow import MlflowClient
 
+from tests.helpers.manuals import write_manuals
+from tests.helpers.project import (
+    TINY_TOKENIZER,
+    cli_params,
+    copy_project,
+    tiny_runtime_params,
+    tiny_train_deploy_params,
+)
 from train_deploy.cli import NoResumeHint
 from train_deploy.config import ConfigError
 from train_deploy.corpus.errors import CorpusError
+from train_deploy.retrain import CORPUS_TAG, TRAINING_TAG, compare
+
+pytest_plugins = ["tests.mlflow_server"]
 
 
 def test_a_project_error_is_one_line_and_its_traceback_is_in_the_log_file(project, tmp_path):
@@ -82,3 +97,67 @@ def test_no_resume_hint_after_a_configuration_or_corpus_error(error, caplog):
 def test_the_resume_hint_stays_for_other_failures(caplog):
     (hint,) = _resume_hints(RuntimeError("the disk is full"), caplog)
     assert hint.endswith('--from-nodes "make"')  # the memory dataset between them is gone
+
+
+@pytest.mark.slow
+def test_a_new_user_with_two_single_page_manuals_trains_and_registers_as_the_readme_says(tmp_path):
+    """README, "Your own corpus": a folder of web pages with the validation share it gives (0.2) under a model name
+    of its own, in a fresh project with its own store (no MLFLOW_TRACKING_URI); only the training is made tiny.
+    The commands the end of the run prints then work as printed, from another folder."""
+    project = copy_project(tmp_path / "project")
+    write_manuals(tmp_path / "manuals")
+    params = tiny_train_deploy_params()
+    params["corpus"] = {"reader": {"source": "html", "paths": f"[{tmp_path / 'manuals'}]"},
+                        "tokenizer": dict(TINY_TOKENIZER), "encoding": {"validation_fraction": 0.2, "progress": False}}
+    params["registry"]["model_name"] = "site_lm"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_") and k != "PYTHONPATH"}
+    done = subprocess.run([str(Path(sys.executable).parent / "kedro"), "run", "--pipelines", "train_deploy",
+                           "--params", ",".join(cli_params(params))], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    manifest = json.loads((project / "data/04_feature/tokens/manifest.json").read_text(encoding="utf-8"))
+    assert manifest["documents"]["read"] == 162 and manifest["splits"]["valid"]["documents"] == 36  # the sections
+    assert "\nRegistered site_lm version 1: " in done.stdout, done.stdout[-3000:]
+
+    printed = dict(line.strip().split(": ", 1) for line in done.stdout.splitlines()
+                   if line.startswith(("  history: ", "  roll back: ")))
+    assert printed["history"] == f"{Path(sys.executable).parent / 'train-deploy-registry'} history --model site_lm " \
+                                 f"--project {project}"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    history = subprocess.run(shlex.split(printed["history"]), cwd=elsewhere, env=env, capture_output=True, text=True,
+                             timeout=180)
+    assert history.returncode == 0, history.stderr
+    decision = json.loads((project / "data/08_reporting/registry_decision.json").read_text(encoding="utf-8"))
+    assert history.stdout.splitlines()[1].split()[2:5] == ["gate", decision["decision"], "1"]
+
+
+def test_the_skip_line_names_the_model_whose_champion_is_unchanged():
+    """What ``Skipped: …`` prints for a run with nothing to retrain (``retrain.check_for_changes``)."""
+    same = {CORPUS_TAG: "c1", TRAINING_TAG: "t1"}
+    assert compare(same, dict(same), "champion version 1", "train_deploy_lm") == (
+        False, "nothing to retrain: the corpus and the training configuration are those of champion version 1 of "
+               "train_deploy_lm (retrain.force: true trains anyway)")
+
+
+@pytest.mark.slow
+def test_a_team_run_prints_its_mlflow_links_once_and_leaves_the_artifacts_to_the_server(tmp_path, mlflow_server):
+    """`kedro run --env team` against a server whose experiment does not exist yet: MLflow prints its run's links
+    when the run leaves its stack of active runs, where kedro-mlflow put it once per node; conf/base's local
+    artifact location is not the server's."""
+    project = copy_project(tmp_path / "project")
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")},
+           "TRAIN_DEPLOY_TEAM_SERVER": mlflow_server.uri, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    done = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipelines", "corpus", "--env", "team", "--params",
+                           ",".join(cli_params(tiny_runtime_params()))], cwd=project, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    console = done.stdout + done.stderr
+    assert console.count("🏃 View run ") == 1 and console.count("🧪 View experiment at: ") == 1, console[-4000:]
+    assert "is relative" not in console and "mlartifacts" not in console
+    client = MlflowClient(mlflow_server.uri, mlflow_server.uri)
+    experiment = client.get_experiment_by_name("train_deploy")
+    assert experiment.artifact_location.startswith("mlflow-artifacts:"), experiment.artifact_location
+    (run,) = client.search_runs([experiment.experiment_id])
+    assert run.info.status == "FINISHED" and run.info.artifact_uri.startswith("mlflow-artifacts:")
+    assert not (project / "mlartifacts").exists() and not (project / "mlruns.db").exists()

@@ -81,7 +81,7 @@ def check_for_changes(params: dict[str, Any]) -> RetrainCheck:
         return RetrainCheck(True, f"{registry.model_name} has no champion yet", fingerprints)
     recorded = retry("read the champion's tags",
                      lambda: client.get_model_version(registry.model_name, champion).tags)
-    retrain, reason = compare(fingerprints, recorded, f"champion version {champion}")
+    retrain, reason = compare(fingerprints, recorded, f"champion version {champion}", registry.model_name)
     if retrain:  # a version already trained alike and not champion (the gate kept the champion, or a rollback)
         tried = retry("find versions trained alike", lambda: trained_alike(client, registry.model_name, fingerprints))
         if tried is not None:
@@ -103,8 +103,10 @@ def trained_alike(client: MlflowClient, model_name: str, fingerprints: dict[str,
     return max((v for v in found if v.tags.get(DECISION_TAG) in DECIDED), key=lambda v: int(v.version), default=None)
 
 
-def compare(current: dict[str, str], recorded: dict[str, str], champion: str) -> tuple[bool, str]:
-    """(retrain, reason) for the ``current`` fingerprints against those ``recorded`` on the ``champion``."""
+def compare(current: dict[str, str], recorded: dict[str, str], champion: str,
+            model_name: str | None = None) -> tuple[bool, str]:
+    """(retrain, reason) for the ``current`` fingerprints against those ``recorded`` on the ``champion``; a skip
+    names the registered model ``model_name`` too (a project may train several)."""
     if not {CORPUS_TAG, TRAINING_TAG} <= recorded.keys():
         return True, f"{champion} records no fingerprints (registered before change detection)"
     changed = [what for tag, what in ((CORPUS_TAG, "the corpus (inputs, reading, cleaning, tokenizer or split)"),
@@ -112,7 +114,8 @@ def compare(current: dict[str, str], recorded: dict[str, str], champion: str) ->
                if recorded[tag] != current[tag]]
     if changed:
         return True, f"{' and '.join(changed)} changed since {champion}"
-    return False, (f"nothing to retrain: the corpus and the training configuration are those of {champion} "
+    of_model = f" of {model_name}" if model_name else ""
+    return False, (f"nothing to retrain: the corpus and the training configuration are those of {champion}{of_model} "
                    "(retrain.force: true trains anyway)")
 
 
