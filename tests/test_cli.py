@@ -25,6 +25,7 @@ from tests.helpers.project import (
     tiny_train_deploy_params,
 )
 from train_deploy.cli import NoResumeHint
+from train_deploy.conf import project_config
 from train_deploy.config import ConfigError
 from train_deploy.corpus.errors import CorpusError
 from train_deploy.retrain import CORPUS_TAG, TRAINING_TAG, compare
@@ -115,6 +116,7 @@ def test_a_new_user_with_two_single_page_manuals_trains_and_registers_as_the_rea
                            "--params", ",".join(cli_params(params))], cwd=project, env=env, capture_output=True,
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
+    assert "is relative" not in done.stdout + done.stderr  # kedro-mlflow's line about mlflow.yml's artifact location
     manifest = json.loads((project / "data/04_feature/tokens/manifest.json").read_text(encoding="utf-8"))
     assert manifest["documents"]["read"] == 162 and manifest["splits"]["valid"]["documents"] == 36  # the sections
     assert "\nRegistered site_lm version 1: " in done.stdout, done.stdout[-3000:]
@@ -161,3 +163,15 @@ def test_a_team_run_prints_its_mlflow_links_once_and_leaves_the_artifacts_to_the
     (run,) = client.search_runs([experiment.experiment_id])
     assert run.info.status == "FINISHED" and run.info.artifact_uri.startswith("mlflow-artifacts:")
     assert not (project / "mlartifacts").exists() and not (project / "mlruns.db").exists()
+
+
+def test_env_base_runs_the_demo_whatever_conf_local_holds(tmp_path):
+    """README, "Your own corpus": with a user's corpus and model name in conf/local, `kedro run --env base` reads
+    conf/base alone."""
+    project = copy_project(tmp_path / "project")
+    (project / "conf" / "local" / "parameters_registry.yml").write_text("registry:\n  model_name: news_lm\n")
+    (project / "conf" / "local" / "parameters_corpus.yml").write_text("corpus:\n  reader:\n    source: jsonl\n")
+    names = {env: project_config(project, env)["parameters"] for env in (None, "base")}
+    assert [names[None]["registry"]["model_name"], names[None]["corpus"]["reader"]["source"]] == ["news_lm", "jsonl"]
+    assert [names["base"]["registry"]["model_name"], names["base"]["corpus"]["reader"]["source"]] == [
+        "train_deploy_lm", "people_daily"]
