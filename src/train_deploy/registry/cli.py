@@ -7,11 +7,11 @@ The store is the project's, found as ``train-deploy serve`` finds it (:mod:`trai
 ``--project``, else the current folder, else the checkout this command is installed from; its store is the one its
 runs use (``conf/<env>/mlflow.yml``, where ``MLFLOW_TRACKING_URI`` wins as in a run). ``--tracking-uri`` names
 another; outside any project ``MLFLOW_TRACKING_URI`` does. ``--model`` defaults to the project's
-``registry.model_name``. Credentials, as for MLflow, come only from ``MLFLOW_TRACKING_USERNAME``/``PASSWORD``/
-``TOKEN``. Output goes to stdout; an error is one line on stderr and exit status 1. ``rollback`` takes the model's
-registry lock (``train_deploy.registry.aliases``): it waits for a gate that is moving the aliases, and completes a
-move an interrupted run recorded before it rolls back. :func:`registry_command` is the command the end of a run
-prints.
+``registry.model_name`` (outside any project, ``train_deploy_lm``). Credentials, as for MLflow, come only from
+``MLFLOW_TRACKING_USERNAME``/``PASSWORD``/``TOKEN``. Output goes to stdout; an error is one line on stderr and exit
+status 1. ``rollback`` takes the model's registry lock (``train_deploy.registry.aliases``): it waits for a gate that
+is moving the aliases, and completes a move an interrupted run recorded before it rolls back.
+:func:`registry_command` is the command the end of a run prints.
 """
 
 from __future__ import annotations
@@ -62,18 +62,20 @@ def main(argv: list[str] | None = None) -> int:
 
 def _store_and_model(args: argparse.Namespace) -> tuple[tuple[str, str], str]:
     """The (tracking, registry) URIs and the model name to use; raises :class:`NoStore` or ``NoProject``."""
-    if args.tracking_uri:
-        return (args.tracking_uri, args.tracking_uri), args.model or RegistryConfig().model_name
     try:
         project = find_project(args.project)
-    except NoProject:
-        uri = os.environ.get("MLFLOW_TRACKING_URI")
-        if args.project is not None or not uri:
+    except NoProject as missing:
+        uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if args.project is not None:
             raise
+        if not uri:
+            raise NoStore(f"{missing}, or name the store with --tracking-uri or MLFLOW_TRACKING_URI") from None
         return (uri, uri), args.model or RegistryConfig().model_name
-    tracking, registry = store_uris(project, args.env)
     model = args.model or RegistryConfig.from_params(
         project_config(project, args.env)["parameters"].get("registry")).model_name
+    if args.tracking_uri:
+        return (args.tracking_uri, args.tracking_uri), model
+    tracking, registry = store_uris(project, args.env)
     if tracking.startswith("sqlite:///") and not Path(tracking.removeprefix("sqlite:///")).is_file():
         raise NoStore(f"no versions of {model} yet: the project's MLflow store "
                       f"{Path(tracking.removeprefix('sqlite:///')).name} does not exist until a run registers one")
