@@ -26,9 +26,10 @@ _NEVER_TEXT = ("script, style, noscript, template, svg, iframe, object, nav, hea
 _BOILERPLATE = re.compile(r"(^|[-_ ])(nav|navbar|menu|breadcrumbs?|sidebar|footer|share|social|comments?|"
                           r"copyright|related|advert|ads)([-_ ]|$)", re.IGNORECASE)
 _HEADINGS = "h1, h2, h3, h4, h5, h6"
-# Marks where a heading starts a section in the extracted text: a private-use character, which is not whitespace
-# (lines are stripped) and is removed from the page before the mark goes in.
-_SECTION = "\ue000"
+# Marks where a heading starts a section in the extracted text: a Unicode noncharacter (no text exchanges it; a
+# private-use one could be a GBK user-defined character), not whitespace (lines are stripped), and removed from
+# the page before the marks go in.
+_SECTION = "\uffff"
 _BLOCKS = ("p, div, h1, h2, h3, h4, h5, h6, li, dt, dd, tr, pre, blockquote, section, article, main, table, "
            "ul, ol, dl, figure, figcaption, address, hr, br")
 
@@ -80,7 +81,7 @@ def page_documents(page: str, split_chars: int | None) -> list[str]:
         return [whole] if whole else []
     documents, heading = [], ""
     for section in map(_lines, marked.split(_SECTION)):
-        if "\n" not in section.strip():  # a heading right before another (a chapter's, then its first section's)
+        if "\n" not in section:  # a heading right before another (a chapter's, then its first section's)
             heading = f"{heading}\n{section}".strip()
             continue
         documents.append(f"{heading}\n{section}".strip())
