@@ -5,6 +5,7 @@ read its MLflow store's URIs, the scheduler reads ``notify`` to report a slot it
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -21,8 +22,10 @@ class NoProject(RuntimeError):
 
 def project_config(project: Path, env: str | None):
     """The project's configuration loader, built from the project's Kedro settings as a run builds it."""
-    if "KEDRO_LOGGING_CONFIG" not in os.environ and (project / LOGGING).is_file():
-        # before Kedro is imported: the project's logging, not Kedro's fallback, which says at INFO which file it uses
+    if "kedro.framework.project" not in sys.modules and "KEDRO_LOGGING_CONFIG" not in os.environ \
+            and (project / LOGGING).is_file():
+        # a command's first import of Kedro: the project's logging, not Kedro's fallback, which says at INFO which
+        # file it uses (on stdout, before the command's own output)
         os.environ["KEDRO_LOGGING_CONFIG"] = str(project / LOGGING)
     from kedro.framework.project import configure_project, settings
 
