@@ -155,7 +155,7 @@ def test_a_run_killed_while_building_another_fingerprint_leaves_the_current_one_
     assert [p.name for p in store.iterdir()] == ["a"]
 
 
-def test_by_fingerprint_moves_a_folder_of_the_old_layout_in_and_keeps_the_last_used(tmp_path, caplog):
+def test_by_fingerprint_moves_a_folder_of_the_old_layout_in_and_a_save_prunes_no_other_fingerprint(tmp_path, caplog):
     dataset(tmp_path / "notes").save(notes("old", "before"))  # a real folder, as earlier versions wrote it
     assert dataset(tmp_path / "notes", by_fingerprint=True).load().fingerprint == "old"  # still read as it is
     with caplog.at_level("INFO"), pytest.raises(DatasetError):  # the first save after the upgrade fails
@@ -168,9 +168,12 @@ def test_by_fingerprint_moves_a_folder_of_the_old_layout_in_and_keeps_the_last_u
     with caplog.at_level("INFO"):
         for fingerprint in ("b", "c", "old", "d"):  # "old" used again: more recent than b and c
             dataset(tmp_path / "notes", by_fingerprint=True, keep_last=3).save(notes(fingerprint))
-    assert sorted(p.name for p in store.iterdir()) == ["c", "d", "old"]
+    # keep_last is train-deploy gc's to apply (it knows what the registered models' aliases need): a save removes
+    # no other fingerprint's folder, and marks its own the most recently used
+    assert sorted(p.name for p in store.iterdir()) == ["b", "c", "d", "old"]
+    assert sorted(store.iterdir(), key=lambda p: p.stat().st_mtime_ns)[-2:] == [store / "old", store / "d"]
     assert (store / "old/notes.txt").read_text(encoding="utf-8") == "before"  # kept, never rebuilt
-    assert "Removed the notes of 1 older fingerprint(s)" in caplog.text and caplog.text.endswith(": b\n")
+    assert "Removed" not in caplog.text
     with pytest.raises(DatasetError, match="versions and by_fingerprint exclude each other"):
         dataset(tmp_path / "x", by_fingerprint=True, versions=True)
 

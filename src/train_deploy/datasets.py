@@ -11,6 +11,8 @@ description (``train_deploy.handoffs``). Nodes never see a path they did not get
 With ``by_fingerprint`` (the token files, the tokenizer) every fingerprint keeps its own folder in
 ``<path>.by_fingerprint/<fingerprint>/`` and ``<path>`` is a symbolic link to the one the last run used,
 switched in one rename: a second corpus keeps the first one's folder, and switching back re-encodes nothing.
+Old folders past ``keep_last`` are retention's to remove (``train-deploy gc``), never a save's: only retention
+knows which of them a version holding an alias of any of the project's registered models needs.
 
 :class:`WorkFolderDataset` is the read-only location of a folder that other processes fill while a node
 runs (the training workers' checkpoints and logs).
@@ -71,7 +73,9 @@ class ArtifactFolderDataset(AbstractVersionedDataset[FolderWork, Any]):
         by_fingerprint: keep one folder per fingerprint (:attr:`FolderWork.fingerprint`) in :attr:`store`;
             ``path`` is a symbolic link to the one saved last (a real folder there, from before, is moved in).
         keep_last: with ``by_fingerprint``, keep the folders of this many fingerprints, the most recently used
-            (the current one always); 0 keeps all.
+            (the current one always); 0 keeps all. Applied by ``train-deploy gc`` (``train_deploy.retention``,
+            after every scheduled run), which knows what the registered models' aliases need and which folders
+            a registered version came from; a save removes no other fingerprint's folder.
     """
 
     def __init__(self, *, path: str, description: str, versions: bool = False, by_fingerprint: bool = False,
@@ -131,8 +135,7 @@ class ArtifactFolderDataset(AbstractVersionedDataset[FolderWork, Any]):
         final = store / _folder_name(work.fingerprint)
         published = self._publish(work, final, self._read(final))
         atomic_symlink(self.folder, f"{store.name}/{final.name}")
-        os.utime(final)  # the most recently used: what keep_last keeps
-        self._prune(store, final, work.what)
+        os.utime(final)  # the most recently used: what keep_last keeps (train-deploy gc applies it)
         return published
 
     def _move_flat_folder(self, store: Path, what: str) -> None:
@@ -152,19 +155,6 @@ class ArtifactFolderDataset(AbstractVersionedDataset[FolderWork, Any]):
             _remove(flat)
         if target is not None and target.is_dir():
             atomic_symlink(flat, f"{store.name}/{target.name}")
-
-    def _prune(self, store: Path, current: Path, what: str) -> None:
-        """Remove the folders of ``store`` past the ``keep_last`` most recently used (never ``current``)."""
-        if not self._keep_last:
-            return
-        others = sorted((p for p in store.iterdir() if p.is_dir() and not p.name.startswith(".") and p != current),
-                        key=lambda p: p.stat().st_mtime, reverse=True)
-        removed = others[self._keep_last - 1:]
-        for folder in removed:
-            _remove(folder)
-        if removed:
-            logger.info("Removed the %s of %d older fingerprint(s) from %s (keep_last: %d): %s", what, len(removed),
-                        store, self._keep_last, ", ".join(p.name for p in removed))
 
     def _load(self) -> Any:
         folder = self._published_folder()

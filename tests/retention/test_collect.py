@@ -50,7 +50,7 @@ def test_rejected_versions_wait_for_their_grace_period(registered, tmp_path):
     plan = make_plan(_project(tmp_path), RetentionConfig.from_params({"mlflow": {"grace_days": 7}}), MODEL,
                      registered.store.tracking_uri)
     assert not [r for r in plan.removals if r.kind.startswith("mlflow")]
-    assert plan.kept.versions == {"2": ["previous"], "3": ["champion"]}
+    assert plan.kept.versions == {MODEL: {"2": ["previous"], "3": ["champion"]}}
 
 
 def test_champion_and_previous_survive_the_most_aggressive_collection(registered, tmp_path):
@@ -64,11 +64,12 @@ def test_champion_and_previous_survive_the_most_aggressive_collection(registered
 
     survivors = {kind: sorted(p.name for p in (layout.project / kind).iterdir())
                  for kind in ("checkpoints", "logs", "tokens.by_fingerprint", "tokenizer.by_fingerprint")}
-    assert survivors == {"checkpoints": ["run2", "run3", "run5"], "logs": ["run2", "run3", "run5"],
+    # keep_runs 1: the newest (run5, a retry resumes it) and the newest that registered a version (run4); 2, 3 aliases
+    assert survivors == {"checkpoints": ["run2", "run3", "run4", "run5"], "logs": ["run2", "run3", "run4", "run5"],
                          "tokens.by_fingerprint": ["corpus2", "corpus3"],  # keep_last 1: the aliases' only
                          "tokenizer.by_fingerprint": ["t2", "t3"]}
     assert sorted(p.name for p in (layout.project / "bundle").iterdir()) == [
-        "2026-12-02T00.00.00.000Z", "2026-12-03T00.00.00.000Z", "2026-12-05T00.00.00.000Z"]
+        "2026-12-02T00.00.00.000Z", "2026-12-03T00.00.00.000Z", "2026-12-04T00.00.00.000Z", "2026-12-05T00.00.00.000Z"]
     assert sorted(p.name for p in (layout.project / "init_from" / "champion").iterdir()) == [
         f"{MODEL}-v2", f"{MODEL}-v3"]
 

@@ -41,30 +41,35 @@ class Plan:
         return sum(removal.bytes for removal in self.removals)
 
     def lines(self, project: Path) -> list[str]:
-        """One line per removal, then the total: what ``--dry-run`` prints."""
+        """One line per removal, one per thing the counts or decisions would remove but an alias or a registered
+        model needs (``kept``, with who needs it), then the total and the versions kept, per model: what
+        ``--dry-run`` prints."""
         def name(target: str) -> str:
             path = Path(target)
             return str(path.relative_to(project)) if path.is_absolute() and path.is_relative_to(project) else target
         shown = [f"{r.kind:<13} {human(r.bytes):>10}  {name(r.target)}: {r.reason}" for r in self.removals]
-        return [*shown, f"{len(self.removals)} to remove, {human(self.bytes)} freed; kept for their aliases: "
-                        f"{self.kept.describe()}"]
+        spared = [f"{kind:<13} {'kept':>10}  {name(target)}: {why}" for kind, target, why in self.kept.spared]
+        return [*shown, *spared, f"{len(self.removals)} to remove, {human(self.bytes)} freed; kept for their aliases: "
+                                 f"{self.kept.describe()}"]
 
 
 def make_plan(layout: Layout, config: RetentionConfig, model_name: str, tracking_uri: str,
               experiment: str | None = None) -> Plan:
-    """Decide what goes: the registry says what the aliases need, then the folders and MLflow artifacts past the
-    configured counts (``train_deploy.retention.plan``, ``.store``); ``experiment`` is the project's, where what no
-    version was registered from goes too (``retention.mlflow.unregistered``)."""
+    """Decide what goes: the registry says what the aliases of every registered model of the project need
+    (``model_name``, and every model with a version registered from a run of ``experiment``), then the folders and
+    MLflow artifacts past the configured counts (``train_deploy.retention.plan``, ``.store``); in ``experiment``,
+    what no version was registered from goes too (``retention.mlflow.unregistered``)."""
     from mlflow import MlflowClient
 
     from train_deploy.registry.config import RetryConfig
     from train_deploy.registry.retry import Retrying
-    from train_deploy.retention.store import kept_by_aliases, plan_mlflow
+    from train_deploy.retention.store import kept_by_aliases, plan_mlflow, project_models
 
     client, retry = MlflowClient(tracking_uri, tracking_uri), Retrying(RetryConfig(), tracking_uri)
-    kept = kept_by_aliases(client, retry, model_name)
-    removals = plan_files(layout, config, model_name, kept) + plan_mlflow(client, retry, model_name, config.mlflow,
-                                                                          kept, experiment)
+    models = project_models(client, retry, model_name, experiment)
+    kept = kept_by_aliases(client, retry, models)
+    removals = plan_files(layout, config, models, kept) + plan_mlflow(client, retry, models, config.mlflow, kept,
+                                                                      experiment)
     return Plan(kept=kept, removals=removals)
 
 

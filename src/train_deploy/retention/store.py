@@ -1,5 +1,6 @@
-"""The MLflow side of retention: what the versions holding an alias need, and the artifacts of rejected versions,
-removed through MLflow's own APIs (runs and logged models marked deleted, then ``mlflow gc``).
+"""The MLflow side of retention: what the versions holding an alias need, for every registered model of the project
+(:func:`project_models`), the runs the models' tags name (the evaluation set's), and the artifacts of rejected
+versions, removed through MLflow's own APIs (runs and logged models marked deleted, then ``mlflow gc``).
 
 A rejected version stays registered with its tags (the history, and what scheduled retraining compares against:
 the same corpus is not retrained every night); only its run (metrics, artifacts such as ``export/bundle``) and its
@@ -9,6 +10,7 @@ logged model (the bundle's second copy) go.
 from __future__ import annotations
 
 import logging
+import re
 import subprocess
 import sys
 import time
@@ -30,60 +32,116 @@ from train_deploy.retention.plan import Kept, Removal
 logger = logging.getLogger(__name__)
 
 GC_TIMEOUT = 600.0
+_RUNS_URI = re.compile(r"^runs:/([0-9a-f]+)/")
 
 
-def kept_by_aliases(client: MlflowClient, retry: Retrying, model_name: str) -> Kept:
-    """What every version of ``model_name`` that holds an alias needs (an empty :class:`Kept` when the model is
-    not registered yet)."""
+LOCK_MARK = ".aliases-lock"
+"""In the name of the registered models ``train_deploy.registry.aliases`` uses as locks: never a project's model."""
+
+
+def project_models(client: MlflowClient, retry: Retrying, model_name: str, experiment: str | None) -> dict[str, list]:
+    """Each registered model of the project with its versions: ``model_name``, and every model (not a lock) with a
+    version registered from a run of ``experiment``, whatever ``registry.model_name`` the current run uses."""
+    names, found = [model_name], None
+    if experiment:
+        found = retry("find the experiment", lambda: client.get_experiment_by_name(experiment))
+    if found is not None:
+        every = retry("list the registered models", lambda: _all_pages(
+            lambda token: client.search_registered_models(max_results=1000, page_token=token)))
+        names += sorted(m.name for m in every if LOCK_MARK not in m.name and m.name != model_name)
+    models = {}
+    for name in names:
+        versions = retry(f"list the versions of {name}", lambda n=name: client.search_model_versions(f"name = '{n}'"))
+        if name == model_name or _from_experiment(client, retry, found.experiment_id, versions):
+            models[name] = versions
+    return models
+
+
+def _from_experiment(client: MlflowClient, retry: Retrying, experiment_id: str, versions: list) -> bool:
+    """Whether any of ``versions`` was registered from a run of ``experiment_id`` (one search per 100 versions)."""
+    run_ids = sorted({v.run_id for v in versions if v.run_id})
+    for first in range(0, len(run_ids), 100):
+        listed = ", ".join(f"'{run_id}'" for run_id in run_ids[first:first + 100])
+        if retry("find the versions' runs", lambda listed=listed: client.search_runs(
+                [experiment_id], f"attributes.run_id IN ({listed})", ViewType.ALL, max_results=1)):
+            return True
+    return False
+
+
+def kept_by_aliases(client: MlflowClient, retry: Retrying, models: dict[str, list]) -> Kept:
+    """What every version holding an alias of each of ``models`` (name → versions) needs, each with who needs it;
+    the runs the models' own tags name (their evaluation set's, ``eval_set.uri``); and what any version of them
+    came from (:class:`Registered`: such folders take the ``keep_runs``/``keep_last`` places first)."""
     kept = Kept()
-    try:
-        aliases = retry("read the registered model", lambda: client.get_registered_model(model_name)).aliases
-    except MlflowException as exc:
-        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
-            return kept
-        raise
-    for alias, version in sorted(aliases.items()):
-        kept.versions.setdefault(str(version), []).append(alias)
-    for version in kept.versions:
-        found = retry(f"read version {version}", lambda v=version: client.get_model_version(model_name, v))
-        tags = found.tags
-        kept.run_names |= {tags["training.run_name"]} if tags.get("training.run_name") else set()
-        kept.bundle_fingerprints |= {tags["bundle.fingerprint"]} if tags.get("bundle.fingerprint") else set()
-        kept.corpus_fingerprints |= {tags["corpus.fingerprint"]} if tags.get("corpus.fingerprint") else set()
-        kept.tokenizer_hashes |= {tags["tokenizer.hash"]} if tags.get("tokenizer.hash") else set()
-        kept.run_ids |= {found.run_id} if found.run_id else set()
-        kept.model_ids |= {model_id(found)} if model_id(found) else set()
-        kept.init_folders.add(f"{model_name}-v{version}")
+    for name, versions in models.items():
+        try:
+            model = retry(f"read registered model {name}", lambda n=name: client.get_registered_model(n))
+        except MlflowException as exc:
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                continue
+            raise
+        for key, value in sorted(model.tags.items()):
+            if (run_id := _RUNS_URI.match(value or "")) is not None:
+                kept.need("run_ids", run_id.group(1), f"registered model {name}'s {key}")
+        holders: dict[str, list[str]] = {}
+        for alias, version in sorted(model.aliases.items()):
+            holders.setdefault(str(version), []).append(alias)
+        if holders:
+            kept.versions[name] = holders
+        by_number = {str(v.version): v for v in versions}
+        for number, aliases in holders.items():
+            found = by_number.get(number) or retry(f"read version {number} of {name}",
+                                                   lambda n=name, v=number: client.get_model_version(n, v))
+            _need_version(kept, name, found, f"{name} version {number} ({'/'.join(aliases)})")
+        for version in versions:
+            kept.registered.add(version.tags)
     return kept
 
 
-def plan_mlflow(client: MlflowClient, retry: Retrying, model_name: str, config: MlflowRetention, kept: Kept,
+def _need_version(kept: Kept, name: str, version, who: str) -> None:
+    tags = version.tags
+    for field_name, tag in (("run_names", "training.run_name"), ("bundle_fingerprints", "bundle.fingerprint"),
+                            ("corpus_fingerprints", "corpus.fingerprint"), ("tokenizer_hashes", "tokenizer.hash")):
+        if tags.get(tag):
+            kept.need(field_name, tags[tag], who)
+    if version.run_id:
+        kept.need("run_ids", version.run_id, who)
+    if model_id(version):
+        kept.need("model_ids", model_id(version), who)
+    kept.need("init_folders", f"{name}-v{version.version}", who)
+
+
+def plan_mlflow(client: MlflowClient, retry: Retrying, models: dict[str, list], config: MlflowRetention, kept: Kept,
                 experiment: str | None = None) -> list[Removal]:
-    """The runs and logged models of versions whose gate decision is one of ``config.decisions`` (rejected or
-    failed), registered more than ``grace_days`` ago, that hold no alias; ones already marked deleted are listed
-    again (``mlflow gc`` finishes them). Then what in ``experiment`` no version was registered from
-    (:func:`plan_unregistered`)."""
-    found = retry("list the versions", lambda: client.search_model_versions(f"name = '{model_name}'"))
-    removals = _plan_versions(client, found, config, kept) if config.delete_rejected else []
+    """The runs and logged models of the ``models``' versions whose gate decision is one of ``config.decisions``
+    (rejected or failed), registered more than ``grace_days`` ago, that hold no alias and that nothing kept names;
+    ones already marked deleted are listed again (``mlflow gc`` finishes them). Then what in ``experiment`` no
+    version of any of them was registered from (:func:`plan_unregistered`)."""
+    removals: list[Removal] = []
+    for name, found in models.items():
+        removals += _plan_versions(client, name, found, config, kept) if config.delete_rejected else []
     if config.unregistered and experiment:
-        registered = {v.run_id for v in found} | {model_id(v) for v in found} | kept.run_ids | kept.model_ids
+        every = [v for found in models.values() for v in found]
+        registered = {v.run_id for v in every} | {model_id(v) for v in every} | kept.run_ids | kept.model_ids
         removals += plan_unregistered(client, retry, experiment, config.grace_days, registered - {None})
     return removals
 
 
-def _plan_versions(client: MlflowClient, found: list, config: MlflowRetention, kept: Kept) -> list[Removal]:
+def _plan_versions(client: MlflowClient, name: str, found: list, config: MlflowRetention,
+                   kept: Kept) -> list[Removal]:
     cutoff_ms = (time.time() - config.grace_days * 86400) * 1000
     removals: list[Removal] = []
     for version in sorted(found, key=lambda v: int(v.version)):
         decision = version.tags.get(DECISION_TAG)
-        if decision not in config.decisions or str(version.version) in kept.versions or \
+        if decision not in config.decisions or str(version.version) in kept.versions.get(name, {}) or \
                 version.creation_timestamp > cutoff_ms:
             continue
-        why = f"version {version.version} was {decision} more than {config.grace_days:g} days ago and holds no alias"
-        if version.run_id and version.run_id not in kept.run_ids:
+        why = (f"{name} version {version.version} was {decision} more than {config.grace_days:g} days ago and holds "
+               "no alias")
+        if version.run_id and not kept.spares("mlflow_run", version.run_id, "run_ids", version.run_id):
             removals += _run_removal(client, version.run_id, why)
         logged = model_id(version)
-        if logged and logged not in kept.model_ids:
+        if logged and not kept.spares("mlflow_model", logged, "model_ids", logged):
             removals += _model_removal(client, logged, why)
     return removals
 
