@@ -123,7 +123,7 @@ def plan_mlflow(client: MlflowClient, retry: Retrying, models: dict[str, list], 
     if config.unregistered and experiment:
         every = [v for found in models.values() for v in found]
         registered = {v.run_id for v in every} | {model_id(v) for v in every} | kept.run_ids | kept.model_ids
-        removals += plan_unregistered(client, retry, experiment, config.grace_days, registered - {None})
+        removals += plan_unregistered(client, retry, experiment, config.grace_days, registered - {None}, kept)
     return removals
 
 
@@ -147,7 +147,7 @@ def _plan_versions(client: MlflowClient, name: str, found: list, config: MlflowR
 
 
 def plan_unregistered(client: MlflowClient, retry: Retrying, experiment: str, grace_days: float,
-                      registered: set[str]) -> list[Removal]:
+                      registered: set[str], kept: Kept | None = None) -> list[Removal]:
     """What no version was registered from (``registered``: the versions' run and model ids) in ``experiment``, older
     than ``grace_days``: runs that ended ``FAILED`` or ``KILLED`` with their logged models (a night killed between
     logging the model and registering it leaves both copies of its bundle, named by nothing), and the extra logged
@@ -164,7 +164,8 @@ def plan_unregistered(client: MlflowClient, retry: Retrying, experiment: str, gr
     removals: list[Removal] = []
     for run in sorted(runs, key=lambda r: r.info.start_time or 0):
         ended = run.info.end_time or run.info.start_time or 0
-        if run.info.run_id in registered or ended > cutoff_ms:
+        if ended > cutoff_ms or kept is not None and kept.spares("mlflow_run", run.info.run_id, "run_ids",
+                                                                   run.info.run_id) or run.info.run_id in registered:
             continue
         why = (f"run {run.info.run_name or run.info.run_id} ended {run.info.status} more than {grace_days:g} days "
                "ago and registered no version")
