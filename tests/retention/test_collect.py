@@ -16,7 +16,7 @@ import pytest
 from mlflow.exceptions import MlflowException
 
 from tests.helpers.retention import MODEL, bundle_meta
-from train_deploy.retention import Layout, RetentionConfig, apply, make_plan, read_records
+from train_deploy.retention import Layout, RetentionConfig, apply, human, make_plan, read_records
 from train_deploy.retention.store import model_id
 
 AGGRESSIVE = {"checkpoints": {"keep_runs": 1}, "training_logs": {"keep_runs": 1}, "bundles": {"keep_last": 1},
@@ -170,3 +170,98 @@ def test_a_killed_nights_run_and_model_and_a_retried_logs_extra_model_go_after_t
     for run_id, logged, _ in (finished, gated, elsewhere):  # a finished run, a version's, another experiment's: kept
         assert client.get_run(run_id).info.lifecycle_stage == "active"
         assert client.get_logged_model(logged).status is not None
+
+
+def _two_models_project(root: Path) -> Layout:
+    """Folders of five nights, oldest first: A (train_deploy_lm v1), B and C (edu_lm v1, v2), then two failed nights
+    F1 and F2 (the newest, which registered nothing); each night's checkpoint and log folder, bundle version, token
+    files and tokenizer; the token files' and tokenizer's links point at F2's."""
+    for age, night in enumerate(("F2", "F1", "C", "B", "A")):
+        stamp = time.time() - 100 * (age + 1)
+        folders = [root / kind / f"run{night}" for kind in ("checkpoints", "logs")]
+        folders += [root / "tokens.by_fingerprint" / f"corpus{night}", root / "tokenizer.by_fingerprint" / f"t{night}"]
+        for folder in folders:
+            folder.mkdir(parents=True)
+        (folders[-1] / "train_deploy_tokenizer.json").write_text(json.dumps({"hash": f"tokenizer{night}"}))
+        bundle = root / "bundle" / f"2026-12-0{5 - age}T00.00.00.000Z" / "bundle"
+        bundle.mkdir(parents=True)
+        (bundle / "bundle.json").write_text(json.dumps(bundle_meta(f"bundle{night}")))
+        for folder in folders:
+            os.utime(folder, (stamp, stamp))
+    for name in ("train_deploy_lm-v1", "edu_lm-v1", "edu_lm-v9", "other_lm-v1"):
+        (root / "init_from" / "champion" / name).mkdir(parents=True)
+    (root / "tokens").symlink_to("tokens.by_fingerprint/corpusF2")
+    (root / "tokenizer").symlink_to("tokenizer.by_fingerprint/tF2")
+    return Layout(project=root, checkpoints=root / "checkpoints", training_logs=root / "logs",
+                  bundles=root / "bundle", init_cache=root / "init_from",
+                  stores=[("token_files", root / "tokens.by_fingerprint", 2),
+                          ("tokenizer", root / "tokenizer.by_fingerprint", 2)])
+
+
+def _version_of(client, experiment: str, model: str, night: str, status: str = "FINISHED") -> str:
+    """A version of ``model`` registered from a new run of ``experiment`` (ended ``status``) for ``night``."""
+    run = client.create_run(client.get_experiment_by_name(experiment).experiment_id, run_name=f"night {night}")
+    client.set_terminated(run.info.run_id, status)
+    if not any(m.name == model for m in client.search_registered_models()):
+        client.create_registered_model(model)
+    tags = {"training.run_name": f"run{night}", "bundle.fingerprint": f"bundle{night}",
+            "corpus.fingerprint": f"corpus{night}", "tokenizer.hash": f"tokenizer{night}", "gate.decision": "promoted"}
+    client.create_model_version(model, f"runs:/{run.info.run_id}/model", run.info.run_id, tags=tags)
+    return run.info.run_id
+
+
+def test_another_models_champion_files_survive_gc_and_keep_last_whatever_the_model_name(tmp_path):
+    from tests.helpers.registry import ModelStore
+
+    store, layout = ModelStore(tmp_path / "store"), _two_models_project(tmp_path / "project")
+    client = mlflow.MlflowClient(store.tracking_uri, store.tracking_uri)
+    for experiment in ("nightly", "another project"):
+        client.create_experiment(experiment, artifact_location=str(store.root / experiment))
+    run_a = _version_of(client, "nightly", "train_deploy_lm", "A")
+    run_b = _version_of(client, "nightly", "edu_lm", "B", status="FAILED")  # its night failed after the gate
+    _version_of(client, "nightly", "edu_lm", "C")
+    _version_of(client, "another project", "other_lm", "A")  # another project's model: none of ours
+    failed = [client.create_run(client.get_experiment_by_name("nightly").experiment_id).info.run_id for _ in "12"]
+    for run_id in failed:
+        client.set_terminated(run_id, "FAILED")
+    client.create_registered_model("edu_lm.aliases-lock")  # a lock held now: no model of the project
+    client.set_registered_model_alias("train_deploy_lm", "champion", "1")
+    client.set_registered_model_alias("edu_lm", "champion", "2")
+    client.set_registered_model_alias("edu_lm", "previous", "1")
+
+    config = RetentionConfig.from_params({"checkpoints": {"keep_runs": 1}, "training_logs": {"keep_runs": 1},
+                                          "bundles": {"keep_last": 1}, "mlflow": {"grace_days": 0}})
+    plan = make_plan(layout, config, "edu_lm", store.tracking_uri, "nightly")  # tonight's run: edu_lm
+    removed = [(r.kind, Path(r.target).name if "/" in r.target else r.target) for r in plan.removals]
+    assert removed == [("checkpoints", "runF1"), ("training_logs", "runF1"), ("bundle", "2026-12-04T00.00.00.000Z"),
+                       ("token_files", "corpusF1"), ("tokenizer", "tF1"), ("init_cache", "edu_lm-v9"),
+                       ("mlflow_run", failed[0]), ("mlflow_run", failed[1])]
+    lines = plan.lines(layout.project)
+    assert lines[len(removed):] == [
+        "checkpoints         kept  checkpoints/runB: needed by edu_lm version 1 (previous)",
+        "checkpoints         kept  checkpoints/runA: needed by train_deploy_lm version 1 (champion)",
+        "training_logs       kept  logs/runB: needed by edu_lm version 1 (previous)",
+        "training_logs       kept  logs/runA: needed by train_deploy_lm version 1 (champion)",
+        "bundle              kept  bundle/2026-12-02T00.00.00.000Z: needed by edu_lm version 1 (previous)",
+        "bundle              kept  bundle/2026-12-01T00.00.00.000Z: needed by train_deploy_lm version 1 (champion)",
+        "token_files         kept  tokens.by_fingerprint/corpusB: needed by edu_lm version 1 (previous)",
+        "token_files         kept  tokens.by_fingerprint/corpusA: needed by train_deploy_lm version 1 (champion)",
+        "tokenizer           kept  tokenizer.by_fingerprint/tB: needed by edu_lm version 1 (previous)",
+        "tokenizer           kept  tokenizer.by_fingerprint/tA: needed by train_deploy_lm version 1 (champion)",
+        "init_cache          kept  init_from/champion/train_deploy_lm-v1: needed by train_deploy_lm version 1 "
+        "(champion)",
+        "init_cache          kept  init_from/champion/edu_lm-v1: needed by edu_lm version 1 (previous)",
+        f"mlflow_run          kept  {run_b}: needed by edu_lm version 1 (previous)",
+        f"8 to remove, {human(plan.bytes)} freed; kept for their aliases: edu_lm: version 1 (previous), version 2 "
+        "(champion); train_deploy_lm: version 1 (champion)"]
+
+    apply(plan, layout, config, store.tracking_uri)
+    survivors = {kind: sorted(p.name for p in (layout.project / kind).iterdir())
+                 for kind in ("checkpoints", "logs", "bundle", "tokens.by_fingerprint", "tokenizer.by_fingerprint")}
+    assert survivors == {"checkpoints": ["runA", "runB", "runC", "runF2"], "logs": ["runA", "runB", "runC", "runF2"],
+                         "bundle": [f"2026-12-0{day}T00.00.00.000Z" for day in (1, 2, 3, 5)],
+                         "tokens.by_fingerprint": ["corpusA", "corpusB", "corpusC", "corpusF2"],
+                         "tokenizer.by_fingerprint": ["tA", "tB", "tC", "tF2"]}
+    assert sorted(p.name for p in (layout.project / "init_from" / "champion").iterdir()) == [
+        "edu_lm-v1", "other_lm-v1", "train_deploy_lm-v1"]
+    assert {client.get_run(run_id).info.lifecycle_stage for run_id in (run_a, run_b)} == {"active"}

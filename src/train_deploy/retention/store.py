@@ -263,7 +263,7 @@ def gc_command(tracking_uri: str, config: MlflowRetention, runs: list[str], mode
     ids = [*(["--run-ids", ",".join(runs)] if runs else []),
            *(["--logged-model-ids", ",".join(models)] if models else [])]
     if not tracking_uri.startswith(("http://", "https://")):
-        return [*mlflow_cli, "--backend-store-uri", tracking_uri, *ids]
+        return [*mlflow_cli, "--backend-store-uri", tracking_uri, "--tracking-uri", tracking_uri, *ids]  # needs both
     if not config.gc_backend_store_uri:
         return None
     destination = (["--artifacts-destination", config.gc_artifacts_destination]
