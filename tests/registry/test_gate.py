@@ -22,7 +22,7 @@ from train_deploy.handoffs import Bundle, TrainingResult
 from train_deploy.registry.aliases import AliasLock, rollback
 from train_deploy.registry.config import RegistryConfig, RetryConfig
 from train_deploy.registry.evalset import EvalSetError, cut, jsonl_texts, validation_texts
-from train_deploy.registry.evalstore import EVAL_SET_ARTIFACT, TAG_EVAL_SHA256
+from train_deploy.registry.evalstore import ASSETS_TAG, EVAL_SET_ARTIFACT, TAG_EVAL_SHA256, eval_set_run_id
 from train_deploy.registry.gate import (
     SERVING_TAG,
     GateError,
@@ -128,8 +128,10 @@ def test_promotion_sequence_first_worse_better_forced(store, step_bundles, tiny_
     # One evaluation set for every decision: stored by the first run, its hash on the registered model.
     model = client.get_registered_model(MODEL)
     assert {first.eval_set_sha256, worse.eval_set_sha256, better.eval_set_sha256} == {model.tags[TAG_EVAL_SHA256]}
-    assert model.tags["eval_set.uri"] == f"runs:/{first.run_id}/{EVAL_SET_ARTIFACT}"
-    stored = Path(client.download_artifacts(first.run_id, EVAL_SET_ARTIFACT, str(store.root)))
+    owner = eval_set_run_id(model.tags)  # the model's assets run, not the first run (retention may delete that)
+    assert owner != first.run_id and client.get_run(owner).data.tags[ASSETS_TAG] == MODEL
+    assert model.tags["eval_set.uri"] == f"runs:/{owner}/{EVAL_SET_ARTIFACT}"
+    stored = Path(client.download_artifacts(owner, EVAL_SET_ARTIFACT, str(store.root)))
     assert [json.loads(line)["text"] for line in stored.read_text(encoding="utf-8").splitlines()] == texts()
     assert model.tags["eval_set.texts"] == str(len(texts())) == str(first.eval_texts)
     assert [event["decision"] for event in read_history(client, MODEL)] == ["first", "rejected", "promoted", "forced"]
@@ -160,13 +162,14 @@ def test_a_changed_evaluation_set_is_refused_in_one_line_and_nothing_moves(store
     uri = store.tracking_uri
     first = gate(uri, step_bundles[3], tiny_run, texts, store.root / "artifacts")
     client = MlflowClient(uri, uri)
-    stored = Path(client.get_run(first.run_id).info.artifact_uri) / EVAL_SET_ARTIFACT
+    owner = eval_set_run_id(client.get_registered_model(MODEL).tags)
+    stored = Path(client.get_run(owner).info.artifact_uri) / EVAL_SET_ARTIFACT
     stored.write_text(stored.read_text(encoding="utf-8").replace("。", "，", 1), encoding="utf-8")
 
     with pytest.raises(EvalSetError) as error:
         gate(uri, step_bundles[6], tiny_run, texts, store.root / "artifacts")
     message = str(error.value)
-    assert "\n" not in message and f"runs:/{first.run_id}/{EVAL_SET_ARTIFACT}" in message
+    assert "\n" not in message and f"runs:/{owner}/{EVAL_SET_ARTIFACT}" in message
     assert f"the model records {first.eval_set_sha256}" in message
     assert aliases(uri) == {"champion": "1"}
     assert [str(v.version) for v in client.search_model_versions(f"name='{MODEL}'")] == ["1"]  # refused before logging
