@@ -5,7 +5,8 @@
 1. log the bundle as an MLflow model (:func:`train_deploy.registry.model.log_bundle_model`) and register it as a
    new version, tagged with where it comes from (:func:`version_tags`);
 2. take the registered model's evaluation set (the first registration stores one, see
-   ``train_deploy.registry.evalset``: the JSONL file is an artifact of that run, ``eval_set.sha256`` and
+   ``train_deploy.registry.evalstore``: the JSONL file is an artifact of the model's own assets run, not of a
+   training run retention may delete, ``eval_set.sha256`` and
    ``eval_set.uri`` are tags of the registered model, and every later run checks the bytes it downloads);
 3. score the new version and the ``champion`` in this process on that set, in nats per character
    (``-Σ log p / Σ chars``: models with different tokenizers compare fairly); a champion that cannot be scored

@@ -7,7 +7,8 @@ budget a run is checked against before its first node.
 - :mod:`.collect`: decide, remove, log and record, under the run lock;
 - :mod:`.disk`: disk use, and the budget check.
 
-Nothing a version holding an alias (``champion``, ``previous``) needs is ever in a plan. See docs/operations.md.
+Nothing a version holding an alias (``champion``, ``previous``) of any registered model of the project needs is ever
+in a plan, nor a run a model's tags name (its evaluation set's). See docs/operations.md.
 """
 
 from train_deploy.retention.collect import NothingToCollect, Plan, apply, collect_project, make_plan, read_records

@@ -35,8 +35,9 @@ class CheckpointRetention:
     """How many training runs' checkpoint folders to keep (``retention.checkpoints``)."""
 
     keep_runs: int = 2
-    """The newest runs' folders kept (by last change: the run that may be resumed is among them), besides those of
-    ``champion`` and ``previous``; 0 keeps all. Within a run, ``training.schedule.keep_last`` still applies."""
+    """The newest runs' folders kept (by last change) among runs that registered a version (of any project model,
+    any decision; failed runs only fill places left), plus the newest of all (the run a retry resumes) and those of
+    versions holding an alias; 0 keeps all. Within a run, ``training.schedule.keep_last`` still applies."""
 
     def __post_init__(self) -> None:
         check_range("retention.checkpoints.keep_runs", self.keep_runs, 0)
@@ -47,7 +48,7 @@ class LogRetention:
     """How many training runs' log folders to keep (``retention.training_logs``)."""
 
     keep_runs: int = 10
-    """The newest runs' log folders kept (by last change), besides those of ``champion`` and ``previous``;
+    """The newest runs' log folders kept (by last change), counted as ``checkpoints.keep_runs`` counts them;
     0 keeps all."""
 
     def __post_init__(self) -> None:
@@ -59,7 +60,8 @@ class BundleRetention:
     """Which bundle versions under the ``export_bundle`` entry (``data/07_model_output/bundle/<time>/``) stay."""
 
     keep_last: int = 3
-    """The newest versions kept, besides the ones ``champion`` and ``previous`` were exported as; 0 keeps all."""
+    """The newest versions a registered version came from kept (others fill places left), plus the newest of all
+    and the ones versions holding an alias were exported as; 0 keeps all."""
 
     def __post_init__(self) -> None:
         check_range("retention.bundles.keep_last", self.keep_last, 0)
@@ -126,9 +128,10 @@ class DiskBudget:
 class RetentionConfig:
     """The ``retention`` block: what ``train-deploy gc`` removes and the disk budget (``train_deploy.retention``).
 
-    Whatever these say, nothing a version holding an alias (``champion``, ``previous``, any other) needs is
-    removed: its bundle version, its checkpoint and log folders, its token files and tokenizer, its MLflow run and
-    logged model, and the champion's downloaded ``pretrained/`` for warm starts."""
+    Whatever these say, nothing a version holding an alias (``champion``, ``previous``, any other) of any registered
+    model of the project needs is removed: its bundle version, its checkpoint and log folders, its token files and
+    tokenizer, its MLflow run and logged model, and the champion's downloaded ``pretrained/`` for warm starts; nor a
+    run a registered model's tags name (its evaluation set's, ``eval_set.uri``)."""
 
     checkpoints: CheckpointRetention = field(default_factory=CheckpointRetention)
     """Checkpoint folders of training runs (``data/06_models/checkpoints/<run>/``): superseded runs go."""
