@@ -114,3 +114,20 @@ def test_a_set_left_in_a_training_run_is_kept_by_retention_then_moved_to_the_mod
     with store.active():
         assert stored_eval_set(client, MODEL).texts == TEXTS
     assert eval_set_run_id(client.get_registered_model(MODEL).tags) == owner  # read again: nothing moves twice
+
+
+def test_a_set_that_cannot_move_is_still_read_and_the_refusal_logged(tmp_path, caplog):
+    store = ModelStore(tmp_path / "store")
+    client = MlflowClient(store.tracking_uri, store.tracking_uri)
+    data = evalset.to_jsonl(TEXTS)
+    with store.active(), mlflow.start_run(experiment_id=_experiment(store)) as run:
+        (tmp_path / "eval_set.jsonl").write_bytes(data)
+        mlflow.log_artifact(str(tmp_path / "eval_set.jsonl"), str(Path(EVAL_SET_ARTIFACT).parent))
+    uri = f"runs:/{run.info.run_id}/{EVAL_SET_ARTIFACT}"
+    client.create_registered_model(MODEL, tags={TAG_EVAL_URI: uri, TAG_EVAL_SHA256: evalset.sha256(data)})
+    client.delete_experiment(run.info.experiment_id)  # no run can be made there: the move is refused
+
+    with store.active(), caplog.at_level("WARNING"):
+        assert stored_eval_set(client, MODEL).texts == TEXTS
+    assert client.get_registered_model(MODEL).tags[TAG_EVAL_URI] == uri
+    assert f"Registered model {MODEL}: the evaluation set stays in run {run.info.run_id} for now" in caplog.text

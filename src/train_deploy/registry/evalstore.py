@@ -85,7 +85,7 @@ def stored_eval_set(client: MlflowClient, name: str) -> EvalSet | None:
             _write_set(client, name, held_by, data)
             logger.info("Registered model %s: evaluation set moved from run %s to the model's assets run", name,
                         held_by)
-        except MlflowException as exc:
+        except (MlflowException, OSError) as exc:  # no right to write (a read-only account), a store refusing
             logger.warning("Registered model %s: the evaluation set stays in run %s for now (moving it to the "
                            "model's assets run failed: %s)", name, held_by, str(exc).splitlines()[0][:300])
     return EvalSet(texts=evalset.from_jsonl(data, uri), sha256=expected)
