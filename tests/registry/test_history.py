@@ -35,6 +35,7 @@ def promoted(tmp_path, tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer) 
         experiment_id = mlflow.create_experiment("history-tests", artifact_location=str(store.root / "artifacts"))
         for force in (False, True):
             config = RegistryConfig.from_params({"model_name": MODEL, "force": force, **NO_SERVING_CHECK,
+                                                 "require_beats": "none",  # the tiny model is worse than counting
                                                  "eval_set": {"documents": 4, "max_chars": 40}})
             with mlflow.start_run(experiment_id=experiment_id):
                 register_and_gate(bundle, config, tags, texts)
@@ -57,6 +58,7 @@ def test_rollback_command_swaps_champion_and_previous_and_history_prints_every_e
     assert header.split()[:4] == ["time", "(UTC)", "event", "decision"] and header.endswith("reason")
     assert [row.split()[3:6] for row in rows] == [["first", "1", "1"], ["forced", "2", "2"], ["rollback", "1", "1"]]
     assert "registry.force: promoted whatever the gate says" in rows[1]
+    assert rows[1].split()[8:11] == ["0.0000", "[0.0000,0.0000]", "4"]  # the same bundle: no improvement, 4 texts
     assert [event["decision"] for event in read_history(client, MODEL)] == ["first", "forced", "rollback"]
 
 
@@ -84,3 +86,13 @@ def test_a_long_event_is_shortened_to_the_tag_limit(tmp_path):
     record_event(client, MODEL, event)  # the same event again (a retried call) stays one entry
     (read,) = read_history(client, MODEL)
     assert format_table([read]).splitlines()[1].startswith("2026-12-01 10:11:12  gate   rejected  7")
+
+
+def test_the_table_shows_the_improvement_its_interval_and_the_set_size():
+    event = {"time": "2026-12-01T10:11:12.000001+00:00", "event": "gate", "decision": "undecided", "version": "7",
+             "champion": "6", "candidate": 4.48, "champion_value": 4.52, "improvement": 0.008849,
+             "interval": [-0.003112, 0.019246], "eval_texts": 64, "reason": "undecided: …"}
+    header, row = format_table([event]).splitlines()
+    assert header.split()[-5:] == ["nats/char", "improvement", "interval", "texts", "reason"]
+    assert row.split()[3:] == ["undecided", "7", "6", "-", "4.4800", "4.5200", "0.0088", "[-0.0031,0.0192]", "64",
+                               "undecided:", "…"]

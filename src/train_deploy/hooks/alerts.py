@@ -78,7 +78,10 @@ class RunAlerts:
             event = "promoted" if decision.champion else "rejected"
             self._send(event, model=decision.model_name, version=decision.version, decision=decision.decision,
                        metric=decision.metric, score=decision.candidate_value, champion_score=decision.champion_value,
-                       champion_version=decision.previous_champion, reason=decision.reason, run_id=decision.run_id)
+                       champion_version=decision.previous_champion, reason=decision.reason, run_id=decision.run_id,
+                       improvement=decision.improvement, interval=decision.interval, confidence=decision.confidence,
+                       eval_texts=decision.eval_texts, val_loss=decision.val_loss, baseline=decision.baseline,
+                       baseline_loss=decision.baseline_loss)
 
     @hook_impl
     def on_pipeline_error(self, error: Exception) -> None:

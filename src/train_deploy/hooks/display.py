@@ -91,7 +91,8 @@ def _validation_sample(folder: str, tokens) -> tuple[str, str | None]:
 
 class ShowRegistryDecision:
     """After a run that registered a version, print its MLflow run, the version and whether it became ``champion``,
-    with the gate's reason (plain text, unwrapped)."""
+    the gate's decision with the comparison's interval and the set's size, the baseline rule's figures and the
+    reason (plain text, unwrapped)."""
 
     @hook_impl
     def after_pipeline_run(self, run_params, pipeline, catalog) -> None:
@@ -106,7 +107,28 @@ class ShowRegistryDecision:
         sys.stdout.write(
             f"\nMLflow run: {decision.run_id}\n"
             f"Registered {decision.model_name} version {decision.version}: {verdict} [{decision.decision}]\n"
-            f"  reason: {decision.reason}\n"
+            f"  {_comparison_line(decision)}\n"
+            + (f"  {_baseline_rule_line(decision)}\n" if decision.val_loss is not None else "")
+            + f"  reason: {decision.reason}\n"
             f"  serve the champion: {serve_line(decision.model_name, project)}\n"
             f"  history: {registry_command('history', decision.model_name, project, run_params.get('env'))}\n"
             f"  roll back: {registry_command('rollback', decision.model_name, project, run_params.get('env'))}\n")
+
+
+def _comparison_line(decision) -> str:
+    """The decision, the improvement and its interval, and the evaluation set's size."""
+    if decision.interval is None:
+        return f"gate: {decision.decision}, no comparison, on an evaluation set of {decision.eval_texts} texts"
+    low, high = decision.interval
+    return (f"gate: {decision.decision}, improvement {decision.improvement:.2%} over champion version "
+            f"{decision.previous_champion} ({decision.confidence:.0%} interval {low:.2%} to {high:.2%}) on an "
+            f"evaluation set of {decision.eval_texts} texts")
+
+
+def _baseline_rule_line(decision) -> str:
+    """The candidate's validation loss beside the baseline the gate held it to."""
+    if decision.baseline_loss is None:
+        return f"validation loss {decision.val_loss:.4f} nats/token; no {decision.baseline} baseline to compare"
+    below = "below" if decision.val_loss < decision.baseline_loss else "NOT below"
+    return (f"validation loss {decision.val_loss:.4f} nats/token, {below} the {decision.baseline} baseline's "
+            f"{decision.baseline_loss:.4f} on the same windows")

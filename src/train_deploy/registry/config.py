@@ -22,8 +22,9 @@ class EvalSetConfig:
     documents: int = 64
     """How many validation documents (or JSONL lines) make the set (1 to 100000)."""
     min_texts: int = 16
-    """Fewer texts than this are too few for the gate to decide on: each run that gates on such a set warns in one
-    line (1 to 100000; a small corpus's validation split gives few documents)."""
+    """Fewer texts than this are too few for the gate to decide on: a candidate gated on such a set is
+    ``undecided`` and the champion stays (1 to 100000; a small corpus's validation split gives few documents). The
+    first version of a model needs no comparison and becomes champion on any set, when it beats the baselines."""
     max_chars: int = 100
     """Each text is cut to at most this many characters, at the last sentence end within them when there is
     one (10 to 100000): the texts must fit the context of every model that will be compared on them."""
@@ -82,9 +83,19 @@ class RegistryConfig:
     """The registered model (``models:/<model_name>@champion`` is what teams deploy)."""
     min_improvement: float = 0.01
     """The candidate becomes ``champion`` only when its nats per character on the evaluation set are lower than
-    the champion's by at least this fraction (0.01 = 1%; 0 = any improvement; below 1)."""
+    the champion's by more than this fraction at ``confidence``: the lower bound of the paired bootstrap interval of
+    the relative improvement must exceed it (``registry/paired.py``). An interval wholly at or below it rejects the
+    candidate; one across it is ``undecided`` and the champion stays (0.01 = 1%; 0 = any improvement; below 1)."""
+    confidence: float = 0.95
+    """The two-sided confidence of the improvement's interval (0.5 to 0.999): higher asks for a larger set or a
+    clearer improvement before the gate decides."""
+    require_beats: Literal["unigram", "bigram", "kneser_ney_bigram", "none"] = "unigram"
+    """The n-gram baseline the candidate's validation loss must be below, on the same validation windows, to become
+    champion, first version included (``train_deploy.baselines``): ``unigram`` (counting tokens), ``bigram`` (the
+    add-k bigram) or ``kneser_ney_bigram`` (each stricter; the unigram is always required with them). ``none`` turns
+    the rule off, for tests and demos of models too small to beat counting: the reason still gives the figures."""
     force: bool = False
-    """Promote the candidate whatever the comparison says; the decision is recorded as ``forced``."""
+    """Promote the candidate whatever the comparison and the baseline rule say; recorded as ``forced``."""
     backend: Literal["paddle", "onnx"] = "paddle"
     """The form both models are scored with for the gate."""
     int8: bool = False
@@ -109,6 +120,8 @@ class RegistryConfig:
               f"{self.model_name!r} is not a model name (letters, digits, '_', '.', '-'; at most 256)")
         check_range("registry.min_improvement", self.min_improvement, 0, 1, open_high=True,
                     note="a fraction: 0.01 = 1% fewer nats per character")
+        check_range("registry.confidence", self.confidence, 0.5, 0.999,
+                    note="a two-sided confidence: 0.95 = a 95% interval")
         check(self.backend == "onnx" or not self.int8, "registry.int8", "true needs backend: onnx")
         check_range("registry.max_batch", self.max_batch, 1, 100_000)
         check_range("registry.eval_set.documents", self.eval_set.documents, 1, 100_000)

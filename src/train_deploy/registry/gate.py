@@ -8,10 +8,14 @@
    ``train_deploy.registry.evalstore``: the JSONL file is an artifact of the model's own assets run, not of a
    training run retention may delete, ``eval_set.sha256`` and
    ``eval_set.uri`` are tags of the registered model, and every later run checks the bytes it downloads);
-3. score the new version and the ``champion`` in this process on that set, in nats per character
-   (``-Σ log p / Σ chars``: models with different tokenizers compare fairly); a champion that cannot be scored
+3. score the new version and the ``champion`` in this process on that set, text by text, in nats per character
+   (``-Σ log p / Σ chars``: models with different tokenizers compare fairly), and compare them pairwise with a
+   bootstrap interval of the improvement (``train_deploy.registry.paired``); the rules of
+   ``train_deploy.registry.rules`` decide: never a champion worse than the unigram (or ``registry.require_beats``'
+   baseline) on its validation windows, ``undecided`` on a set too small or an interval across
+   ``registry.min_improvement``. A champion that cannot be scored
    (its files gone or damaged) fails the gate, unless ``registry.force`` promotes without a comparison;
-   A candidate the scores would promote is then served as production serves it (``registry.serving_check``,
+   A candidate the rules would promote is then served as production serves it (``registry.serving_check``,
    ``train_deploy.registry.infra``: ``mlflow models serve`` of the version in a fresh process, one score and one
    generate request within a time limit); when that fails it is rejected, the reason on the version
    (``gate.serving_check``), and the champion stays;
@@ -41,6 +45,7 @@ Every call to the tracking server goes through :class:`~train_deploy.registry.re
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 import logging
@@ -48,7 +53,6 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
 
 import mlflow
 import pandas as pd
@@ -61,7 +65,9 @@ from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.evalstore import EvalSet, first_eval_set, stored_eval_set
 from train_deploy.registry.history import CHAMPION, alias_version, event_key, record_event
 from train_deploy.registry.infra import ServingCheckFailed, check_serving
+from train_deploy.registry.paired import TextScores
 from train_deploy.registry.retry import RegistryUnreachable, Retrying
+from train_deploy.registry.rules import DECIDED, PROMOTING, BaselineCheck, Decision, Verdict, check_baselines, decide
 from train_deploy.training.pretrained import TOKENIZER_TAG
 
 logger = logging.getLogger(__name__)
@@ -69,9 +75,8 @@ logger = logging.getLogger(__name__)
 METRIC = "nats_per_char"
 _SCORE_CHUNK = 8  # texts per predict call: within any model's max_batch worth setting
 
-Decision = Literal["first", "promoted", "rejected", "forced"]
-DECIDED = frozenset(get_args(Decision))
-"""The decisions of a gate that finished; a version without one (or tagged ``failed``) was never gated."""
+__all__ = ["DECIDED", "DECISION_TAG", "FAILED", "PROMOTING", "SERVING_TAG", "Decision", "GateError",
+           "RegistryDecision", "decide", "register_and_gate"]
 DECISION_TAG, FAILED = "gate.decision", "failed"
 SERVING_TAG = "gate.serving_check"
 """The serving check's outcome on the version: ``passed: …`` or ``failed: …`` (see ``registry/infra.py``)."""
@@ -91,9 +96,10 @@ class RegistryDecision:
     run_id: str
     """The MLflow run the version's model was logged to."""
     decision: Decision
-    """``first`` (no champion yet), ``promoted``, ``rejected`` or ``forced`` (``registry.force``)."""
+    """``first`` (no champion yet), ``promoted``, ``rejected``, ``undecided`` (the set cannot tell them apart: the
+    champion stays) or ``forced`` (``registry.force``); see ``train_deploy.registry.rules``."""
     reason: str
-    """A sentence with both numbers."""
+    """A sentence with the numbers it was decided on."""
     champion: bool
     """Whether the version holds ``champion`` now."""
     previous_champion: str | None
@@ -103,7 +109,19 @@ class RegistryDecision:
     champion_value: float | None
     eval_set_sha256: str
     eval_texts: int
+    """The evaluation set's size (texts)."""
     decided_at: str
+    improvement: float | None = None
+    """The relative improvement in nats per character over the champion (0.01 = 1% fewer); None without one."""
+    interval: list[float] | None = None
+    """Its paired bootstrap interval ``[low, high]`` at ``confidence`` (``train_deploy.registry.paired``)."""
+    confidence: float | None = None
+    val_loss: float | None = None
+    """The candidate's validation loss (nats/token) the baseline rule compared; None when the bundle has none."""
+    baseline: str | None = None
+    """The n-gram baseline it was held to (``unigram``, ``add-k bigram``, ``Kneser-Ney bigram``)."""
+    baseline_loss: float | None = None
+    """That baseline's loss on the same windows."""
 
 
 def register_and_gate(bundle: Bundle, config: RegistryConfig, tags: dict[str, str],
@@ -119,6 +137,7 @@ def register_and_gate(bundle: Bundle, config: RegistryConfig, tags: dict[str, st
         raise MlflowException("register_and_gate needs an active MLflow run (kedro-mlflow opens one per kedro run)")
     client, name, run_id = MlflowClient(), config.model_name, run.info.run_id
     retry = Retrying(config.retries, mlflow.get_tracking_uri())
+    baseline = check_baselines(bundle, config.require_beats)
     stored = retry("read the evaluation set", lambda: stored_eval_set(client, name))
     info = retry("log the model", lambda: log_bundle_model(Path(bundle.path), max_batch=config.max_batch,
                                                            serving=config.serving))
@@ -126,7 +145,7 @@ def register_and_gate(bundle: Bundle, config: RegistryConfig, tags: dict[str, st
     try:
         if stored is None:
             stored = first_eval_set(client, retry, name, run_id, build_texts)
-        result = gate_version(client, retry, config, version, run_id, stored)
+        result = gate_version(client, retry, config, version, run_id, stored, baseline)
     except BaseException as exc:  # a SIGTERM too: the version must not look gated
         mark_failed(client, retry, name, version, exc)
         raise
@@ -151,31 +170,31 @@ def register_version(client: MlflowClient, retry: Retrying, name: str, model_uri
 
 
 def gate_version(client: MlflowClient, retry: Retrying, config: RegistryConfig, version: str, run_id: str,
-                 stored: EvalSet) -> RegistryDecision:
+                 stored: EvalSet, baseline: BaselineCheck) -> RegistryDecision:
     """Score ``version`` against the champion, then, under the registry lock, compare again if the champion
     changed meanwhile, record the decision and move the aliases (steps 3 to 6 of the module)."""
     name = config.model_name
     champion = retry("find the champion", lambda: alias_version(client, name, CHAMPION))
-    candidate_value = retry("score the candidate", lambda: score(f"models:/{name}/{version}", stored.texts, config))
-    verdict = judge(candidate_value, champion, stored, config, retry)
-    unservable = serving_failure(client, retry, config, version) if verdict[0] != "rejected" else None
+    ours = retry("score the candidate", lambda: score(f"models:/{name}/{version}", stored.texts, config))
+    verdict = judge(ours, champion, stored, config, retry, baseline)
+    checked = verdict.decision in PROMOTING  # served only when it would be promoted
+    unservable = serving_failure(client, retry, config, version) if checked else None
     with AliasLock(client, name, f"gate of version {version}", retry) as lock:
         lock.repair()
         now = retry("find the champion again", lambda: alias_version(client, name, CHAMPION))
         if now != champion:
             logger.info("Registered model %s: champion moved from version %s to %s while version %s was scored; "
                         "comparing again", name, champion, now, version)
-            decision, reason, champion_value = judge(candidate_value, now, stored, config, retry)
-            verdict = decision, reason + (f" (compared again: {CHAMPION} moved from version {champion} to {now} "
-                                          "while the candidate was scored)"), champion_value
-        decision, reason, champion_value = verdict
-        if unservable and decision != "rejected":
-            decision, reason = "rejected", f"the serving check failed: {unservable} (the score: {reason})"
-        result = RegistryDecision(
-            model_name=name, version=version, run_id=run_id, decision=decision, reason=reason,
-            champion=decision != "rejected", previous_champion=now, metric=METRIC,
-            candidate_value=candidate_value, champion_value=champion_value, eval_set_sha256=stored.sha256,
-            eval_texts=len(stored.texts), decided_at=dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"))
+            verdict = judge(ours, now, stored, config, retry, baseline)
+            verdict = dataclasses.replace(verdict, reason=verdict.reason + (
+                f" (compared again: {CHAMPION} moved from version {champion} to {now} while the candidate was "
+                "scored)"))
+            if verdict.decision in PROMOTING and not checked:  # rare: the lock is held while it is served
+                unservable = serving_failure(client, retry, config, version)
+        if unservable and verdict.decision in PROMOTING:
+            verdict = dataclasses.replace(verdict, decision="rejected", reason=(
+                f"the serving check failed: {unservable} (the score: {verdict.reason})"))
+        result = decision_record(config, version, run_id, now, ours, verdict, stored, baseline)
         event = promotion_event(result)
         if result.champion:  # decision, history and aliases as one recorded move: a kill midway is completed
             lock.move(Move(champion=version, previous=now, start=now, event=event_key(result.decided_at),
@@ -184,6 +203,21 @@ def gate_version(client: MlflowClient, retry: Retrying, config: RegistryConfig, 
             retry("tag the version", lambda: tag_decision(client, result))
             retry("record the history", lambda: record_event(client, name, event))
     return result
+
+
+def decision_record(config: RegistryConfig, version: str, run_id: str, champion: str | None, ours: TextScores,
+                    verdict: Verdict, stored: EvalSet, baseline: BaselineCheck) -> RegistryDecision:
+    """The :class:`RegistryDecision` of ``verdict`` on ``version`` (``champion``: the version that held the alias)."""
+    comparison = verdict.comparison
+    return RegistryDecision(
+        model_name=config.model_name, version=version, run_id=run_id, decision=verdict.decision,
+        reason=verdict.reason, champion=verdict.decision in PROMOTING, previous_champion=champion, metric=METRIC,
+        candidate_value=ours.nats_per_char, champion_value=verdict.champion_value, eval_set_sha256=stored.sha256,
+        eval_texts=len(stored.texts), decided_at=dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"),
+        improvement=None if comparison is None else comparison.improvement,
+        interval=None if comparison is None else [comparison.low, comparison.high],
+        confidence=None if comparison is None else comparison.confidence,
+        val_loss=baseline.val_loss, baseline=baseline.baseline, baseline_loss=baseline.baseline_loss)
 
 
 def serving_failure(client: MlflowClient, retry: Retrying, config: RegistryConfig, version: str) -> str | None:
@@ -208,14 +242,13 @@ def serving_failure(client: MlflowClient, retry: Retrying, config: RegistryConfi
     return None
 
 
-def judge(candidate_value: float, champion: str | None, stored: EvalSet, config: RegistryConfig,
-          retry: Retrying) -> tuple[Decision, str, float | None]:
-    """Score ``champion`` (when there is one) and decide: (decision, reason, the champion's value)."""
-    name, champion_value, unscored = config.model_name, None, ""
+def judge(ours: TextScores, champion: str | None, stored: EvalSet, config: RegistryConfig, retry: Retrying,
+          baseline: BaselineCheck) -> Verdict:
+    """Score ``champion`` (when there is one) text by text and decide (``train_deploy.registry.rules.decide``)."""
+    name, theirs, unscored = config.model_name, None, ""
     if champion is not None:
         try:
-            champion_value = retry("score the champion",
-                                   lambda: score(f"models:/{name}/{champion}", stored.texts, config))
+            theirs = retry("score the champion", lambda: score(f"models:/{name}/{champion}", stored.texts, config))
         except RegistryUnreachable:
             raise
         except Exception as exc:  # its files gone or damaged: whatever loading or scoring them raised
@@ -226,30 +259,7 @@ def judge(candidate_value: float, champion: str | None, stored: EvalSet, config:
                                 "without a comparison)") from exc
             logger.warning("Registered model %s: champion version %s could not be scored (%s); registry.force "
                            "promotes the candidate without a comparison", name, champion, unscored)
-    return (*decide(candidate_value, champion, champion_value, config, unscored), champion_value)
-
-
-def decide(candidate: float, champion: str | None, champion_value: float | None,
-           config: RegistryConfig, unscored: str = "") -> tuple[Decision, str]:
-    """The gate's decision and its reason for a candidate scoring ``candidate`` against ``champion``'s score
-    (``unscored``: why the champion has none; only ``registry.force`` promotes then)."""
-    ours = f"the candidate's {candidate:.4f} nats/char"
-    if champion is None:
-        return "first", f"no champion yet: the first version becomes champion ({ours} on the evaluation set)"
-    if champion_value is None:
-        if not config.force:
-            raise GateError(f"champion version {champion} has no score ({unscored or 'not scored'})")
-        return "forced", (f"registry.force: promoted without a comparison, champion version {champion} could not "
-                          f"be scored ({unscored}; {ours} on the evaluation set)")
-    gain = (champion_value - candidate) / champion_value
-    comparison = (f"{ours} are {f'{gain:.2%} below' if gain > 0 else f'{-gain:.2%} above'} "
-                  f"champion version {champion}'s {champion_value:.4f}")
-    if config.force:
-        return "forced", f"registry.force: promoted whatever the gate says ({comparison})"
-    if gain > 0 and gain >= config.min_improvement:
-        return "promoted", f"{comparison} (at least {config.min_improvement:.2%} needed)"
-    return "rejected", (f"{comparison}; promotion needs at least {config.min_improvement:.2%} fewer "
-                        "(registry.min_improvement)")
+    return decide(ours, champion, theirs, config, baseline, unscored)
 
 
 def mark_failed(client: MlflowClient, retry: Retrying, name: str, version: str, exc: BaseException) -> None:
@@ -273,16 +283,15 @@ def one_line(exc: BaseException) -> str:
     return (f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__)[:300]
 
 
-def score(model_uri: str, texts: list[str], config: RegistryConfig) -> float:
-    """Nats per character of the model at ``model_uri`` on ``texts`` (loaded and scored in this process)."""
-    from train_deploy.registry.model import nats_per_char
-
+def score(model_uri: str, texts: list[str], config: RegistryConfig) -> TextScores:
+    """The nats and characters of each of ``texts`` under the model at ``model_uri`` (loaded and scored in this
+    process)."""
     model = mlflow.pyfunc.load_model(model_uri)
     params = {"task": "score", "backend": config.backend, "int8": config.int8}
     chunk = min(_SCORE_CHUNK, config.max_batch)
     frames = [model.predict(pd.DataFrame({"text": texts[first : first + chunk]}), params=params)
               for first in range(0, len(texts), chunk)]
-    return nats_per_char(pd.concat(frames, ignore_index=True))
+    return TextScores.from_frame(pd.concat(frames, ignore_index=True))
 
 
 def version_tags(bundle: Bundle, token_files: TokenManifest, training_result: TrainingResult,
@@ -329,12 +338,21 @@ def git_commit(folder: Path) -> str:
 
 
 def decision_tags(result: RegistryDecision) -> dict[str, str]:
-    """The ``gate.*`` tags of the version: decision, reason, both numbers and the metric."""
-    return {DECISION_TAG: result.decision, "gate.reason": result.reason, "gate.metric": result.metric,
-            "gate.candidate": f"{result.candidate_value:.6f}",
-            "gate.champion": "none" if result.champion_value is None else f"{result.champion_value:.6f}",
+    """The ``gate.*`` tags of the version: decision, reason, both numbers and the metric, the improvement and its
+    interval, the set's size, and the baseline rule's figures."""
+    def number(value: float | None) -> str:
+        return "none" if value is None else f"{value:.6f}"
+
+    low, high = result.interval or (None, None)
+    return {DECISION_TAG: result.decision, "gate.reason": result.reason[:5000], "gate.metric": result.metric,
+            "gate.candidate": number(result.candidate_value), "gate.champion": number(result.champion_value),
             "gate.champion_version": result.previous_champion or "none",
-            "gate.eval_set.sha256": result.eval_set_sha256}
+            "gate.eval_set.sha256": result.eval_set_sha256, "gate.eval_set.texts": str(result.eval_texts),
+            "gate.improvement": number(result.improvement), "gate.interval.low": number(low),
+            "gate.interval.high": number(high),
+            "gate.confidence": "none" if result.confidence is None else f"{result.confidence:g}",
+            "gate.val_loss": number(result.val_loss), "gate.baseline": result.baseline or "none",
+            "gate.baseline_loss": number(result.baseline_loss)}
 
 
 def tag_decision(client: MlflowClient, result: RegistryDecision) -> None:
@@ -351,4 +369,12 @@ def promotion_event(result: RegistryDecision) -> dict[str, object]:
             "previous": result.previous_champion if promoted else None,
             "metric": result.metric, "candidate": round(result.candidate_value, 6),
             "champion_value": None if result.champion_value is None else round(result.champion_value, 6),
+            "improvement": _rounded(result.improvement),
+            "interval": None if result.interval is None else [_rounded(bound) for bound in result.interval],
+            "confidence": result.confidence, "eval_texts": result.eval_texts, "val_loss": _rounded(result.val_loss),
+            "baseline": result.baseline, "baseline_loss": _rounded(result.baseline_loss),
             "reason": result.reason, "run_id": result.run_id}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)

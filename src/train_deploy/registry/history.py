@@ -1,7 +1,8 @@
 """The promotion history of a registered model, kept on the model itself.
 
 Every gate decision and every rollback is an event: a small JSON object (time, event, decision, version, which
-versions hold ``champion`` and ``previous`` after it, both numbers, the reason). Each is a tag of the registered
+versions hold ``champion`` and ``previous`` after it, both numbers, the improvement with its interval and the
+evaluation set's size, the baseline rule's figures, the reason). Each is a tag of the registered
 model named ``history.<UTC time>``, so the whole history lives with the model on whatever tracking server
 holds it and reads back in time order by its key. MLflow's SQL stores keep a registered-model tag value in
 5000 characters (``registered_model_tags.value``), so an event's reason is shortened to fit. A gate decision's
@@ -29,7 +30,8 @@ HISTORY_PREFIX = "history."
 MAX_EVENT_CHARS = 5000
 COLUMNS = (("time", "time (UTC)"), ("event", "event"), ("decision", "decision"), ("version", "version"),
            ("champion", "champion"), ("previous", "previous"), ("candidate", "nats/char"),
-           ("champion_value", "champion nats/char"), ("reason", "reason"))
+           ("champion_value", "champion nats/char"), ("improvement", "improvement"), ("interval", "interval"),
+           ("eval_texts", "texts"), ("reason", "reason"))
 
 
 def alias_version(client: MlflowClient, name: str, alias: str) -> str | None:
@@ -102,6 +104,8 @@ def _cell(value: Any) -> str:
         return "-"
     if isinstance(value, float):
         return f"{value:.4f}"
+    if isinstance(value, list):  # an interval
+        return "[" + ",".join(_cell(bound) for bound in value) + "]"
     text = str(value)
     return text[:19].replace("T", " ") if _is_time(text) else text
 
