@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -29,6 +30,30 @@ lock.acquire(RunConfig(), "holder-pipeline")
 print("held", flush=True)
 time.sleep(600)
 """
+
+
+_DIE_HOLDING = """
+import json, os, socket, sys
+from pathlib import Path
+from train_deploy.run_lock import RunConfig, RunLock
+socket.sethostname("shared-host")  # another container with the same host name (--network host)
+lock = RunLock(Path(sys.argv[1]))
+lock.acquire(RunConfig(), sys.argv[2])
+print(json.dumps({"pid": os.getpid(), "previous": lock.previous}), flush=True)
+os._exit(0)  # dies holding the lock: no release, its description stays
+"""
+
+
+def own_namespaces(*command: str) -> list[str]:
+    """``command`` in new pid, mount and host-name namespaces (a container's), or the test skipped where they cannot
+    be made (not root, unshare missing or refused)."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("unshare (util-linux) is not installed: no pid namespaces to test with")
+    probe = subprocess.run([unshare, "-u", "-p", "-f", "--mount-proc", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"unshare -u -p -f --mount-proc is not permitted here ({probe.stderr.strip()[:120]})")
+    return [unshare, "-u", "-p", "-f", "--mount-proc", *command]
 
 
 def _wait_for(condition, seconds: float = 60.0) -> None:
@@ -59,6 +84,17 @@ def test_a_held_lock_names_its_holder_and_dies_with_it(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_run_that_died_in_another_pid_namespace_with_this_pid_is_reported_not_taken_for_this_one(tmp_path):
+    runs = [json.loads(subprocess.run(own_namespaces(sys.executable, "-c", _DIE_HOLDING, str(tmp_path), pipeline),
+                                      capture_output=True, text=True, timeout=120, check=True).stdout)
+            for pipeline in ("first", "second")]
+    assert [run["pid"] for run in runs] == [1, 1]  # each the first process of its container
+    assert runs[0]["previous"] is None
+    previous = runs[1]["previous"]  # the first container's run died holding the lock: the second reports it
+    assert (previous["pid"], previous["host"], previous["pipeline"]) == (1, "shared-host", "first")
+    assert previous["pid_ns"].startswith("pid:[") and len(previous["boot"]) == 36
 
 
 _ADOPT = """

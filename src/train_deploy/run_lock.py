@@ -11,6 +11,12 @@ a description left behind is a run that died holding the lock.
 A parent can take the lock and hand it to a child (``train-deploy schedule``: no other run can start between
 the scheduler's check and its ``kedro run``): :meth:`RunLock.hand_over` gives the open lock file and the
 environment variable :data:`HANDED_FD_VARIABLE` that names it; the child's :meth:`RunLock.acquire` adopts it.
+
+A description names its process by :func:`holder_identity`: the pid, and what tells pid namespaces apart (the
+namespace's inode and the boot id). Containers that share a data folder and a host name (``--network host``,
+``hostNetwork`` pods) each count pids from 1, so a pid alone would take a dead run of another container for this
+process (:func:`is_this_process`) and never report it; the alias lock of ``train_deploy.registry.aliases`` judges
+its holders the same way (:func:`process_gone`).
 """
 
 from __future__ import annotations
@@ -87,8 +93,8 @@ class RunLock:
         if self._handed:
             found = (found or {}).get("previous")
         self.previous = ({k: v for k, v in found.items() if k != "previous"}
-                         if found and found.get("pid") != os.getpid() else None)
-        self._about = {"pid": os.getpid(), "host": socket.gethostname(), "pipeline": pipeline,
+                         if found and not is_this_process(found) else None)
+        self._about = {**holder_identity(), "pipeline": pipeline,
                        "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
         self.record()
 
@@ -146,7 +152,7 @@ class RunLock:
         """After the child this lock was handed to ended (``died``: killed by a signal): the description it left
         if it died holding the lock, kept as ``previous``; this holder's description is written again."""
         left = self.about() if died else None
-        dead = {k: v for k, v in left.items() if k != "previous"} if left and left.get("pid") != os.getpid() else None
+        dead = {k: v for k, v in left.items() if k != "previous"} if left and not is_this_process(left) else None
         if dead:
             self.previous = dead
             self._about["previous"] = dead
@@ -193,6 +199,57 @@ class RunLock:
             return None if _try_lock(fd) else self.holder()
         finally:
             os.close(fd)  # closing the only descriptor of a lock taken here releases it
+
+
+def holder_identity() -> dict[str, Any]:
+    """This process as a lock's holder records it: pid and host name, and the pid namespace's inode
+    (``pid:[4026531836]``) and the boot id that say where the pid means something (empty when unreadable)."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "pid_ns": _proc_text("ns/pid"),
+            "boot": _proc_text("sys/kernel/random/boot_id")}
+
+
+def same_pid_namespace(record: dict[str, Any]) -> bool:
+    """Whether ``record`` (a :func:`holder_identity`) was made in this process's pid namespace and boot: only then
+    does its pid name a process here. A record without them (an older one) does not; on a system without
+    ``/proc`` (no pid namespaces), the host name decides."""
+    mine = holder_identity()
+    if not (mine["pid_ns"] and mine["boot"]):
+        return bool(record.get("host")) and record.get("host") == mine["host"]
+    return all(record.get(key) == mine[key] for key in ("pid_ns", "boot"))
+
+
+def is_this_process(record: dict[str, Any]) -> bool:
+    """Whether ``record`` describes this very process (its pid, in its pid namespace, since this boot)."""
+    return record.get("pid") == os.getpid() and same_pid_namespace(record)
+
+
+def process_gone(record: dict[str, Any]) -> bool:
+    """Whether the process ``record`` names is known to be gone: its pid namespace and boot are this process's
+    and no process has its pid. A process in another namespace, on another host or before a reboot is never
+    judged (its pid may be any process here, or none)."""
+    pid = record.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0 or not same_pid_namespace(record):
+        return False
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)  # no signal sent: whether the pid exists
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False  # it exists, another user's
+    return False
+
+
+def _proc_text(name: str) -> str:
+    """``/proc/self/<name>`` (a link's target, or a file's first line) for ``ns/...``, ``/proc/<name>`` else; ''
+    when it cannot be read."""
+    try:
+        if name.startswith("ns/"):
+            return os.readlink(f"/proc/self/{name}")
+        return Path("/proc", name).read_text(encoding="ascii").strip()
+    except OSError:
+        return ""
 
 
 def _try_lock(fd: int) -> bool:
