@@ -58,7 +58,7 @@ def test_rollback_command_swaps_champion_and_previous_and_history_prints_every_e
     assert header.split()[:4] == ["time", "(UTC)", "event", "decision"] and header.endswith("reason")
     assert [row.split()[3:6] for row in rows] == [["first", "1", "1"], ["forced", "2", "2"], ["rollback", "1", "1"]]
     assert "registry.force: promoted whatever the gate says" in rows[1]
-    assert rows[1].split()[8:11] == ["0.0000", "[0.0000,0.0000]", "4"]  # the same bundle: no improvement, 4 texts
+    assert rows[1].split()[9:12] == ["0.0000", "[0.0000,0.0000]", "4"]  # the same bundle: no improvement, 4 texts
     assert [event["decision"] for event in read_history(client, MODEL)] == ["first", "forced", "rollback"]
 
 
