@@ -524,3 +524,20 @@ def test_the_new_registry_keys_refuse_a_bad_value_naming_the_key():
                                           "'kneser_ney_bigram', 'none'$"):
         RegistryConfig.from_params({"require_beats": "trigram"})
     assert (RegistryConfig().require_beats, RegistryConfig().confidence) == ("unigram", 0.95)
+
+
+def test_a_bundle_without_its_validation_baselines_is_held_to_the_parity_windows_or_refused(tiny_bundle):
+    bundle = Bundle.read_folder(tiny_bundle)
+    source = dataclasses.replace(bundle.meta.source, val_baselines=None)
+    parity_only = dataclasses.replace(bundle, meta=dataclasses.replace(bundle.meta, source=source))
+    parity = bundle.parity.baselines
+    held = check_baselines(parity_only, "unigram")
+    assert (held.val_loss, held.baseline, held.baseline_loss) == (parity["model_loss"], "unigram",
+                                                                  parity["unigram_loss"])
+    assert held.refusal.endswith(f"on the same {parity['windows']} parity windows: it predicts worse than counting "
+                                 "(registry.require_beats: unigram)")
+    bare = dataclasses.replace(parity_only, parity=dataclasses.replace(bundle.parity, baselines=None))
+    assert check_baselines(bare, "unigram") == BaselineCheck(None, None, None, (
+        "the bundle records no validation loss beside the n-gram baselines, so nothing shows it predicts better than "
+        "counting (registry.require_beats: none turns the rule off)"))
+    assert check_baselines(bare, "none") == BaselineCheck(None, None, None, "")
