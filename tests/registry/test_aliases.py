@@ -3,9 +3,8 @@ killed after any of its calls is completed by the next run, and rollback refuses
 
 from __future__ import annotations
 
-import os
+import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,10 +16,20 @@ from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
 
 from tests.helpers.registry import ModelStore, registry
 from tests.mlflow_server import mlflow_server  # noqa: F401  (the fixture)
-from train_deploy.registry.aliases import LEASE_S, LOCK_SUFFIX, MOVE_TAG, AliasLock, repair_interrupted, rollback, stale
+from train_deploy.registry.aliases import (
+    CLAIM_PREFIX,
+    LEASE_S,
+    LOCK_SUFFIX,
+    MOVE_TAG,
+    AliasLock,
+    repair_interrupted,
+    rollback,
+    stale,
+)
 from train_deploy.registry.config import RetryConfig
 from train_deploy.registry.history import read_history
 from train_deploy.registry.retry import Retrying
+from train_deploy.run_lock import holder_identity
 
 MODEL = "aliases_test_lm"
 # A mover that takes the lock, makes the first `steps` calls of a gate's move champion 1 → 2 (previous → 1), and is
@@ -79,7 +88,10 @@ def aliases(client: MlflowClient, name: str = MODEL) -> dict[str, str]:
 
 
 def locked(client: MlflowClient, name: str = MODEL) -> bool:
-    return any(model.name == name + LOCK_SUFFIX for model in client.search_registered_models())
+    """Whether a lock model of ``name`` exists, or a claim on it (a mover's lock, held or left behind)."""
+    lock_names = re.compile(re.escape(name + LOCK_SUFFIX) + r"(\.[0-9]+)?")
+    return any(lock_names.fullmatch(model.name) for model in client.search_registered_models()) or any(
+        tag.startswith(CLAIM_PREFIX) for tag in client.get_registered_model(name).tags)
 
 
 def test_a_move_killed_after_any_of_its_calls_is_completed_by_the_next_run_then_rollback_works(tmp_path):
@@ -142,14 +154,18 @@ def test_movers_on_one_server_take_the_lock_one_at_a_time(mlflow_server, tmp_pat
     assert not locked(client)
 
 
-def test_a_lock_is_stale_when_its_process_on_this_host_is_gone_or_it_outlived_the_lease():
+def test_a_lock_is_stale_when_its_process_in_this_pid_namespace_is_gone_or_it_outlived_the_lease():
     ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
                            check=True)
-    here, now = socket.gethostname(), time.time()
-    assert stale({"host": here, "pid": int(ended.stdout)}, int(now * 1000), now) == (
-        f"its process {ended.stdout.strip()} on this host is gone")
-    assert stale({"host": here, "pid": os.getpid()}, int(now * 1000), now) == ""  # alive
-    assert stale({"host": "elsewhere", "pid": int(ended.stdout)}, int(now * 1000), now) == ""  # not ours to judge
+    here, now, gone = holder_identity(), time.time(), int(ended.stdout)
+    assert stale({**here, "pid": gone}, int(now * 1000), now) == (
+        f"its process {gone} is gone (same pid namespace and boot as this one)")
+    assert stale(here, int(now * 1000), now) == ""  # alive: this process
+    # Not ours to judge: another container's pid namespace under the same host name, another boot, a record without
+    # the namespace (host and pid alone).
+    assert stale({**here, "pid": gone, "pid_ns": "pid:[4026599999]"}, int(now * 1000), now) == ""
+    assert stale({**here, "pid": gone, "boot": "0" * 8 + here["boot"][8:]}, int(now * 1000), now) == ""
+    assert stale({"host": here["host"], "pid": gone}, int(now * 1000), now) == ""
     old = int((now - LEASE_S - 1) * 1000)
     assert stale({"host": "elsewhere"}, old, now) == f"held for {LEASE_S + 1:.0f} s, longer than the lease of " \
                                                      f"{LEASE_S:.0f} s"
