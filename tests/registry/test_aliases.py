@@ -3,11 +3,13 @@ killed after any of its calls is completed by the next run, and rollback refuses
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
@@ -15,13 +17,16 @@ from mlflow.exceptions import MlflowException
 from mlflow.protos.databricks_pb2 import RESOURCE_DOES_NOT_EXIST
 
 from tests.helpers.registry import ModelStore, registry
-from tests.mlflow_server import mlflow_server  # noqa: F401  (the fixture)
+from tests.mlflow_server import MlflowAuthServer, User, mlflow_auth_server, mlflow_server  # noqa: F401  (fixtures)
+from tests.test_run_lock import own_namespaces
 from train_deploy.registry.aliases import (
     CLAIM_PREFIX,
+    KEY_TAG,
     LEASE_S,
     LOCK_SUFFIX,
     MOVE_TAG,
     AliasLock,
+    Move,
     repair_interrupted,
     rollback,
     stale,
@@ -172,6 +177,64 @@ def test_a_lock_is_stale_when_its_process_in_this_pid_namespace_is_gone_or_it_ou
     assert stale({}, old, now).startswith("held for")  # a holder that cannot be read: by age alone
 
 
+# A mover in a container of its own that shares the host name of another (--network host, hostNetwork pods):
+# it takes the lock (A), or tries to for 3 s (B), and says what happened.
+_CONTAINER = """
+import json, os, socket, sys
+socket.sethostname("shared-host")
+from mlflow import MlflowClient
+from train_deploy.registry.aliases import AliasLock, AliasMoveError
+from train_deploy.registry.config import RetryConfig
+from train_deploy.registry.retry import Retrying
+
+uri, name, role = sys.argv[1:4]
+client = MlflowClient(uri, uri)
+lock = AliasLock(client, name, f"a gate in container {role}", Retrying(RetryConfig(attempts=1), uri))
+if role == "A":
+    lock.acquire()
+    print(json.dumps({"pid": os.getpid()}), flush=True)
+    sys.stdin.readline()  # holds the lock until the test says
+    lock.check()
+    lock.release()
+    print(json.dumps({"released": True}), flush=True)
+else:
+    try:
+        lock.acquire(timeout=3)
+        print(json.dumps({"pid": os.getpid(), "took": True}))
+    except AliasMoveError as held:
+        print(json.dumps({"pid": os.getpid(), "refused": str(held)}))
+"""
+
+
+@pytest.mark.slow
+def test_a_mover_in_another_pid_namespace_under_the_same_host_name_does_not_break_a_live_lock(tmp_path):
+    store = ModelStore(tmp_path / "store")
+    client = versions(store, 1)
+    # A runs under a shell, as pid 2 of its namespace; B is pid 1 of its own, where no pid 2 exists.
+    a = subprocess.Popen(own_namespaces("sh", "-c", f'"{sys.executable}" -c "$0" "$@"; exit $?', _CONTAINER,
+                                        store.tracking_uri, MODEL, "A"),
+                         env=store.environment(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert json.loads(a.stdout.readline()) == {"pid": 2}
+        b = subprocess.run(own_namespaces(sys.executable, "-c", _CONTAINER, store.tracking_uri, MODEL, "B"),
+                           env=store.environment(), capture_output=True, text=True, timeout=120)
+        assert b.returncode == 0, b.stderr[-2000:]
+        outcome = json.loads(b.stdout)
+        assert outcome["pid"] == 1, outcome
+        refused = outcome["refused"]
+        assert refused.startswith(f"registered model {MODEL}: the lock {MODEL}{LOCK_SUFFIX} is still held (a gate in "
+                                  "container A by "), refused
+        assert refused.endswith("after 3 s; no alias was changed") and ", pid 2 on shared-host, " in refused
+        a.stdin.write("\n")
+        a.stdin.flush()
+        assert json.loads(a.stdout.readline()) == {"released": True}  # A held it throughout
+        assert a.wait(60) == 0
+    finally:
+        a.kill()
+        a.wait()
+    assert not locked(client)
+
+
 class _ReleasedMeanwhile(MlflowClient):
     """A client whose first lock insert meets a rival's lock that the rival releases before the server reads it
     back: MLflow's SQL store then answers RESOURCE_DOES_NOT_EXIST for the create (seen on PostgreSQL in CI)."""
@@ -195,3 +258,98 @@ def test_a_lock_released_while_the_server_answers_the_insert_is_taken_on_the_nex
         assert client.raced and locked(client)
         lock.check()  # this process holds it
     assert not locked(client)
+
+
+# -- a read-only account on the team server (docs/team-server.md) --------------------------------------------------
+
+def _as(monkeypatch: pytest.MonkeyPatch, user: User) -> None:
+    """The MLflow clients of this process act as ``user`` from now on."""
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", user.username)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", user.password)
+
+
+def _refused(call) -> str:
+    """What the server answers ``call``: it must refuse it (HTTP 403)."""
+    with pytest.raises(MlflowException) as refused:
+        call()
+    assert refused.value.get_http_status_code() == 403, refused.value
+    return refused.value.error_code
+
+
+def _registry_as(user: User, uri: str, tmp_path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**ModelStore(tmp_path).environment(), "MLFLOW_TRACKING_URI": uri,
+           "MLFLOW_TRACKING_USERNAME": user.username, "MLFLOW_TRACKING_PASSWORD": user.password}
+    command = Path(sys.executable).parent / "train-deploy-registry"
+    return subprocess.run([str(command), *args, "--model", MODEL, "--tracking-uri", uri], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120, check=False)
+
+
+@pytest.mark.slow
+def test_a_read_only_account_can_neither_hold_nor_block_the_lock_gates_and_rollback_go_on(
+        mlflow_auth_server: MlflowAuthServer, monkeypatch, tmp_path, caplog):  # noqa: F811
+    server, uri = mlflow_auth_server, mlflow_auth_server.uri
+    server.stop()  # the guide's server: every account reads everything, writes what it is granted
+    config = server.auth_config.read_text()
+    server.auth_config.write_text(config.replace("default_permission = EDIT", "default_permission = READ"))
+    server.start()
+    trainer, reader = server.create_user("trainer"), server.create_user("server")
+    client = MlflowClient(uri, uri)
+    _as(monkeypatch, trainer)  # its first run creates the model: it manages it
+    client.create_registered_model(MODEL)
+    run = client.create_run(client.create_experiment("train_deploy")).info.run_id
+    for _ in range(2):  # no model is loaded here: the source is never read
+        client.create_model_version(MODEL, source=f"runs:/{run}/model", run_id=run)
+    client.set_registered_model_alias(MODEL, "champion", "1")
+
+    # The read-only account makes the lock's name and the next ones, each claiming a holder and a key; a claim on
+    # the model it cannot write.
+    _as(monkeypatch, reader)
+    forged = [MODEL + LOCK_SUFFIX, *(f"{MODEL}{LOCK_SUFFIX}.{n}" for n in (1, 2))]
+    for name in forged:
+        client.create_registered_model(name, tags={KEY_TAG: "forged-key", "holder": "forged-holder-text"})
+    assert _refused(lambda: client.set_registered_model_tag(MODEL, CLAIM_PREFIX + "x", "{}")) == "PERMISSION_DENIED"
+    refused = _registry_as(reader, uri, tmp_path, "rollback")  # its own rollback: refused, creating nothing
+    assert (refused.returncode, refused.stdout) == (1, "")
+    assert refused.stderr == (f"train-deploy-registry rollback: {uri}: permission denied (HTTP 403) for 'server': "
+                              f"needs EDIT on registered model {MODEL}\n")
+
+    # The trainer's gate takes the lock at once, under the next name.
+    _as(monkeypatch, trainer)
+    retry = Retrying(RetryConfig(attempts=1), uri)
+    lock, started = AliasLock(client, MODEL, "gate of version 2", retry), time.monotonic()
+    lock.acquire(timeout=20)  # the forged lock would hold it for the lease (600 s) before
+    assert time.monotonic() - started < 10
+    ours = f"{MODEL}{LOCK_SUFFIX}.3"
+    assert [name for name in _lock_names(client) if name not in forged] == [ours]
+
+    # While the trainer holds it, the read-only account changes nothing: it can neither delete the lock model or the
+    # claim, nor move an alias; a copy of the lock under the next name, key included, holds nothing.
+    _as(monkeypatch, reader)
+    claim = next(tag for tag in client.get_registered_model(MODEL).tags if tag.startswith(CLAIM_PREFIX))
+    assert _refused(lambda: client.delete_registered_model(ours)) == "PERMISSION_DENIED"
+    assert _refused(lambda: client.delete_registered_model_tag(MODEL, claim)) == "PERMISSION_DENIED"
+    assert _refused(lambda: client.set_registered_model_alias(MODEL, "champion", "2")) == "PERMISSION_DENIED"
+    copied = client.get_registered_model(ours).tags[KEY_TAG]
+    client.create_registered_model(f"{MODEL}{LOCK_SUFFIX}.4", tags={KEY_TAG: copied})
+    _as(monkeypatch, trainer)
+    lock.check()  # still the trainer's
+    lock.move(Move(champion="2", previous="1", start="1", event="history.20261203T010203.000004Z"))
+    lock.release()
+    assert aliases(client) == {"champion": "2", "previous": "1"}
+
+    # The emergency action, from the command line: at once too.
+    started = time.monotonic()
+    rolled = _registry_as(trainer, uri, tmp_path, "rollback")
+    assert rolled.returncode == 0 and time.monotonic() - started < 30, rolled.stderr
+    assert rolled.stdout.startswith(f"{MODEL}: rolled back by MLflow account 'trainer' (") and rolled.stdout.endswith(
+        "): champion from version 2 to version 1\n")
+    assert aliases(client) == {"champion": "1", "previous": "2"}
+    # The trainer's locks are gone; what the read-only account made stays, holding nothing, and its words were never
+    # repeated as a holder's.
+    assert _lock_names(client) == [*forged, f"{MODEL}{LOCK_SUFFIX}.4"]
+    assert not any(tag.startswith(CLAIM_PREFIX) for tag in client.get_registered_model(MODEL).tags)
+    assert "forged-holder-text" not in caplog.text + rolled.stderr
+
+
+def _lock_names(client: MlflowClient) -> list[str]:
+    return sorted(model.name for model in client.search_registered_models() if LOCK_SUFFIX in model.name)
