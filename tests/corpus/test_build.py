@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.helpers.corpus import encode, output_bytes
+from tests.corpus.test_dedup import split_texts
+from tests.helpers.corpus import encode, output_bytes, random_chinese
 from tests.helpers.project import corpus_params, publish
 from train_deploy.corpus.build import sample_documents
 from train_deploy.corpus.cleaning import Cleaner
@@ -117,6 +118,32 @@ def test_duplicates_are_dropped_and_counted(tmp_path, tiny_tokenizer):
     assert manifest.documents.kept == 40
     assert sum(s.documents for s in manifest.splits.values()) == 40
     assert 0 < manifest.splits["valid"].documents < 40
+
+
+def test_training_documents_holding_an_evaluation_text_are_left_out_counted_and_the_set_is_fingerprinted(
+        tmp_path, tiny_tokenizer):
+    chapters = random_chinese(40, 600, seed=31)
+    path = tmp_path / "manual.txt"
+    path.write_text("\n\n".join(chapters) + "\n", encoding="utf-8")
+    config, plan = plan_inputs(corpus_params(reader={"source": "text", "paths": [str(path)], "chunk_bytes": 8192,
+                                                     "max_bytes": None}, encoding={"validation_fraction": 0.0}))
+    eval_texts = [chapters[5][:40] + "的" + chapters[5][41:100],  # the opening of chapter 5, one character changed
+                  chapters[30][300:400],  # the middle of chapter 30, as it is
+                  chapters[12][:50] + random_chinese(1, 50, seed=32)[0],  # half of it: not held
+                  "一段训练语料里没有的文字。"]
+    plain = publish(encode_tokens(config, plan, tiny_tokenizer), tmp_path / "plain", TokenManifest)
+    checked = publish(encode_tokens(config, plan, tiny_tokenizer, None, eval_texts), tmp_path / "checked",
+                      TokenManifest)
+    assert checked.documents.dropped["near_duplicate_of_eval_set"] == 2
+    assert "near_duplicate_of_eval_set" not in plain.documents.dropped and "eval_set" not in plain.config
+    assert (plain.documents.kept, checked.documents.kept, checked.splits["train"].documents) == (40, 38, 38)
+    assert split_texts(checked, "train", tiny_tokenizer) == [c for i, c in enumerate(chapters) if i not in (5, 30)]
+    assert checked.config["eval_set"]["texts"] == 4 and checked.fingerprint != plain.fingerprint
+    again = publish(encode_tokens(config, plan, tiny_tokenizer, None, list(eval_texts)), tmp_path / "checked",
+                    TokenManifest)
+    assert again.reused and again.fingerprint == checked.fingerprint  # the same set next night: kept
+    quality = json.loads((tmp_path / "checked" / "quality.json").read_text(encoding="utf-8"))
+    assert quality["sample"]["examples"]["near_duplicate_of_eval_set"] == [chapters[5][:400], chapters[30][:400]]
 
 
 def test_manifest_records_fingerprint_counts_and_throughput(tmp_path, tiny_tokenizer):

@@ -6,11 +6,14 @@ import random
 
 import numpy as np
 import pytest
+import xxhash
 
 from tests.helpers.corpus import encode, output_bytes, random_chinese
 from train_deploy.config import ConfigError
 from train_deploy.corpus.config import CorpusConfig
-from train_deploy.corpus.dedup import NearDuplicateIndex, lsh_bands, minhash_signatures
+from train_deploy.corpus.dedup import NearDuplicateIndex, TextOverlap, lsh_bands, minhash_signatures
+from train_deploy.corpus.tokenizer import TokenEncoder
+from train_deploy.handoffs import TokenizerInfo, TokenManifest
 
 
 def shingles(text: str, n: int = 5) -> set[str]:
@@ -73,7 +76,9 @@ def test_near_duplicates_across_chunks_and_splits_are_removed_alike_by_one_and_t
                              "validation_fraction": 0.3}, reader={"source": "text", "paths": [str(path)],
                              "chunk_bytes": 8192, "max_bytes": None})
         assert manifest.input["chunks"] > 10
-        assert manifest.documents.dropped["near_duplicate"] == 20 and manifest.documents.kept == 200
+        # 9 twins share a split with their original; 11 cross it, and the validation one is dropped
+        assert manifest.documents.dropped["near_duplicate"] == 9 and manifest.documents.kept == 200
+        assert manifest.documents.dropped["near_duplicate_of_training"] == 11
         outputs.append(output_bytes(tmp_path / f"w{workers}" / "tokens"))
     assert outputs[0] == outputs[1]
 
@@ -85,3 +90,59 @@ def test_near_duplicates_across_chunks_and_splits_are_removed_alike_by_one_and_t
 def test_bad_near_dedup_settings_are_refused_naming_the_key(key, value, message):
     with pytest.raises(ConfigError, match=f"^corpus.cleaning.{key}: {message}"):
         CorpusConfig.from_params({"cleaning": {key: value}})
+
+
+def _is_valid(text: str, fraction: float, seed: int = 1234) -> bool:
+    """The split a document goes to, by the rule of ``corpus.encode``: the second half of its seeded 128-bit hash."""
+    second = np.frombuffer(xxhash.xxh3_128_digest(text.encode("utf-8"), seed), dtype="<u8")[1]
+    return bool(second < np.uint64(int(fraction * 2**64)))
+
+
+def split_texts(manifest: TokenManifest, split: str, tokenizer: TokenizerInfo) -> list[str]:
+    """The documents of a split of published token files, decoded, in file order."""
+    tokens = np.fromfile(f"{manifest.prefix(split)}.bin", dtype=manifest.dtype).tolist()
+    encoder, documents, start = TokenEncoder(tokenizer), [], 0
+    for end in (i for i, token in enumerate(tokens) if token == tokenizer.eos_id):
+        documents.append(encoder.decode(tokens[start:end]))
+        start = end + 1
+    return documents
+
+
+def two_editions(chapters: int = 30, shared: int = 20) -> tuple[list[str], list[str]]:
+    """Two editions of one manual: the second repeats ``shared`` chapters of the first with one character changed
+    (near-twins) and adds chapters of its own."""
+    first = random_chinese(chapters, 300, seed=11)
+    second = [t[:150] + ("的" if t[150] != "的" else "是") + t[151:] for t in first[:shared]]
+    return first, second + random_chinese(chapters - shared, 300, seed=12)
+
+
+def test_near_twins_across_the_split_never_reach_validation_and_the_training_one_stays(tmp_path, tiny_tokenizer):
+    first, second = two_editions()
+    path = tmp_path / "manual.txt"
+    path.write_text("\n\n".join(first + second) + "\n", encoding="utf-8")
+    _, manifest = encode(tmp_path, tiny_tokenizer, encoding={"validation_fraction": 0.4},
+                         reader={"source": "text", "paths": [str(path)], "chunk_bytes": 4096, "max_bytes": None})
+    valid = {text: _is_valid(text, 0.4) for text in first + second}
+    pairs = list(zip(first[:20], second[:20], strict=True))
+    crossing = [(a, b) for a, b in pairs if valid[a] != valid[b]]
+    assert (len(crossing), sum(valid[a] and valid[b] for a, b in pairs)) == (7, 5)  # the corpus shows both cases
+    assert manifest.documents.dropped["near_duplicate_of_training"] == 7  # the validation one of each crossing pair
+    assert manifest.documents.dropped["near_duplicate"] == 13  # the later one of a pair within a split
+    assert manifest.documents.kept == 40
+    dropped = {b for a, b in pairs if valid[a] == valid[b]} | {a if valid[a] else b for a, b in crossing}
+    kept = [text for text in first + second if text not in dropped]
+    assert split_texts(manifest, "train", tiny_tokenizer) == [text for text in kept if not valid[text]]
+    assert split_texts(manifest, "valid", tiny_tokenizer) == [text for text in kept if valid[text]]
+
+
+def test_a_short_text_is_held_by_a_long_document_that_contains_most_of_its_shingles():
+    text, other = random_chinese(2, 100, seed=21)
+    body = random_chinese(1, 2000, seed=22)[0]
+    holder = body[:900] + text[:40] + "的" + text[41:] + body[900:]  # one change: 5 of 97 shingles lost
+    partial = body[:900] + text[:65] + body[900:]  # 61 of 97 shingles: under 0.8
+    assert len(shingles(text) & shingles(holder)) / len(shingles(text)) >= 0.9
+    assert len(shingles(text) | shingles(holder)) > 10 * len(shingles(text) & shingles(holder))  # Jaccard < 0.1
+    overlap = TextOverlap([text, other, "短"], 5, 0.8)
+    assert overlap.holders([body, holder, partial, other + body]).tolist() == [False, True, False, True]
+    assert overlap.held([holder, partial]).tolist() == [True, False, False]
+    assert overlap.held([]).tolist() == [False, False, False]

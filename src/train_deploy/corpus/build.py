@@ -15,7 +15,7 @@ import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ import numpy as np
 from train_deploy.atomic import scratch_folder
 from train_deploy.corpus.cleaning import Cleaner
 from train_deploy.corpus.config import CorpusConfig
-from train_deploy.corpus.dedup import near_duplicates
+from train_deploy.corpus.dedup import NEAR_EVAL_SET, NEAR_TRAINING, TextOverlap, near_duplicates
 from train_deploy.corpus.encode import SPLITS, ChunkResult, peak_rss_mb
 from train_deploy.corpus.errors import CorpusError
 from train_deploy.corpus.executors.local import run_local
@@ -38,10 +38,26 @@ from train_deploy.corpus.report import BINS, EXAMPLES, CorpusQuality, QualitySam
 from train_deploy.corpus.tokenizer import TokenEncoder
 from train_deploy.handoffs import MANIFEST_FILE as MANIFEST
 from train_deploy.handoffs import DocumentCounts, SplitInfo, TokenizerInfo, TokenManifest, write_json
+from train_deploy.hashing import digest
 
 logger = logging.getLogger(__name__)
 
 _SAMPLE_BATCH = 64  # documents cleaned and filtered at once while sampling: little work past the budget
+_DECODE_BATCH = 512  # training documents decoded and compared with the evaluation set at once
+
+Drops = dict[str, dict[str, list[np.ndarray]]]
+"""Split → drop reason → one mask per chunk over the split's documents of that chunk."""
+
+
+def token_fingerprint(config: CorpusConfig, plan: CorpusPlan, tokenizer: str, eval_texts: Sequence[str] = ()) -> str:
+    """The token files' fingerprint: :func:`corpus_fingerprint`, and, when the training split is decontaminated
+    against an evaluation set (``eval_texts``), that set's texts: another set, other token files."""
+    fingerprint = corpus_fingerprint(config, plan, tokenizer)
+    return digest({"corpus": fingerprint, "eval_set": eval_set_digest(eval_texts)}) if eval_texts else fingerprint
+
+
+def eval_set_digest(eval_texts: Sequence[str]) -> str:
+    return digest(list(eval_texts))
 
 
 def sample_documents(config: CorpusConfig, plan: CorpusPlan) -> Iterator[str]:
@@ -126,26 +142,29 @@ def _more_documents(reader: dict[str, Any]) -> str:
     return "give more text (or a shorter training.batch.seq_length)"
 
 
-def encode_corpus(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, folder: Path) -> TokenManifest:
-    """Encode the planned corpus into ``folder`` (empty): ``{train,valid}.{bin,idx}`` and ``manifest.json``."""
+def encode_corpus(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, folder: Path,
+                  eval_texts: Sequence[str] = ()) -> TokenManifest:
+    """Encode the planned corpus into ``folder`` (empty): ``{train,valid}.{bin,idx}`` and ``manifest.json``.
+
+    ``eval_texts``, the registered model's evaluation set: a training document that holds one of them
+    (:class:`~train_deploy.corpus.dedup.TextOverlap`, with ``near_dedup_ngram`` and ``near_dedup_threshold``) is left
+    out of the training split and counted as ``near_duplicate_of_eval_set``; the set itself is never changed."""
     if not plan.chunks:
         raise CorpusError(f"corpus is empty: nothing to read in {', '.join(plan.files) or 'the configured paths'}")
     started = time.perf_counter()
     work = scratch_folder(Path(folder), "shards")
     try:
         stats = _combine(_run_chunks(config, plan, tokenizer, work))
-        near = near_duplicates([work / f"{c.index:06d}" for c in plan.chunks], config.cleaning) \
-            if config.cleaning.near_dedup else None
         if stats["documents_kept"] == 0:
             raise CorpusError(f"corpus is empty: no document left after cleaning in {', '.join(plan.files)} "
                               f"(read {stats['documents_read']}, dropped {dict(stats['dropped'])})")
-        if near is not None:
-            _near_duplicate_examples(work, plan, tokenizer, near, stats["quality"])
-        splits = _merge(config, plan, tokenizer, work, Path(folder), stats, near)
+        drops = _drops(config, plan, tokenizer, work, eval_texts)
+        _drop_examples(work, plan, tokenizer, drops, stats["quality"])
+        splits = _merge(config, plan, tokenizer, work, Path(folder), stats, drops)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     wall = time.perf_counter() - started
-    manifest = _manifest(config, plan, tokenizer, stats, splits, wall)
+    manifest = _manifest(config, plan, tokenizer, stats, splits, wall, eval_texts)
     manifest.path = str(folder)
     token_bins = sum((length_bins(document_sizes(Path(folder) / f"{s}.idx")) for s in SPLITS), np.zeros(BINS, int))
     CorpusQuality(stats["quality"], token_bins.tolist(), manifest.documents.dropped, manifest.documents.read,
@@ -193,52 +212,97 @@ def _combine(results: list[ChunkResult]) -> dict[str, Any]:
                             "helpers": [round(v, 1) for v in peaks.values()]}}
 
 
+def _drops(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, work: Path,
+           eval_texts: Sequence[str]) -> Drops:
+    """What the merge leaves out beyond exact duplicates: training documents holding an evaluation text, then the
+    near-duplicates (:func:`~train_deploy.corpus.dedup.near_duplicates`, when ``near_dedup``)."""
+    held = _eval_set_holders(work, plan, tokenizer, eval_texts, config) if eval_texts else None
+    prefixes = [work / f"{c.index:06d}" for c in plan.chunks]
+    drops: Drops = near_duplicates(prefixes, config.cleaning, held) if config.cleaning.near_dedup else \
+        {split: {} for split in SPLITS}
+    if held is not None:
+        drops["train"][NEAR_EVAL_SET] = held
+    return drops
+
+
+def _eval_set_holders(work: Path, plan: CorpusPlan, tokenizer: TokenizerInfo, eval_texts: Sequence[str],
+                      config: CorpusConfig) -> list[np.ndarray]:
+    """Per chunk, which of its training documents hold a text of ``eval_texts`` (decoded from their shards)."""
+    c = config.cleaning
+    overlap = TextOverlap(list(eval_texts), c.near_dedup_ngram, c.near_dedup_threshold)
+    encoder, dtype = TokenEncoder(tokenizer), token_dtype(tokenizer.vocab_size)
+    masks = []
+    for chunk in plan.chunks:
+        prefix = work / f"{chunk.index:06d}.train"
+        count = len(np.fromfile(f"{prefix}.sizes", dtype=np.int32))
+        masks.append(np.concatenate([np.zeros(0, bool)] + [
+            overlap.holders(_shard_texts(prefix, encoder, dtype, range(first, min(first + _DECODE_BATCH, count))))
+            for first in range(0, count, _DECODE_BATCH)]))
+    logger.info("Evaluation set of %d texts: %d training document(s) hold one of them and are left out",
+                len(eval_texts), sum(int(m.sum()) for m in masks))
+    return masks
+
+
+def _shard_texts(prefix: Path, encoder: TokenEncoder, dtype: np.dtype, which: Sequence[int]) -> list[str]:
+    """The documents ``which`` of a shard, decoded: the text of a dropped one is kept nowhere else."""
+    ends = np.cumsum(np.fromfile(f"{prefix}.sizes", dtype=np.int32), dtype=np.int64)
+    tokens = np.memmap(f"{prefix}.bin", dtype=dtype, mode="r")
+    try:
+        return [encoder.decode(tokens[(ends[i - 1] if i else 0) : ends[i] - 1].tolist()) for i in which]
+    finally:
+        del tokens
+
+
 def _merge(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, work: Path, folder: Path,
-           stats: dict[str, Any], near: dict[str, list[np.ndarray]] | None) -> dict[str, SplitInfo]:
+           stats: dict[str, Any], drops: Drops) -> dict[str, SplitInfo]:
     """Merge the chunks' shards in chunk order into ``folder/<split>.{bin,idx}``, leaving out duplicates and the
-    ``near`` duplicates (per split, a mask per chunk)."""
+    ``drops``, each counted under its reason."""
     dtype = token_dtype(tokenizer.vocab_size)
     splits = {}
     for split in SPLITS:
         seen: set[int] | None = set() if config.cleaning.deduplicate else None
         prefixes = [work / f"{c.index:06d}.{split}" for c in plan.chunks]
-        drops = near[split] if near is not None else None
-        documents, tokens, duplicates = merge_shards(prefixes, folder / split, dtype, seen, drops)
+        reasons = drops[split]
+        masks = [np.logical_or.reduce(chunk) for chunk in zip(*reasons.values(), strict=True)] if reasons else None
+        documents, tokens, duplicates = merge_shards(prefixes, folder / split, dtype, seen, masks)
         stats["dropped"]["duplicate"] += duplicates
-        if drops is not None:
-            stats["dropped"]["near_duplicate"] += sum(int(d.sum()) for d in drops)
+        for reason, chunks in reasons.items():
+            count = sum(int(m.sum()) for m in chunks)
+            if count or reason != NEAR_TRAINING:  # a corpus without twins across the split: the manifest as before
+                stats["dropped"][reason] += count
         splits[split] = SplitInfo(prefix=split, documents=documents, tokens=tokens,
                                   bin_bytes=(folder / f"{split}.bin").stat().st_size,
                                   idx_bytes=(folder / f"{split}.idx").stat().st_size)
-    stats["documents_kept"] -= stats["dropped"]["duplicate"] + stats["dropped"]["near_duplicate"]
+    stats["documents_kept"] -= stats["dropped"]["duplicate"] + sum(
+        stats["dropped"][reason] for reason in {r for split in drops.values() for r in split})
     return splits
 
 
-def _near_duplicate_examples(work: Path, plan: CorpusPlan, tokenizer: TokenizerInfo, near: dict[str, list[np.ndarray]],
-                             sample: QualitySample) -> None:
-    """Add the first near-duplicates (training split first, then validation) to the report, decoded from their
-    shards: their text is not kept anywhere else."""
+def _drop_examples(work: Path, plan: CorpusPlan, tokenizer: TokenizerInfo, drops: Drops,
+                   sample: QualitySample) -> None:
+    """Add the first documents of each drop reason (training split first, then validation) to the report, decoded
+    from their shards: their text is not kept anywhere else."""
     encoder, dtype = TokenEncoder(tokenizer), token_dtype(tokenizer.vocab_size)
     for split in SPLITS:
-        for chunk, drop in zip(plan.chunks, near[split], strict=True):
-            if not drop.any():
-                continue
-            prefix = work / f"{chunk.index:06d}.{split}"
-            ends = np.cumsum(np.fromfile(f"{prefix}.sizes", dtype=np.int32), dtype=np.int64)
-            tokens = np.memmap(f"{prefix}.bin", dtype=dtype, mode="r")
-            for i in np.flatnonzero(drop)[:EXAMPLES].tolist():
-                start = ends[i - 1] if i else 0
-                sample.example("near_duplicate", encoder.decode(tokens[start : ends[i] - 1].tolist()))
-            del tokens
-            if len(sample.examples["near_duplicate"]) >= EXAMPLES:
-                return
+        for reason, masks in drops[split].items():
+            for chunk, drop in zip(plan.chunks, masks, strict=True):
+                if len(sample.examples.get(reason, [])) >= EXAMPLES:
+                    break
+                if drop.any():
+                    for text in _shard_texts(work / f"{chunk.index:06d}.{split}", encoder, dtype,
+                                             np.flatnonzero(drop)[:EXAMPLES].tolist()):
+                        sample.example(reason, text)
 
 
 def _manifest(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, stats: dict[str, Any],
-              splits: dict[str, SplitInfo], wall: float) -> TokenManifest:
+              splits: dict[str, SplitInfo], wall: float, eval_texts: Sequence[str]) -> TokenManifest:
+    settings: dict[str, Any] = {"reader": asdict(config.reader), "cleaning": asdict(config.cleaning),
+                                "encoding": asdict(config.encoding)}
+    if eval_texts:  # what the training split was decontaminated against
+        settings["eval_set"] = {"texts": len(eval_texts), "digest": eval_set_digest(eval_texts)}
     return TokenManifest(
         format=FORMAT,
-        fingerprint=corpus_fingerprint(config, plan, tokenizer.hash),
+        fingerprint=token_fingerprint(config, plan, tokenizer.hash, eval_texts),
         created_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         dtype=token_dtype(tokenizer.vocab_size).name,
         tokenizer=replace(tokenizer, path="", reused=False),  # what it is, not where this machine keeps it
@@ -248,8 +312,7 @@ def _manifest(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, 
         tokens={"total": sum(s.tokens for s in splits.values()), "encoded_before_dedup": stats["tokens_encoded"]},
         input={"source": config.reader.source, "files": plan.files, "content_hash": plan.input_hash,
                "bytes": plan.input_bytes, "chunks": len(plan.chunks), "skipped_files": plan.skipped_files},
-        config={"reader": asdict(config.reader), "cleaning": asdict(config.cleaning),
-                "encoding": asdict(config.encoding)},
+        config=settings,
         warnings=stats["warnings"],
         workers=min(config.workers, len(plan.chunks)) if config.encoding.executor == "local"
         else stats["processes"],

@@ -34,11 +34,7 @@ def minhash_signatures(texts: list[str], ngram: int, permutations: int) -> np.nd
     signatures = np.full((len(texts), permutations), _EMPTY, dtype=np.uint32)
     if not texts:
         return signatures
-    codes, owner = code_points(texts)
-    starts = max(0, len(codes) - ngram + 1)
-    hashes = window_hashes(codes.astype(np.uint64), ngram)[:starts]
-    inside = (owner[:starts] == owner[ngram - 1 :]) & (owner[:starts] >= 0)
-    documents, hashes = owner[:starts][inside], _mix(hashes[inside])
+    documents, hashes = shingle_hashes(texts, ngram)
     short = [i for i, text in enumerate(texts) if len(text) < ngram]
     if short:
         whole = np.array([xxhash.xxh3_64_intdigest(texts[i].encode("utf-8")) for i in short], dtype=np.uint64)
@@ -49,6 +45,16 @@ def minhash_signatures(texts: list[str], ngram: int, permutations: int) -> np.nd
     np.minimum.at(signatures.reshape(-1), slots, (hashes >> np.uint64(20)).astype(np.uint32))
     _densify(signatures)
     return signatures
+
+
+def shingle_hashes(texts: list[str], ngram: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(documents, hashes)``: each character ``ngram``-shingle of ``texts`` as the index of its text and a 64-bit
+    hash, in text order (a text shorter than ``ngram`` has none)."""
+    codes, owner = code_points(texts)
+    starts = max(0, len(codes) - ngram + 1)
+    hashes = window_hashes(codes.astype(np.uint64), ngram)[:starts]
+    inside = (owner[:starts] == owner[ngram - 1 :]) & (owner[:starts] >= 0)
+    return owner[:starts][inside], _mix(hashes[inside])
 
 
 def _spread_short(documents: np.ndarray, hashes: np.ndarray, count: int,
@@ -131,19 +137,29 @@ class NearDuplicateIndex:
         judged nor kept."""
         keys = self._band_keys(signatures)
         duplicate = np.zeros(len(signatures), dtype=bool)
-        needed = self.threshold * self.permutations
         for i in range(len(signatures)):
             if hashes is not None and hashes[i] in self._hashes:
                 continue
             row = keys[i].tolist()
-            candidates = {table[key] for table, key in zip(self._tables, row, strict=True) if key in table}
-            if any(np.count_nonzero(self._kept[c] == signatures[i]) >= needed for c in candidates):
+            if self._near_kept(signatures[i], row):
                 duplicate[i] = True
                 continue
             self._keep(signatures[i], row)
             if hashes is not None:
                 self._hashes.add(hashes[i])
         return duplicate
+
+    def matches(self, signatures: np.ndarray) -> np.ndarray:
+        """Which of these documents are near-duplicates of a kept one, judged as :meth:`add` does; none is kept."""
+        keys = self._band_keys(signatures)
+        return np.array([self._near_kept(signatures[i], keys[i].tolist()) for i in range(len(signatures))],
+                        dtype=bool)
+
+    def _near_kept(self, signature: np.ndarray, keys: list[int]) -> bool:
+        """Whether a kept document that shares a band with ``signature`` reaches the threshold."""
+        needed = self.threshold * self.permutations
+        candidates = {table[key] for table, key in zip(self._tables, keys, strict=True) if key in table}
+        return any(np.count_nonzero(self._kept[c] == signature) >= needed for c in candidates)
 
     def _keep(self, signature: np.ndarray, keys: list[int]) -> None:
         if self._count == len(self._kept):
@@ -190,17 +206,93 @@ class SignatureWriter:
         return signatures, np.fromfile(f"{prefix}.doc", dtype=cls._DOC)
 
 
-def near_duplicates(prefixes: list[Path], config: CleaningConfig) -> dict[str, list[np.ndarray]]:
-    """For each split, one mask per chunk (in ``prefixes`` order) of the near-duplicates to leave out.
+NEAR_DUPLICATE = "near_duplicate"
+"""Drop reason: a near-duplicate of a document kept earlier in the same split."""
+NEAR_TRAINING = "near_duplicate_of_training"
+"""Drop reason: a validation document that is a near-duplicate of a training document."""
+NEAR_EVAL_SET = "near_duplicate_of_eval_set"
+"""Drop reason: a training document that holds a text of the registered model's evaluation set."""
 
-    The chunks are visited in input order; with ``deduplicate``, an exact copy of a kept document is left to the
-    exact pass and counted there."""
+
+def near_duplicates(prefixes: list[Path], config: CleaningConfig,
+                    excluded: list[np.ndarray] | None = None) -> dict[str, dict[str, list[np.ndarray]]]:
+    """For each split, for each drop reason, one mask per chunk (in ``prefixes`` order) of the documents to leave out.
+
+    The training split is judged first, in input order (:data:`NEAR_DUPLICATE`), leaving out the documents that
+    ``excluded`` marks (one mask per chunk over its training documents: dropped already, neither judged nor kept).
+    Then each validation document is compared with the training documents kept: a near-duplicate of one is dropped
+    from validation (:data:`NEAR_TRAINING`), the training one stays, so that no document is scored on a near-twin of
+    what the model was trained on; the rest are judged among themselves (:data:`NEAR_DUPLICATE`). With
+    ``deduplicate``, an exact copy of a kept document is left to the exact pass and counted there (copies share a
+    split: the split is picked by the text's hash)."""
     index = NearDuplicateIndex(config.near_dedup_threshold, config.near_dedup_permutations)
-    masks: dict[str, list[np.ndarray]] = {"train": [], "valid": []}
-    for prefix in prefixes:
-        signatures, documents = SignatureWriter.read(prefix, config.near_dedup_permutations)
-        duplicate = index.add(signatures, documents["hash"].tolist() if config.deduplicate else None)
-        valid = documents["valid"].astype(bool)
-        masks["train"].append(duplicate[~valid])
-        masks["valid"].append(duplicate[valid])
+    masks: dict[str, dict[str, list[np.ndarray]]] = {"train": {NEAR_DUPLICATE: []},
+                                                     "valid": {NEAR_TRAINING: [], NEAR_DUPLICATE: []}}
+    for i, prefix in enumerate(prefixes):
+        signatures, hashes = _split_signatures(prefix, config, valid=False)
+        judged = ~excluded[i] if excluded is not None else np.ones(len(signatures), dtype=bool)
+        duplicate = np.zeros(len(signatures), dtype=bool)
+        duplicate[judged] = index.add(signatures[judged], _chosen(hashes, judged))
+        masks["train"][NEAR_DUPLICATE].append(duplicate)
+    for prefix in prefixes:  # against the training documents only, before any validation document is kept
+        masks["valid"][NEAR_TRAINING].append(index.matches(_split_signatures(prefix, config, valid=True)[0]))
+    for prefix, of_training in zip(prefixes, masks["valid"][NEAR_TRAINING], strict=True):
+        signatures, hashes = _split_signatures(prefix, config, valid=True)
+        duplicate = np.zeros(len(signatures), dtype=bool)
+        duplicate[~of_training] = index.add(signatures[~of_training], _chosen(hashes, ~of_training))
+        masks["valid"][NEAR_DUPLICATE].append(duplicate)
     return masks
+
+
+def _split_signatures(prefix: Path, config: CleaningConfig, valid: bool) -> tuple[np.ndarray, list[int] | None]:
+    """One split's signatures of a chunk, in order, and their content hashes (None without ``deduplicate``)."""
+    signatures, documents = SignatureWriter.read(prefix, config.near_dedup_permutations)
+    members = documents["valid"].astype(bool) == valid
+    return signatures[members], documents["hash"][members].tolist() if config.deduplicate else None
+
+
+def _chosen(hashes: list[int] | None, members: np.ndarray) -> list[int] | None:
+    return None if hashes is None else [h for h, member in zip(hashes, members.tolist(), strict=True) if member]
+
+
+class TextOverlap:
+    """Which documents hold one of a few short texts (an evaluation set): a document holds a text when it contains at
+    least ``threshold`` of the text's distinct character ``ngram``-shingles (the containment of the text in the
+    document), counted exactly.
+
+    Not the Jaccard similarity of whole documents: an evaluation text is cut to a hundred characters or so, and a
+    training document that holds it word for word is many times longer, so their Jaccard similarity is small though
+    the model would have learnt the text. A document whose Jaccard similarity to a text reaches ``threshold`` holds
+    it (containment is never below it). A text shorter than ``ngram`` has no shingle and is held by none."""
+
+    def __init__(self, texts: list[str], ngram: int, threshold: float) -> None:
+        self.ngram, self.threshold = ngram, threshold
+        owners, hashes = shingle_hashes(list(texts), ngram)
+        pairs = np.unique(np.stack([hashes, owners.astype(np.uint64)], axis=1), axis=0)  # sorted by hash
+        self._hashes, self._owners = pairs[:, 0], pairs[:, 1].astype(np.int64)
+        self._sizes = np.bincount(self._owners, minlength=len(texts))
+        self._count = len(texts)
+
+    def holders(self, documents: list[str]) -> np.ndarray:
+        """One flag per document: it holds at least one of the texts."""
+        return self._holds(documents).any(axis=1)
+
+    def held(self, documents: list[str]) -> np.ndarray:
+        """One flag per text: at least one of ``documents`` holds it."""
+        return self._holds(documents).any(axis=0)
+
+    def _holds(self, documents: list[str]) -> np.ndarray:
+        """``(documents, texts)``: whether the document holds the text."""
+        if not documents or not len(self._hashes):
+            return np.zeros((len(documents), self._count), dtype=bool)
+        owners, hashes = shingle_hashes(documents, self.ngram)
+        pairs = np.unique(np.stack([hashes, owners.astype(np.uint64)], axis=1), axis=0)
+        first = np.searchsorted(self._hashes, pairs[:, 0], side="left")
+        counts = np.searchsorted(self._hashes, pairs[:, 0], side="right") - first
+        taken = np.repeat(np.arange(len(pairs)), counts)  # one row per (document shingle, text holding it)
+        offsets = np.arange(len(taken)) - np.repeat(np.cumsum(counts) - counts, counts)
+        texts = self._owners[np.repeat(first, counts) + offsets]
+        documents_of = pairs[taken, 1].astype(np.int64)
+        shared = np.bincount(documents_of * self._count + texts, minlength=len(documents) * self._count)
+        share = shared.reshape(len(documents), self._count) / np.maximum(self._sizes, 1)
+        return (share >= self.threshold) & (self._sizes > 0)
