@@ -6,26 +6,31 @@ import dataclasses
 import json
 from pathlib import Path
 
+import mlflow
 import pytest
 from kedro.io import DataCatalog, MemoryDataset
 from kedro.runner import SequentialRunner
+from mlflow import MlflowClient
 
+from tests.corpus.test_dedup import split_texts
 from tests.helpers.project import corpus_params
+from tests.helpers.registry import ModelStore
 from train_deploy.config import ConfigError
 from train_deploy.datasets import ArtifactFolderDataset, WorkFolderDataset
 from train_deploy.handoffs import DocumentCounts, TokenManifest
 from train_deploy.pipelines.corpus import create_pipeline
-from train_deploy.pipelines.corpus.nodes import report_corpus
+from train_deploy.pipelines.corpus.nodes import evaluation_set_texts, report_corpus
+from train_deploy.registry.evalstore import store_eval_set
 
 SRC = Path(__file__).resolve().parents[3] / "src" / "train_deploy"
 
 
-def _catalog(tmp_path, training: dict | None = None, **encoding) -> DataCatalog:
+def _catalog(tmp_path, training: dict | None = None, registry: dict | None = None, **encoding) -> DataCatalog:
     """The corpus stage's catalog entries as conf/base/catalog.yml declares them, in ``tmp_path``."""
     return DataCatalog({
         "params:corpus": MemoryDataset(corpus_params(encoding=encoding)),
         "params:training": MemoryDataset(training or {}),  # init_from: scratch
-        "params:registry": MemoryDataset({}),
+        "params:registry": MemoryDataset(registry or {}),
         "init_cache": WorkFolderDataset(path=str(tmp_path / "init_from")),
         "tokenizer": ArtifactFolderDataset(path=str(tmp_path / "tokenizer"), by_fingerprint=True,
                                            description="train_deploy.handoffs.TokenizerInfo"),
@@ -84,3 +89,33 @@ def test_the_training_block_is_validated_once_at_the_head_of_the_stage_and_an_in
     callers = {path.relative_to(SRC).as_posix(): path.read_text(encoding="utf-8").count("TrainingConfig.from_params")
                for path in (SRC / "pipelines" / "corpus" / "nodes.py", SRC / "retrain.py")}
     assert callers == {"pipelines/corpus/nodes.py": 1, "retrain.py": 0}
+
+
+@pytest.mark.slow
+def test_tonights_training_documents_that_hold_a_text_of_the_registered_models_set_are_left_out(
+        tmp_path, tiny_token_files, tiny_tokenizer):
+    training = split_texts(tiny_token_files, "train", tiny_tokenizer)
+    texts = [training[7][:80], "一段训练语料里没有的文字，今天天气很好。"]
+    store, registry = ModelStore(tmp_path / "store"), {"model_name": "edu_lm"}
+    assert evaluation_set_texts(registry) == []  # no MLflow run: nothing is registered, nothing to check
+    with store.active(), mlflow.start_run() as run:
+        assert evaluation_set_texts(registry) == []  # no model yet
+        client = MlflowClient()
+        client.create_registered_model("edu_lm")
+        store_eval_set(client, "edu_lm", run.info.run_id, texts)
+        catalog = _catalog(tmp_path, registry=registry, validation_fraction=0.05)
+        SequentialRunner().run(create_pipeline(), catalog)
+    manifest = catalog["token_files"].load()
+    assert manifest.documents.dropped["near_duplicate_of_eval_set"] == 1
+    assert manifest.splits["train"].documents == tiny_token_files.splits["train"].documents - 1
+    assert split_texts(manifest, "train", tiny_tokenizer) == training[:7] + training[8:]
+    assert manifest.config["eval_set"]["texts"] == 2 and manifest.fingerprint != tiny_token_files.fingerprint
+    assert split_texts(manifest, "valid", tiny_tokenizer) == split_texts(tiny_token_files, "valid", tiny_tokenizer)
+
+
+def test_the_first_registrations_jsonl_set_is_checked_before_it_is_stored(tmp_path):
+    path = tmp_path / "eval.jsonl"
+    path.write_text('{"text": "今天天气很好，我们去公园。"}\n{"text": "明天会下雨吗？"}\n', encoding="utf-8")
+    registry = {"model_name": "edu_lm", "eval_set": {"path": str(path), "documents": 1}}
+    with ModelStore(tmp_path / "store").active(), mlflow.start_run():
+        assert evaluation_set_texts(registry) == ["今天天气很好，我们去公园。"]

@@ -9,9 +9,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from train_deploy.corpus.build import check_splits, encode_corpus, sample_documents, token_files_are_current
+from train_deploy.corpus.build import (
+    check_splits,
+    encode_corpus,
+    sample_documents,
+    token_files_are_current,
+    token_fingerprint,
+)
 from train_deploy.corpus.config import CorpusConfig
-from train_deploy.corpus.fingerprints import corpus_fingerprint, tokenizer_fingerprint
+from train_deploy.corpus.fingerprints import tokenizer_fingerprint
 from train_deploy.corpus.readers import CorpusPlan, plan_corpus, resolved
 from train_deploy.corpus.report import CorpusQuality, examples_text, report_figure
 from train_deploy.corpus.tokenizer import load_tokenizer, tokenizer_is_current, train_tokenizer, training_sentences
@@ -19,6 +25,7 @@ from train_deploy.datasets import FolderWork
 from train_deploy.handoffs import InitSource, TokenizerInfo, TokenManifest, WorkFolder, to_json
 from train_deploy.registry.champion import record_init_source, resolve_init_source
 from train_deploy.registry.config import RegistryConfig
+from train_deploy.registry.evalset import jsonl_texts
 from train_deploy.training.config import TrainingConfig
 
 logger = logging.getLogger(__name__)
@@ -51,6 +58,31 @@ def resolve_init(training: TrainingConfig, registry: dict[str, Any], corpus_conf
     return source
 
 
+def evaluation_set_texts(registry: dict[str, Any]) -> list[str]:
+    """Return the texts tonight's training split is decontaminated against: the registered model's stored evaluation
+    set, else the ``registry.eval_set.path`` file its first registration will store; none without an MLflow run
+    (nothing is registered) or when the first registration will build the set from the validation split (which the
+    corpus stage keeps apart from training)."""
+    import mlflow
+    from mlflow import MlflowClient
+
+    from train_deploy.registry.evalstore import stored_eval_set
+    from train_deploy.registry.retry import Retrying
+
+    if mlflow.active_run() is None:
+        return []
+    config = RegistryConfig.from_params(registry)
+    client = MlflowClient()
+    stored = Retrying(config.retries, client.tracking_uri)("read the evaluation set",
+                                                           lambda: stored_eval_set(client, config.model_name))
+    if stored is not None:
+        logger.info("Training documents are checked against registered model %s's evaluation set (%d texts, "
+                    "sha256 %s)", config.model_name, len(stored.texts), stored.sha256[:12])
+        return stored.texts
+    texts = config.eval_set
+    return jsonl_texts(texts.path, texts.documents, texts.max_chars) if texts.path else []
+
+
 def prepare_tokenizer(corpus_config: CorpusConfig, corpus_plan: CorpusPlan,
                       init_source: InitSource | None = None) -> FolderWork[TokenizerInfo]:
     """Return how to fill the tokenizer folder: the warm start's (``training.init_from``), or SentencePiece trained
@@ -75,14 +107,17 @@ def prepare_tokenizer(corpus_config: CorpusConfig, corpus_plan: CorpusPlan,
 
 
 def encode_tokens(corpus_config: CorpusConfig, corpus_plan: CorpusPlan, tokenizer: TokenizerInfo,
-                  training: TrainingConfig | None = None) -> FolderWork[TokenManifest]:
+                  training: TrainingConfig | None = None,
+                  eval_texts: list[str] | None = None) -> FolderWork[TokenManifest]:
     """Return how to fill the token folder: encode the corpus in parallel (kept when its fingerprint is unchanged),
-    refusing token files that cannot fill one window of ``training``'s ``seq_length`` in each split, and warning
-    of a validation split smaller than one evaluation batch (:func:`~train_deploy.corpus.build.check_splits`),
-    encoded or kept, before the training stage starts."""
-    fingerprint = corpus_fingerprint(corpus_config, corpus_plan, tokenizer.hash)
+    leaving out of the training split the documents that hold a text of ``eval_texts`` (the evaluation set), refusing
+    token files that cannot fill one window of ``training``'s ``seq_length`` in each split, and warning of a
+    validation split smaller than one evaluation batch (:func:`~train_deploy.corpus.build.check_splits`), encoded or
+    kept, before the training stage starts."""
+    eval_texts = eval_texts or []
+    fingerprint = token_fingerprint(corpus_config, corpus_plan, tokenizer.hash, eval_texts)
     keep = partial(token_files_are_current, fingerprint=fingerprint) if corpus_config.encoding.reuse else None
-    build = partial(encode_corpus, corpus_config, corpus_plan, tokenizer)
+    build = partial(encode_corpus, corpus_config, corpus_plan, tokenizer, eval_texts=eval_texts)
     if training is not None:
         batch = training.batch
         check = partial(check_splits, window=batch.seq_length + 1, batch=batch.micro_batch_size,
