@@ -101,6 +101,7 @@ def train_deploy():
             session.run(pipeline_names=["train_deploy"], node_names=[
                 "configure_corpus_training",
                 "plan_corpus_inputs",
+                "read_evaluation_set",
                 "resolve_init_source",
                 "prepare_tokenizer",
                 "encode_corpus",
