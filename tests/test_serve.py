@@ -6,12 +6,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
+import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from train_deploy.serve import ServeError, absolute_uri, check_servable, find_project, store_uris
+from tests.helpers.registry import ModelStore
+from train_deploy.serve import ServeError, absolute_uri, cached_model, check_servable, find_project, store_uris
 
 TRAIN_DEPLOY = Path(sys.executable).parent / "train-deploy"
 
@@ -63,3 +67,85 @@ def test_serving_a_model_the_store_lacks_says_so_in_one_line_from_any_folder(pro
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(f"Error: {uri}: registered model nope has no alias champion ("), done.stderr
     assert not list(elsewhere.iterdir()) and not (project / "mlflow.db").exists()
+
+
+MODEL = "serve_cache_lm"
+
+
+def _registered(store: ModelStore, source: Path) -> Any:
+    """``source`` logged as the artifacts of a run and registered as version 1 of :data:`MODEL` (its ModelVersion)."""
+    with store.active(), mlflow.start_run() as run:
+        mlflow.log_artifacts(str(source), "model")
+    client = MlflowClient(store.tracking_uri, store.tracking_uri)
+    client.create_registered_model(MODEL)
+    return client.create_model_version(MODEL, f"runs:/{run.info.run_id}/model", run_id=run.info.run_id)
+
+
+def _model_files(tmp_path: Path) -> Path:
+    """A model's folder as MLflow stores it: its description, the package, the bundle's weights."""
+    source = tmp_path / "source"
+    (source / "artifacts" / "bundle").mkdir(parents=True)
+    (source / "code").mkdir()
+    (source / "MLmodel").write_text("flavors: {}\n", encoding="utf-8")
+    (source / "code" / "module.py").write_text("VALUE = 1\n", encoding="utf-8")
+    (source / "artifacts" / "bundle" / "weights.bin").write_bytes(os.urandom(1 << 20))
+    return source
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    """Every file's bytes, but the one MLflow adds to a registered model it downloads."""
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in folder.rglob("*")
+            if path.is_file() and path.name != "registered_model_meta"}
+
+
+def test_starts_of_one_version_share_one_verified_copy_and_a_damaged_copy_is_downloaded_again(
+        tmp_path, monkeypatch, caplog):
+    store, source = ModelStore(tmp_path / "store"), _model_files(tmp_path)
+    version = _registered(store, source)
+    monkeypatch.setenv("TRAIN_DEPLOY_CACHE_DIR", str(tmp_path / "cache"))
+    temporary = tmp_path / "tmp"  # where a download to a new temporary folder would land
+    temporary.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temporary))
+
+    first = cached_model(version, store.tracking_uri, store.tracking_uri)
+    assert _tree(first) == _tree(source)
+    weights = first / "artifacts" / "bundle" / "weights.bin"
+    downloaded = weights.stat().st_ino
+    assert cached_model(version, store.tracking_uri, store.tracking_uri) == first
+    assert weights.stat().st_ino == downloaded  # reused, not downloaded again
+    folder = next(parent for parent in first.parents if parent.parent == tmp_path / "cache" / "serve")
+    assert sorted(path.name for path in folder.parent.iterdir()) == sorted([folder.name, f".{folder.name}.lock"])
+    assert list(temporary.iterdir()) == []
+
+    # One byte changed (same size), then a file gone: each time the copy is downloaded again, in the same folder.
+    damaged = bytearray(weights.read_bytes())
+    damaged[12345] ^= 0xFF
+    weights.write_bytes(bytes(damaged))
+    with caplog.at_level("WARNING"):
+        assert cached_model(version, store.tracking_uri, store.tracking_uri) == first
+    assert f"The cached copy in {folder} is damaged (" in caplog.text
+    assert _tree(first) == _tree(source) and weights.stat().st_ino != downloaded
+    (first / "code" / "module.py").unlink()
+    assert cached_model(version, store.tracking_uri, store.tracking_uri) == first
+    assert _tree(first) == _tree(source)
+    assert sorted(path.name for path in folder.parent.iterdir()) == sorted([folder.name, f".{folder.name}.lock"])
+    assert list(temporary.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_train_deploy_serve_started_twice_downloads_once_and_leaves_no_temporary_folder(project, tmp_path):
+    store = ModelStore(tmp_path / "store")
+    _registered(store, _model_files(tmp_path))  # no model a server can load: each start ends after the download
+    temporary, cache = tmp_path / "tmp", tmp_path / "cache"
+    temporary.mkdir()
+    env = {**store.environment(), "TRAIN_DEPLOY_CACHE_DIR": str(cache), "TMPDIR": str(temporary)}
+    inodes = []
+    for _ in range(2):
+        done = subprocess.run([str(TRAIN_DEPLOY), "serve", "--project", str(project), "--model", MODEL, "--alias",
+                               "1", "--port", "0"], env=env, capture_output=True, text=True, timeout=180)
+        assert f"Serving models:/{MODEL}/1 (version 1) of " in done.stderr, done.stderr[-2000:]
+        (folder,) = [path for path in (cache / "serve").iterdir() if not path.name.endswith(".lock")]
+        inodes.append((folder / "model" / "artifacts" / "bundle" / "weights.bin").stat().st_ino)
+    assert inodes[0] == inodes[1]  # the second start reused the first one's copy
+    assert sorted(path.name for path in (cache / "serve").iterdir()) == [f".{folder.name}.lock", folder.name]
+    assert list(temporary.iterdir()) == []

@@ -9,7 +9,10 @@ And it would serve the model without the checks MLflow's scoring server makes im
 (a misspelled parameter is dropped before the model sees it: ``train_deploy.registry.server``).
 
 :func:`serve` therefore downloads the model in the project folder, with the tracking and registry URIs of the
-project's ``mlflow.yml`` (``MLFLOW_TRACKING_URI`` wins, as in a run; local paths made absolute), and becomes this
+project's ``mlflow.yml`` (``MLFLOW_TRACKING_URI`` wins, as in a run; local paths made absolute), into one folder
+per model version in this machine's cache (:func:`cached_model`: a restart under a supervisor reuses it once every
+file still has the size and xxh3-128 hash recorded at its download, a damaged copy is downloaded again, and
+nothing else is left behind), and becomes this
 environment's ``uvicorn`` running ``train_deploy.registry.server`` from the package logged with the model (MLflow's
 scoring server behind a guard); a version logged before that module existed is served by ``mlflow models serve``.
 It replaces the current process, so Ctrl-C and SIGTERM reach the server. :func:`serve_line` is the command the end
@@ -21,19 +24,31 @@ of a run prints.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
+import logging
 import os
+import re
 import shlex
 import sys
-import tempfile
-from pathlib import Path
-from typing import NoReturn
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
+from train_deploy.atomic import atomic_folder, remove_leftovers
+from train_deploy.cache import cache_dir
 from train_deploy.conf import project_config
+from train_deploy.hashing import digest, file_record
 from train_deploy.registry.config import RegistryConfig
+
+logger = logging.getLogger(__name__)
 
 CONF_MARKER = Path("conf") / "base" / "mlflow.yml"
 """What makes a folder this project's: the configuration its runs read."""
+DOWNLOAD_RECORD = "download.json"
+"""In a cached model's folder: where the model lies in it, and every file's size and xxh3-128 hash at download."""
 
 
 class ServeError(RuntimeError):
@@ -84,9 +99,9 @@ def default_model_name(project: Path, env: str | None = None) -> str:
     return RegistryConfig.from_params(project_config(project, env)["parameters"].get("registry")).model_name
 
 
-def check_servable(tracking: str, registry: str, model_name: str, alias: str) -> str:
-    """The version ``models:/<model_name>@<alias>`` (or ``/<version>``) names; raises :class:`ServeError` in one
-    line when the store, the model or the alias is missing."""
+def check_servable(tracking: str, registry: str, model_name: str, alias: str) -> Any:
+    """The model version (MLflow's ``ModelVersion``) ``models:/<model_name>@<alias>`` (or ``/<version>``) names;
+    raises :class:`ServeError` in one line when the store, the model or the alias is missing."""
     if tracking.startswith("sqlite:///") and not Path(tracking.removeprefix("sqlite:///")).is_file():
         raise ServeError(f"no MLflow store at {tracking.removeprefix('sqlite:///')}: run the pipeline first "
                          "(make run), or set MLFLOW_TRACKING_URI to the store that holds the model")
@@ -101,7 +116,7 @@ def check_servable(tracking: str, registry: str, model_name: str, alias: str) ->
         raise ServeError(f"{_shown(registry)}: registered model {model_name} has no "
                          f"{'version' if alias.isdigit() else 'alias'} {alias} ({exc.message.splitlines()[0]})"
                          ) from None
-    return str(found.version)
+    return found
 
 
 def _shown(uri: str) -> str:
@@ -126,14 +141,77 @@ def server_command(model: Path, host: str, port: int, workers: int) -> list[str]
             "-p", str(port), "--workers", str(workers)]
 
 
-def download_model(model_uri: str, tracking: str, registry: str) -> Path:
-    """``model_uri`` downloaded from the store into a new temporary folder (as ``mlflow models serve`` does)."""
+def cached_model(version: Any, tracking: str, registry: str) -> Path:
+    """The model version ``version`` (MLflow's ``ModelVersion``) downloaded into this machine's cache
+    (``train_deploy.cache.cache_dir()/serve``), one folder per version of one store: reused while every file it
+    recorded at download has its size and xxh3-128 hash, else downloaded again and swapped in whole (a copy damaged
+    or cut short is replaced). Two starts at once download it once; what an interrupted download left is removed."""
+    # Named by what names the version for good: a store made again at the same path numbers its versions afresh.
+    key = digest([registry, version.name, str(version.version), version.creation_timestamp, version.source], 8)
+    folder = cache_dir() / "serve" / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', version.name)[:64]}-{version.version}-{key}"
+    with _held(folder.parent / f".{folder.name}.lock"):
+        if (model := _verified(folder)) is not None:
+            logger.info("Reusing the copy of %s version %s in %s", version.name, version.version, folder)
+            return model
+        remove_leftovers(folder.parent, f".{folder.name}.")  # a download killed midway (this lock is held)
+        with atomic_folder(folder, "the downloaded model") as staging:
+            model = download_model(f"models:/{version.name}/{version.version}", tracking, registry, staging / "model")
+            files = {path.relative_to(staging).as_posix(): file_record(path)
+                     for path in sorted(staging.rglob("*")) if path.is_file()}
+            record = {"model": model.relative_to(staging).as_posix(), "files": files}
+            (staging / DOWNLOAD_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        logger.info("Downloaded %s version %s into %s", version.name, version.version, folder)
+        return folder / record["model"]
+
+
+def download_model(model_uri: str, tracking: str, registry: str, target: Path) -> Path:
+    """``model_uri`` downloaded from the store into the folder ``target``; the model's folder in it."""
     import mlflow
 
     mlflow.set_tracking_uri(tracking)
     mlflow.set_registry_uri(registry)
-    target = tempfile.mkdtemp(prefix="train_deploy-serve-")
-    return Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=target))
+    return Path(mlflow.artifacts.download_artifacts(artifact_uri=model_uri, dst_path=str(target)))
+
+
+def _verified(folder: Path) -> Path | None:
+    """The model in the cached ``folder`` when every file its download record names is as recorded; else None."""
+    try:
+        record = json.loads((folder / DOWNLOAD_RECORD).read_text(encoding="utf-8"))
+        files, model = record["files"], folder / _inside(record["model"])
+        if not files or not model.is_dir():
+            return None
+        for name, expected in files.items():
+            path = folder / _inside(name)
+            if path.stat().st_size != expected["bytes"] or file_record(path) != expected:
+                logger.warning("The cached copy in %s is damaged (%s differs from its download); downloading it "
+                               "again", folder, name)
+                return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if (folder / DOWNLOAD_RECORD).exists() or folder.exists():
+            logger.warning("The cached copy in %s is incomplete or unreadable (%s); downloading it again", folder,
+                           type(exc).__name__)
+        return None
+    return model
+
+
+def _inside(name: str) -> PurePosixPath:
+    """A relative name inside the cached folder (a record naming anything else is a damaged one)."""
+    relative = PurePosixPath(name)
+    if relative.is_absolute() or ".." in relative.parts:
+        raise ValueError(f"{DOWNLOAD_RECORD}: {name[:200]!r} is not a name inside the folder")
+    return relative
+
+
+@contextlib.contextmanager
+def _held(path: Path) -> Iterator[None]:
+    """An OS lock on ``path`` for the block (released by the kernel if this process dies)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def server_environment(tracking: str, registry: str) -> dict[str, str]:
@@ -149,12 +227,13 @@ def serve(*, project: Path | None = None, env: str | None = None, model_name: st
     folder = find_project(project)
     tracking, registry = store_uris(folder, env)
     name = model_name or default_model_name(folder, env)
-    version = check_servable(tracking, registry, name, alias)
+    found = check_servable(tracking, registry, name, alias)
+    version = str(found.version)
     model_uri = f"models:/{name}/{alias}" if alias.isdigit() else f"models:/{name}@{alias}"
     from train_deploy.registry.server import MODEL_PATH
 
     os.chdir(folder)  # the store's relative artifact locations resolve from the project folder
-    model = download_model(model_uri, tracking, registry)
+    model = cached_model(found, tracking, registry)
     command = server_command(model, host, port, workers)
     sys.stderr.write(f"Serving {model_uri} (version {version}) of {_shown(tracking)} on http://{host}:{port} "
                      f"(POST /invocations); Ctrl-C stops it\n")
