@@ -8,6 +8,8 @@ Kedro configures logging (its rich handler on the root logger) before any projec
   Paddle's missing ccache, setuptools replacing distutils, PaddleNLP's swiglu and Paddle's PIR notices) and
   makes PaddleNLP's logger an ordinary one (:class:`PaddleNLPLogger`), and lets kedro-mlflow say once, not once
   per node that ran, that a failed run was closed (:class:`RunClosedOnce`);
+- every log record, console line and uncaught traceback is redacted (``train_deploy.redaction``: credentials in
+  URIs, secret environment values), from :func:`quiet_third_party` on;
 - the :class:`ConsoleLogging` hook writes every record of the run, tracebacks included, to
   ``logs/train_deploy.log`` in the project, and, when the console is not a terminal (a file, a pipe, a
   scheduler's log), turns the rich handler's boxes, colours and 80-column wrapping into plain lines; on a
@@ -26,6 +28,8 @@ import sys
 import warnings
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
+
+from train_deploy.redaction import redact_logging, redact_streams
 
 LOG_FILE = Path("logs") / "train_deploy.log"
 PLAIN_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -87,7 +91,10 @@ class RunClosedOnce(logging.Filter):
 
 def quiet_third_party() -> None:
     """Ignore :data:`KNOWN_NOISE`, route PaddleNLP's logger through logging (before PaddleNLP is imported) and
-    install :class:`RunClosedOnce`; no MLflow download bars (carriage returns) when the console is not a terminal."""
+    install :class:`RunClosedOnce`; no MLflow download bars (carriage returns) when the console is not a terminal.
+    Log records, ``sys.stdout``/``sys.stderr`` and uncaught tracebacks are redacted from here on."""
+    redact_logging()
+    redact_streams()
     if not sys.stderr.isatty():
         os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     for message, category, module in KNOWN_NOISE:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import faulthandler
+import functools
 import importlib.abc
 import json
 import logging
@@ -32,6 +33,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,6 +41,9 @@ logger = logging.getLogger("train_deploy.signals")  # also when run as __main__ 
 
 NOTIFY_VARIABLE = "TRAIN_DEPLOY_NOTIFY"
 """The watch process's copy of the run's ``notify`` block (JSON)."""
+DEADLINE_VARIABLE = "TRAIN_DEPLOY_DEADLINE"
+"""The time (Unix seconds) after which ``train-deploy schedule`` stops a run and reports it timed out itself."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 PADDLE_SIGNALS = tuple(getattr(signal, name) for name in ("SIGSEGV", "SIGILL", "SIGFPE", "SIGABRT", "SIGBUS",
                                                           "SIGTERM") if hasattr(signal, name))
@@ -155,6 +160,58 @@ def _reset_paddle_handlers() -> None:
         faulthandler.enable(_fault_log, all_threads=True)
 
 
+# --- which stop signal arrived ------------------------------------------------------------------------------
+
+
+class StopSignals:
+    """Records which stop signal (:data:`STOP_SIGNALS`) arrived, in front of the handlers in place, which still
+    run (``SystemExit`` for SIGTERM, ``KeyboardInterrupt`` for Ctrl-C): a run's end names a signal only when one
+    came. A signal whose action is the default one (no handler) ends the process before anything could say so."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        """The name of the stop signal that arrived (the first), or None."""
+        self._wrapped: dict[int, tuple[Any, Any]] = {}
+
+    def watch(self) -> StopSignals:
+        """Put the recorder in front of the current handlers (from the main thread only: elsewhere Python sets no
+        handler, and none is recorded)."""
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for signum in STOP_SIGNALS:
+            handler = signal.getsignal(signum)
+            if callable(handler) and signum not in self._wrapped:
+                recorder = functools.partial(self._record, handler)
+                signal.signal(signum, recorder)
+                self._wrapped[signum] = (handler, recorder)
+        return self
+
+    def _record(self, handler: Any, signum: int, frame: Any) -> None:
+        self.received = self.received or signal.Signals(signum).name
+        handler(signum, frame)
+
+    def restore(self) -> None:
+        """Put back the handlers found by :meth:`watch` where the recorder is still in place."""
+        for signum, (handler, recorder) in list(self._wrapped.items()):
+            if threading.current_thread() is threading.main_thread() and signal.getsignal(signum) is recorder:
+                signal.signal(signum, handler)
+            del self._wrapped[signum]
+
+
+def describe_stop(name: str) -> str:
+    """``stopped by SIGTERM`` / ``stopped by SIGINT (Ctrl-C)``."""
+    return f"stopped by {name}" + (" (Ctrl-C)" if name == "SIGINT" else "")
+
+
+def past_schedule_deadline() -> bool:
+    """Whether ``train-deploy schedule`` gave this run a wall-clock limit (:data:`DEADLINE_VARIABLE`) and it has
+    passed: a stop now is the scheduler's, which reports the night as timed out itself."""
+    try:
+        return time.time() >= float(os.environ[DEADLINE_VARIABLE])
+    except (KeyError, ValueError):
+        return False
+
+
 # --- what a fatal signal leaves in the log ----------------------------------------------------------------
 
 
@@ -262,7 +319,7 @@ def _report_death(holder: Path, log: Path | None, offset: int, pid: int) -> None
                  where, stage, describe_signal(name), log if log is not None else "none (not opened yet)")
     if record.get("mlflow_run_id"):  # after the console line: MLflow takes seconds to import
         logger.error("%s", end_run_failed(record["mlflow_run_id"], f"{name} in {record.get('node') or 'the run'}"))
-    if os.environ.get(NOTIFY_VARIABLE):
+    if os.environ.get(NOTIFY_VARIABLE) and not past_schedule_deadline():  # else the scheduler says it timed out
         from train_deploy.notify import NotifyConfig, notify
 
         notify(NotifyConfig.from_params(json.loads(os.environ[NOTIFY_VARIABLE])), "failed", holder.parent.parent,
@@ -288,12 +345,14 @@ def end_run_failed(run_id: str, cause: str) -> str:
 
 def _watch_main(argv: list[str]) -> int:
     from train_deploy.console import PLAIN_FORMAT
+    from train_deploy.redaction import redact_logging
 
     holder, log, offset, parent = Path(argv[0]), Path(argv[1]) if argv[1] else None, int(argv[2]), int(argv[3])
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if log is not None:
         handlers.append(logging.FileHandler(log, encoding="utf-8", delay=True))
     logging.basicConfig(level=logging.WARNING, format=PLAIN_FORMAT, handlers=handlers)  # no MLflow chatter
+    redact_logging()
     return _watch(holder, log, offset, parent)
 
 

@@ -39,12 +39,16 @@ def messages(receiver: Receiver) -> list[dict]:
     return [json.loads(body) for _, body in receiver.received]
 
 
-def run_hook(hook: RunAlerts, error: BaseException | None = None) -> None:
-    """``before_pipeline_run`` as pluggy drives a wrapper: to its yield, then the other hooks' result or error."""
-    wrapper = hook.before_pipeline_run()
+def wrapped(wrapper, error: BaseException | None = None) -> None:
+    """A wrapper hook as pluggy drives it: to its yield, then the other hooks' result or error."""
     next(wrapper)
     with pytest.raises(StopIteration if error is None else type(error)):
         wrapper.throw(error) if error is not None else wrapper.send(None)
+
+
+def run_hook(hook: RunAlerts, error: BaseException | None = None) -> None:
+    """``before_pipeline_run``, around the other hooks' result or error."""
+    wrapped(hook.before_pipeline_run(), error)
 
 
 def decision(champion: bool) -> RegistryDecision:
@@ -58,7 +62,7 @@ def test_a_gated_run_sends_promoted_or_rejected_with_both_scores(receiver, tmp_p
     hook = started(receiver, tmp_path)
     run_hook(hook)
     hook.after_node_run({"registry_decision": decision(champion), "registry_history": "…"})
-    hook.after_pipeline_run()
+    wrapped(hook.after_pipeline_run())
     (message,) = messages(receiver)
     assert message["event"] == ("promoted" if champion else "rejected") and message["project"] == "news_project"
     assert (message["score"], message["champion_score"], message["version"]) == (1.5, 1.6, "7")
@@ -72,8 +76,8 @@ def test_a_skipped_night_sends_skipped_with_its_reason(receiver, tmp_path):
 def test_a_failed_node_sends_failed_once_naming_the_node(receiver, tmp_path):
     hook = started(receiver, tmp_path)
     run_hook(hook)
-    hook.before_node_run(SimpleNamespace(name="export_bundle"))
-    hook.on_pipeline_error(RuntimeError("disk full\nwith a second line"))
+    wrapped(hook.before_node_run(SimpleNamespace(name="export_bundle")))
+    wrapped(hook.on_pipeline_error(RuntimeError("disk full\nwith a second line")))
     hook._stopped()  # the exit handler after an error sends nothing more
     (message,) = messages(receiver)
     assert (message["event"], message["node"], message["reason"]) == ("failed", "export_bundle",
@@ -88,7 +92,7 @@ def test_a_run_refused_before_its_first_node_sends_failed(receiver, tmp_path):
 def test_no_receivers_no_messages_and_a_corpus_only_success_sends_nothing(receiver, tmp_path):
     hook = started(receiver, tmp_path)
     run_hook(hook)
-    hook.after_pipeline_run()
+    wrapped(hook.after_pipeline_run())
     silent = RunAlerts()
     silent.after_context_created(SimpleNamespace(params={}, project_path=tmp_path))
     run_hook(silent, NothingToRetrain("unchanged"))

@@ -16,6 +16,7 @@ from train_deploy.atomic import clean_leftovers, remove_leftovers
 from train_deploy.console import project_log_file
 from train_deploy.datasets import ArtifactFolderDataset, WorkFolderDataset
 from train_deploy.preflight import check_run, check_tracking, check_writable
+from train_deploy.redaction import redact_mlflow, redact_streams
 from train_deploy.retrain import CHECKED_NODES, OUTCOME_TAG, REASON_TAG, NothingToRetrain, check_for_changes
 from train_deploy.run_lock import RunConfig, RunLock
 from train_deploy.signals import RunWatch, end_run_failed, install_termination_handler, log_fatal_signals
@@ -45,6 +46,8 @@ class ProjectRunLock:
 
     @hook_impl
     def after_context_created(self, context) -> None:
+        redact_streams()  # again: something may have replaced a stream or the exception hook since the import
+        redact_mlflow()
         install_termination_handler()
         if (log := project_log_file()) is not None:  # ConsoleLogging (tryfirst) opened it
             log_fatal_signals(log)
@@ -83,13 +86,19 @@ class ProjectRunLock:
                 log_fatal_signals(log)  # the log may have been rotated
             self._lock.record(node=node.name, stage=self._stages.get(node.name))
 
-    @hook_impl
-    def after_pipeline_run(self) -> None:
-        self._release()
+    @hook_impl(wrapper=True)
+    def after_pipeline_run(self):
+        try:
+            return (yield)
+        finally:  # after the other hooks, even one that failed (kedro-mlflow's, when the server is gone)
+            self._release()
 
-    @hook_impl
-    def on_pipeline_error(self) -> None:
-        self._release()
+    @hook_impl(wrapper=True)
+    def on_pipeline_error(self):
+        try:
+            return (yield)
+        finally:
+            self._release()
 
     def _release(self) -> None:
         atexit.unregister(self._release)

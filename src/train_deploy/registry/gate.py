@@ -60,6 +60,7 @@ from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
 from train_deploy.handoffs import Bundle, TokenManifest, TrainingResult
+from train_deploy.redaction import one_line as redacted_one_line
 from train_deploy.registry.aliases import AliasLock, Move
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.evalstore import EvalSet, first_eval_set, stored_eval_set
@@ -278,9 +279,9 @@ def mark_failed(client: MlflowClient, retry: Retrying, name: str, version: str, 
 
 
 def one_line(exc: BaseException) -> str:
-    """The first line of ``exc``'s message (its type when it has none), at most 300 characters."""
-    text = str(exc).strip()
-    return (f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__)[:300]
+    """The first line of ``exc``'s message (its type when it has none), redacted, at most 300 characters
+    (``train_deploy.redaction.one_line``)."""
+    return redacted_one_line(exc)
 
 
 def score(model_uri: str, texts: list[str], config: RegistryConfig) -> TextScores:
