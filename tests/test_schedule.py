@@ -55,6 +55,12 @@ if mode == "die":  # a run that dies of a signal in a node, holding the lock han
     lock.acquire(RunConfig(), "stand-in")
     lock.record(node="export_bundle", stage="export")
     os.kill(os.getpid(), signal.SIGILL)
+if mode == "hang":  # a run that hangs in a node, holding the lock handed to it
+    from train_deploy.run_lock import RunConfig, RunLock
+    lock = RunLock(Path("data"))
+    lock.acquire(RunConfig(), "stand-in")
+    lock.record(node="train_model", stage="training")
+    time.sleep(600)
 if mode == "group":  # a run with a training process of its own, in its process group
     worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
     Path(str(log) + ".pids").write_text(f"{os.getpid()} {worker.pid}")
@@ -182,6 +188,41 @@ def test_two_schedulers_at_once_one_runs_the_other_skips_the_slot(stand_in):
     assert len(ran) == 1 and len(skipped) == 1, logs
     assert "started:" not in skipped[0] and "retry" not in "".join(logs)
     assert len(_runs(project)) == 1 and _holder(project) is None  # one run; the lock given back, undescribed
+
+
+def test_a_run_past_max_hours_is_stopped_alerted_as_timed_out_and_the_next_slot_runs(stand_in):
+    project, script = stand_in
+    receiver = Receiver()
+    (project / "conf" / "base").mkdir(parents=True)
+    (project / "conf" / "nightly").mkdir()
+    (project / "conf" / "nightly" / "parameters.yml").write_text(f"notify:\n  webhooks: [{receiver.url}]\n")
+    scheduler = _schedule(project, script, "hang", "--cron", "* * * * * */4", "--max-hours", "0.0005", "--env",
+                          "nightly", "--retries", "2", "--backoff", "0.1")  # 1.8 s a night, never retried
+    try:
+        _wait_for(lambda: len(_runs(project)) >= 2, seconds=30)
+        ((_, body),) = receiver.wait_for(1, timeout=10)
+        rc, err = _stop(scheduler)
+    finally:
+        receiver.close()
+        scheduler.kill()
+    assert rc == 0, err
+    first = _runs(project)[0]["pid"]
+    assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
+    assert "ERROR train_deploy.schedule: timed out: the run took more than 0.0005 h (--max-hours); stopping it" in err
+    assert re.search(r"INFO .*finished: killed by SIGTERM after \d+\.\d s \(timed out\)$", err, re.M)
+    assert "retry" not in err
+    message = json.loads(body)
+    assert (message["event"], message["trigger"], message["node"], message["stage"]) == (
+        "failed", "schedule", "train_model", "training")
+    assert message["reason"] == ("timed out: the run took more than 0.0005 h (train-deploy schedule --max-hours) "
+                                 "and was stopped")
+
+
+def test_max_hours_must_be_positive(stand_in):
+    project, script = stand_in
+    scheduler = _schedule(project, script, "ok", "--once", "--max-hours", "0")
+    _, err = scheduler.communicate(timeout=20)
+    assert scheduler.returncode == 2 and "--max-hours 0.0: must be more than 0 hours" in err.splitlines()[-1]
 
 
 def test_a_run_killed_by_a_signal_is_named_and_its_record_left_for_the_next_run(stand_in):

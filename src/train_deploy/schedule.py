@@ -7,11 +7,15 @@ another run is skipped and logged, never failed by a race with it. A failed run 
 exponential back-off (``backoff``, 2 × ``backoff``, …) up to ``retries`` times, then the scheduler waits for
 the next slot; a run the data gate stopped (exit 3) is not retried: the same corpus would stop it again.
 Missed slots are never caught up: a run that outlasts later slots is followed by at most one
-late run. SIGTERM or SIGINT stops the current run and its processes (SIGTERM, SIGKILL to what is left after
-:data:`STOP_GRACE` seconds; the run's own hooks stop its training processes) and exits 0.
+late run. A run still going after ``--max-hours`` (default :data:`MAX_HOURS`) is stopped with its processes,
+logged and alerted as timed out (a ``failed`` message to the run's ``notify`` receivers, sent once the lock is
+given back), not retried, and the next slot runs. SIGTERM or SIGINT stops the current run and its processes
+(SIGTERM, SIGKILL to what is left after :data:`STOP_GRACE` seconds; the run's own hooks stop its training
+processes) and exits 0.
 
     train-deploy schedule --cron "0 3 * * *"                  # every night at 03:00, in the foreground
     train-deploy schedule --once --pipeline train_deploy      # one run now (with retries), exit with its code
+    train-deploy schedule --cron "0 3 * * *" --max-hours 6    # a night still running after 6 h is stopped
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from train_deploy.processes import stop_process_tree
+from train_deploy.redaction import one_line
 from train_deploy.run_lock import RunConfig, RunLock, RunLockHeld
+from train_deploy.signals import DEADLINE_VARIABLE
 from train_deploy.validation import STOPPED_EXIT_STATUS as VALIDATION_STOPPED
 
 logger = logging.getLogger(__name__)
@@ -38,6 +44,8 @@ logger = logging.getLogger(__name__)
 TRIGGER_VARIABLE = "TRAIN_DEPLOY_TRIGGER"
 STOP_GRACE = 30.0
 """Seconds a stopped run's processes have to end after SIGTERM before they are killed."""
+MAX_HOURS = 24.0
+"""The default wall-clock limit of one run (``--max-hours``): a night that hangs never stops the schedule."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -58,6 +66,8 @@ class Schedule:
     """Retries of a failed run before waiting for the next slot."""
     backoff: float = 60.0
     """Seconds before the first retry; each further retry waits twice as long."""
+    max_hours: float = MAX_HOURS
+    """Hours one run may take: then it is stopped with its processes and reported timed out."""
 
 
 @dataclass(slots=True)
@@ -71,29 +81,60 @@ class _Stop:
         self.event.set()
 
 
-def _run_once(schedule: Schedule, stop: _Stop, lock: RunLock) -> int:
-    """One run of the command in its own process group, under the scheduler's run lock handed to it; its exit
-    code (negative: the signal that killed it)."""
+@dataclass(slots=True)
+class _Ended:
+    """How one run ended."""
+
+    rc: int
+    """Its exit code (negative: the signal that killed it)."""
+    timed_out: bool = False
+    """It was stopped at ``max_hours``."""
+    where: dict = field(default_factory=dict)
+    """The node and stage it was in, as its holder record said (a run that timed out)."""
+
+
+def _run_once(schedule: Schedule, stop: _Stop, lock: RunLock) -> _Ended:
+    """One run of the command in its own process group, under the scheduler's run lock handed to it, stopped
+    with its processes after ``schedule.max_hours``."""
     started = time.monotonic()
+    limit = schedule.max_hours * 3600.0
     logger.info("started: %s (in %s)", shlex.join(schedule.command), schedule.project)
     fd, handed = lock.hand_over()
     child = subprocess.Popen(schedule.command, cwd=schedule.project, start_new_session=True, pass_fds=(fd,),
-                             env={**os.environ, TRIGGER_VARIABLE: "schedule", **handed})
+                             env={**os.environ, TRIGGER_VARIABLE: "schedule", **handed,
+                                  DEADLINE_VARIABLE: f"{time.time() + limit:.3f}"})
+    timed_out, where = False, {}
     while child.poll() is None:
         if stop.event.wait(0.2):
             stop_process_tree(child, STOP_GRACE)  # SIGTERM: the run's own hooks stop its training processes
             break
+        if time.monotonic() - started >= limit:
+            timed_out, where = True, _where(lock)
+            logger.error("timed out: the run took more than %s (--max-hours); stopping it", _hours(schedule))
+            stop_process_tree(child, STOP_GRACE)
+            break
     rc = child.wait()
     ended = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"rc {rc}"
-    logger.info("finished: %s after %.1f s", ended, time.monotonic() - started)
-    return rc
+    logger.info("finished: %s after %.1f s%s", ended, time.monotonic() - started, " (timed out)" if timed_out else "")
+    return _Ended(rc, timed_out, where)
+
+
+def _where(lock: RunLock) -> dict:
+    """The node and stage the run holding ``lock`` described itself in."""
+    about = lock.about() or {}
+    return {key: about.get(key) for key in ("node", "stage")}
+
+
+def _hours(schedule: Schedule) -> str:
+    return f"{schedule.max_hours:g} h"
 
 
 def run_with_retries(schedule: Schedule, stop: _Stop) -> int:
     """A run and its retries; the last exit code (0 for a run skipped because the project is held).
 
     The scheduler takes the project's run lock first and hands it to each run (``train_deploy.run_lock``): a slot
-    is skipped, never failed, when another run holds it, and no run can start between the check and the run."""
+    is skipped, never failed, when another run holds it, and no run can start between the check and the run. A
+    run that timed out is not retried, and alerted once the lock is given back."""
     lock = RunLock(schedule.project / "data")
     try:
         lock.acquire(RunConfig(lock="fail"), f"{schedule.pipeline} (train-deploy schedule)")
@@ -103,23 +144,32 @@ def run_with_retries(schedule: Schedule, stop: _Stop) -> int:
         return 0
     died = None
     try:
-        rc = _run_once(schedule, stop, lock)
-        died = lock.reclaim(died=rc < 0)
+        night = _run_once(schedule, stop, lock)
+        died = lock.reclaim(died=night.rc < 0)
         for attempt in range(1, schedule.retries + 1):
-            if rc in (0, VALIDATION_STOPPED) or stop.event.is_set():  # a stopped night fails the same way again
-                break
+            if night.rc in (0, VALIDATION_STOPPED) or night.timed_out or stop.event.is_set():
+                break  # a stopped or timed-out night fails the same way again
             delay = schedule.backoff * 2 ** (attempt - 1)
-            logger.warning("run failed (rc %d): retry %d of %d in %g s", rc, attempt, schedule.retries, delay)
+            logger.warning("run failed (rc %d): retry %d of %d in %g s", night.rc, attempt, schedule.retries, delay)
             if stop.event.wait(delay):
                 break
-            rc = _run_once(schedule, stop, lock)
-            died = lock.reclaim(died=rc < 0)
-        if rc == 0 and not stop.event.is_set():  # retention: train-deploy gc under this lock (never fails the run)
+            night = _run_once(schedule, stop, lock)
+            died = lock.reclaim(died=night.rc < 0)
+        if night.rc == 0 and not stop.event.is_set():  # retention: train-deploy gc under this lock (never fails)
             from train_deploy.retention.collect import after_scheduled_run
             after_scheduled_run(schedule.project, schedule.command, lock)
     finally:
         lock.release(leave=died)  # a run that died under the lock: the next run reports it
-    if rc == VALIDATION_STOPPED:
+    return _report(schedule, stop, night)
+
+
+def _report(schedule: Schedule, stop: _Stop, night: _Ended) -> int:
+    """Log how the night ended, alert a timed-out one; its exit code."""
+    rc = night.rc
+    if night.timed_out:
+        notify_outcome(schedule, "failed", reason=f"timed out: the run took more than {_hours(schedule)} "
+                                                  "(train-deploy schedule --max-hours) and was stopped", **night.where)
+    elif rc == VALIDATION_STOPPED:
         logger.error("run stopped by the data gate (rc %d): not retried until the corpus changes", rc)
     elif rc != 0 and not stop.event.is_set():
         logger.error("run failed (rc %d) after %d retries", rc, schedule.retries)
@@ -127,8 +177,15 @@ def run_with_retries(schedule: Schedule, stop: _Stop) -> int:
 
 
 def notify_skipped(schedule: Schedule, reason: str) -> None:
-    """Tell the project's ``notify`` receivers (``conf/<env>``) of a slot skipped before any run started (a run
-    that starts reports its own outcome); never raises: a failure is logged in one line."""
+    """Tell the project's ``notify`` receivers of a slot skipped before any run started (a run that starts
+    reports its own outcome)."""
+    notify_outcome(schedule, "skipped", reason=reason)
+
+
+def notify_outcome(schedule: Schedule, event: str, **fields: object) -> None:
+    """Tell the project's ``notify`` receivers (``conf/<env>``) of what the scheduler itself saw (a skipped slot,
+    a run stopped at its limit), waiting for the delivery no longer than its deadline; never raises: a failure is
+    logged in one line."""
     if not (schedule.project / "conf").is_dir():
         return  # no configuration, no receivers (the scheduler's tests run a script in a bare folder)
     try:
@@ -136,11 +193,10 @@ def notify_skipped(schedule: Schedule, reason: str) -> None:
         from train_deploy.notify import NotifyConfig, notify
 
         params = project_config(schedule.project, schedule.env)["parameters"]
-        notify(NotifyConfig.from_params(params.get("notify")), "skipped", schedule.project, reason=reason,
-               pipeline=schedule.pipeline, trigger="schedule")
+        notify(NotifyConfig.from_params(params.get("notify")), event, schedule.project, pipeline=schedule.pipeline,
+               trigger="schedule", **fields)
     except Exception as exc:  # a broken conf/ fails the run that reads it, with its own message
-        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
-        logger.warning("could not notify the skipped slot: %s", first)
+        logger.warning("could not notify the %s outcome: %s", event, one_line(exc))
 
 
 def serve(schedule: Schedule, stop: _Stop) -> None:
@@ -186,6 +242,8 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_argument("--params", help="kedro run --params, e.g. training.schedule.max_steps=100")
     sub.add_argument("--retries", type=int, default=0, help="retries of a failed run (default 0)")
     sub.add_argument("--backoff", type=float, default=60.0, help="seconds before the first retry (default 60)")
+    sub.add_argument("--max-hours", type=float, default=MAX_HOURS,
+                     help=f"hours a run may take before it is stopped and reported timed out (default {MAX_HOURS:g})")
     sub.add_argument("--project", type=Path, default=Path.cwd(), help="project folder (default: here)")
     sub.add_argument("--command", help=argparse.SUPPRESS)  # tests: a tiny script in place of kedro run
     return parser
@@ -201,12 +259,14 @@ def _schedule(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Sche
         parser.error(f"--retries {args.retries}: must be 0 or more")
     if args.backoff < 0:
         parser.error(f"--backoff {args.backoff}: must be 0 or more seconds")
+    if not args.max_hours > 0:
+        parser.error(f"--max-hours {args.max_hours}: must be more than 0 hours")
     project = args.project.resolve()
     if not (project / "pyproject.toml").is_file():
         parser.error(f"--project {project}: no pyproject.toml there (run from the project folder or name it)")
     command = shlex.split(args.command) if args.command else kedro_command(args.pipeline, args.env, args.params)
     return Schedule(command=command, pipeline=args.pipeline, project=project, env=args.env, cron=args.cron,
-                    retries=args.retries, backoff=args.backoff)
+                    retries=args.retries, backoff=args.backoff, max_hours=args.max_hours)
 
 
 def main(argv: list[str] | None = None) -> int:
