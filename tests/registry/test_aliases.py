@@ -260,6 +260,34 @@ def test_a_lock_released_while_the_server_answers_the_insert_is_taken_on_the_nex
     assert not locked(client)
 
 
+
+class _ReleaseFails(MlflowClient):
+    """A client whose first claim removal fails (the server went away for a moment during a release)."""
+
+    failed = False
+
+    def delete_registered_model_tag(self, name, key):
+        if not self.failed:
+            self.failed = True
+            raise MlflowException("temporarily unavailable")
+        return super().delete_registered_model_tag(name, key)
+
+
+def test_a_mover_whose_release_failed_takes_the_lock_again_at_once_instead_of_waiting_out_its_own_lease(tmp_path):
+    store = ModelStore(tmp_path / "store")
+    versions(store, 1)
+    client = _ReleaseFails(store.tracking_uri, store.tracking_uri)
+    lock = AliasLock(client, MODEL, "a gate", Retrying(RetryConfig(attempts=1), store.tracking_uri))
+    with lock:
+        pass
+    assert client.failed and locked(client)  # the release left its lock and claim behind: a live pid's
+    started = time.monotonic()
+    lock.acquire(timeout=3)  # its own leftover, not a live rival's: broken at once
+    lock.check()
+    lock.release()
+    assert time.monotonic() - started < 3 and not locked(client)
+
+
 # -- a read-only account on the team server (docs/team-server.md) --------------------------------------------------
 
 def _as(monkeypatch: pytest.MonkeyPatch, user: User) -> None:

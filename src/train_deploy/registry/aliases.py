@@ -204,6 +204,7 @@ class AliasLock:
                        "since": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
         self._held: tuple[str, str, str] | None = None  # (lock model, its key, the claim's tag) while held
         self._unreadable: set[str] = set()  # lock names taken by models this account may not read
+        self._dropped: set[str] = set()  # claims this mover gave up (their removal may have failed)
         self._warned: set[str] = set()
 
     def __enter__(self) -> AliasLock:
@@ -234,7 +235,7 @@ class AliasLock:
         if self._held is None:
             return
         name, key, claim = self._held
-        self._held = None
+        self._held, self._dropped = None, self._dropped | {claim}
         try:
             if claim in self.retry("read the registered model", lambda: _model_tags(self.client, self.name)):
                 self.retry("drop the claim", lambda: self.client.delete_registered_model_tag(self.name, claim))
@@ -244,18 +245,16 @@ class AliasLock:
             self._delete_lock_model(name, key)
         except Exception as exc:  # the lock goes stale; the next mover breaks it
             logger.warning("Registered model %s: could not release the lock %s (%s)", self.name, name,
-                           str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc))
+                           _first_line(exc))
 
     def check(self) -> None:
         """Raise :class:`AliasMoveError` unless this process still holds the lock (before each alias call)."""
+        state = self._read()
         if self._held is not None:
             name, key, claim = self._held
-            state = self._read()
             if (lock := state.models.get(name)) is not None and lock.key == key and any(
                     found.tag == claim for found in state.claims):
                 return
-        else:
-            state = self._read()
         now = next(({**found.holder, "lock": lock.name} for lock, found in state.held()), None)
         raise AliasMoveError(f"registered model {self.name}: the lock was taken over ({describe(now)}) before this "
                              f"move finished; its record {MOVE_TAG} lets the next mover complete it")
@@ -318,7 +317,8 @@ class AliasLock:
         state = self._read()
         self._warn_unclaimed(state)
         for lock, claim in state.held():
-            if why := stale(claim.holder, lock.created_ms):
+            if why := ("left by an earlier try of this mover" if claim.tag in self._dropped
+                       else stale(claim.holder, lock.created_ms)):
                 self._break(lock, claim, why)
             return {**claim.holder, "lock": lock.name}
         return self._take(state)
