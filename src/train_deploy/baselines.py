@@ -127,8 +127,10 @@ class Baselines:
                  "kn_trigram": self.kn_trigram_loss}
         return {f"baseline_{name}_loss": loss for name, loss in named.items() if loss is not None}
 
-    def describe(self, loss: float | None) -> str:
-        """One line: the model's loss beside every baseline, and whether it beats the strongest."""
+    def describe(self, loss: float | None, advice: str | None = None) -> str:
+        """One line: the model's loss beside every baseline, and whether it beats the strongest; when it does not,
+        ``advice`` says what could (the training curves' reading, ``training.diagnosis.beat_advice``), else the
+        general advice, a larger model trained longer."""
         figures = ", ".join(f"{name} {value:.4f}" + (f" (k={self.bigram_k:g})" if name == "add-k bigram" else "")
                             for name, value in self.losses().items())
         if loss is None:
@@ -138,8 +140,9 @@ class Baselines:
         name, best = self.strongest()
         verdict = (f"below the strongest ({name})" if self.beaten_by(loss) else
                    f"NOT below the {name} baseline ({loss:.4f} vs {best:.4f}): the model predicts worse than "
-                   f"counting {_COUNTED.get(name, 'tokens')}; a larger model trained longer (more steps, a GPU) "
-                   "is what could beat it (not measured here)")
+                   f"counting {_COUNTED.get(name, 'tokens')}; "
+                   f"{advice or 'a larger model trained longer (more steps, a GPU) is what could beat it'} "
+                   "(not measured here)")
         return f"validation loss {loss:.4f} nats/token vs {figures} {where}: {verdict}"
 
 

@@ -17,7 +17,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from train_deploy import atomic
 from train_deploy.config import ConfigError, from_mapping
@@ -234,6 +234,24 @@ class InitSource:
 
 
 @dataclass(kw_only=True, slots=True)
+class CurveDiagnosis:
+    """What a training run's own loss curves say (``training.diagnosis.diagnose``, which states the rule)."""
+
+    kind: Literal["overfitting", "underfitting", "converged", "unknown"]
+    """The case the curves show; ``unknown`` when they are too short or fit none."""
+    summary: str
+    """One sentence: the case and the figures of the curves that show it."""
+    advice: str = ""
+    """What could do better, for the case (empty when unknown)."""
+    best_step: int | None = None
+    """The evaluation step where validation loss was lowest (None without two evaluations)."""
+    best_val_loss: float | None = None
+    """The validation loss at ``best_step``, nats/token."""
+    last_val_loss: float | None = None
+    """The validation loss of the last evaluation, nats/token."""
+
+
+@dataclass(kw_only=True, slots=True)
 class TrainingResult:
     """Where a training run ended: its last checkpoint and the numbers rank 0 saw."""
 
@@ -261,6 +279,8 @@ class TrainingResult:
     """Why ``init_from: champion`` fell back to scratch."""
     tokenizer_config_fingerprint: str = ""
     """The run's cleaning and tokenizer configuration digest (:class:`InitSource`), tagged on the version."""
+    diagnosis: CurveDiagnosis | None = None
+    """What the run's loss curves say (the training node's reading of ``metrics.jsonl``); None from the workers."""
 
 
 # --- averaging ---------------------------------------------------------------------------------------
@@ -417,6 +437,8 @@ class BundleSource:
     """The n-gram baselines of the windows ``val_loss`` was measured on (``Baselines`` report)."""
     corpus: dict[str, Any] = field(default_factory=dict)
     """The corpus: ``fingerprint``, ``reader`` and each split's documents and tokens."""
+    diagnosis: CurveDiagnosis | None = None
+    """What the training run's loss curves said (bundles made before the diagnosis have none)."""
 
 
 @dataclass(kw_only=True, slots=True)

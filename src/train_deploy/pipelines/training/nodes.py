@@ -7,10 +7,11 @@ import logging
 from typing import Any
 
 from train_deploy.baselines import baselines_for
-from train_deploy.handoffs import DataSpec, InitSource, TokenManifest, TrainingResult, WorkFolder
+from train_deploy.handoffs import CurveDiagnosis, DataSpec, InitSource, TokenManifest, TrainingResult, WorkFolder
 from train_deploy.hashing import digest
 from train_deploy.registry.champion import record_init_source
 from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
+from train_deploy.training.diagnosis import beat_advice, diagnose, read_curves
 from train_deploy.training.evaluation import validation_windows
 from train_deploy.training.launch import run_training
 from train_deploy.training.pretrained import check_layout, check_source_current, init_identity, warm_start
@@ -51,12 +52,24 @@ def train_model(config: TrainingConfig, token_files: TokenManifest, checkpoints:
                    init=init_source)
     _log_resolved(layout, config)
     record_init_source(init_source)
-    result = dataclasses.replace(run_training(spec, mlflow_run_id=_mlflow_run_id()),
-                                 **init_source.result_fields())  # also when the run had finished before
+    result = run_training(spec, mlflow_run_id=_mlflow_run_id())
+    result = dataclasses.replace(result, **init_source.result_fields(),  # also when the run had finished before
+                                 diagnosis=diagnose(read_curves(spec.metrics_path, result.step)))
     logger.info("Training reached step %d; last checkpoint %s (validation loss %s)", result.step,
                 result.checkpoint, result.val_loss)
+    _report_diagnosis(result.diagnosis)
     _report_baselines(result, token_files)
     return result
+
+
+def _report_diagnosis(diagnosis: CurveDiagnosis) -> None:
+    """Log what the curves say, with the advice, and tag the MLflow run with the case (``training.diagnosis``)."""
+    logger.log(logging.WARNING if diagnosis.kind == "overfitting" else logging.INFO, "Training curves: %s%s",
+               diagnosis.summary, f"; what could do better: {diagnosis.advice}" if diagnosis.advice else "")
+    import mlflow
+
+    if mlflow.active_run() is not None:
+        mlflow.set_tags({"training.diagnosis": diagnosis.kind, "training.diagnosis.summary": diagnosis.summary})
 
 
 def _report_baselines(result: TrainingResult, token_files: TokenManifest) -> None:
@@ -68,7 +81,8 @@ def _report_baselines(result: TrainingResult, token_files: TokenManifest) -> Non
     windows = validation_windows(token_files.prefix("valid"), token_files.dtype, result.seq_length,
                                  result.eval_windows)
     baselines = baselines_for(token_files, windows)
-    logger.log(baselines.level(result.val_loss), "Training: %s", baselines.describe(result.val_loss))
+    logger.log(baselines.level(result.val_loss), "Training: %s",
+               baselines.describe(result.val_loss, beat_advice(result.diagnosis)))
     import mlflow
 
     if mlflow.active_run() is not None:
