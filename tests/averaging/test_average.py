@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ from train_deploy.averaging.average import (
     select_checkpoints,
 )
 from train_deploy.averaging.config import AveragingConfig
+from train_deploy.handoffs import CurveDiagnosis
 from train_deploy.training.checkpoint import (
     FILES_KEY,
     MODEL_FILE,
@@ -37,7 +39,7 @@ def run(tmp_path) -> Path:
 
 def test_uniform_average_equals_the_numpy_mean_tensor_by_tensor(run, tmp_path):
     config = AveragingConfig(k=3)
-    chosen = select_checkpoints(run, config)
+    chosen = select_checkpoints(run, config).paths
     assert [p.name for p in chosen] == ["step_00000030", "step_00000040", "step_00000050"]
     out = average_into(chosen, config, tmp_path / "out")
     averaged = load_file(str(out / "model.safetensors"))
@@ -56,7 +58,7 @@ def test_exponential_average_follows_its_formula(run, tmp_path):
     config = AveragingConfig(k=3, method="ema", decay=0.5)
     weights = averaging_weights(3, config)
     np.testing.assert_allclose(weights, np.array([0.25, 0.5, 1.0]) / 1.75)
-    chosen = select_checkpoints(run, config)
+    chosen = select_checkpoints(run, config).paths
     averaged = load_file(str(average_into(chosen, config, tmp_path / "out") / "model.safetensors"))
     sources = [load_file(str(p / "model.safetensors"))["a.weight"] for p in chosen]
     np.testing.assert_allclose(averaged["a.weight"], sum(w * s for w, s in zip(weights, sources, strict=True)),
@@ -65,7 +67,7 @@ def test_exponential_average_follows_its_formula(run, tmp_path):
 
 def test_one_checkpoint_is_the_identity(run, tmp_path):
     config = AveragingConfig(k=1)
-    (chosen,) = select_checkpoints(run, config)
+    (chosen,) = select_checkpoints(run, config).paths
     averaged = load_file(str(average_into([chosen], config, tmp_path / "out") / "model.safetensors"))
     original = load_file(str(chosen / "model.safetensors"))
     assert all((averaged[k] == original[k]).all() for k in original)
@@ -73,16 +75,16 @@ def test_one_checkpoint_is_the_identity(run, tmp_path):
 
 def test_selection_by_steps_range_and_best_validation_loss(run):
     names = lambda paths: [p.name[-2:] for p in paths]  # noqa: E731
-    assert names(select_checkpoints(run, AveragingConfig(select="steps", steps=[20, 40]))) == ["20", "40"]
-    assert names(select_checkpoints(run, AveragingConfig(select="up_to_step", max_step=35, k=2))) == ["20", "30"]
-    assert names(select_checkpoints(run, AveragingConfig(select="best_k", k=3))) == ["30", "40", "50"]
-    assert names(select_checkpoints(run, AveragingConfig(select="best_k", k=2))) == ["30", "50"]
+    assert names(select_checkpoints(run, AveragingConfig(select="steps", steps=[20, 40])).paths) == ["20", "40"]
+    assert names(select_checkpoints(run, AveragingConfig(select="up_to_step", max_step=35, k=2)).paths) == ["20", "30"]
+    assert names(select_checkpoints(run, AveragingConfig(select="best_k", k=3)).paths) == ["30", "40", "50"]
+    assert names(select_checkpoints(run, AveragingConfig(select="best_k", k=2)).paths) == ["30", "50"]
 
 
 def test_too_few_checkpoints_is_an_error_or_a_warning(run, caplog):
     with pytest.raises(CheckpointError, match=r"5 checkpoint\(s\) fit averaging.select=last_k, fewer than k=8"):
         select_checkpoints(run, AveragingConfig(k=8, too_few="raise"))
-    assert len(select_checkpoints(run, AveragingConfig(k=8, too_few="warn"))) == 5
+    assert len(select_checkpoints(run, AveragingConfig(k=8, too_few="warn")).paths) == 5
     assert "fewer than k=8" in caplog.text
     with pytest.raises(CheckpointError, match=r"no complete checkpoint for step 35"):
         select_checkpoints(run, AveragingConfig(select="steps", steps=[30, 35]))
@@ -105,7 +107,7 @@ def test_mismatched_keys_shapes_dtypes_and_configs_name_the_key_and_both_files(t
 
 
 def test_truncated_or_corrupt_file_is_named(run, tmp_path):
-    chosen = select_checkpoints(run, AveragingConfig(k=2))
+    chosen = select_checkpoints(run, AveragingConfig(k=2)).paths
     model = chosen[-1] / "model.safetensors"
     model.write_bytes(model.read_bytes()[:-10])
     with pytest.raises(CheckpointError, match=rf"{model}: truncated \(\d+ bytes, the header describes \d+\)"):
@@ -129,7 +131,7 @@ def recorded_run(folder: Path, steps=(10, 20, 30)) -> Path:
 
 def test_the_average_records_its_size_and_hash_and_verifies(tmp_path):
     config = AveragingConfig(k=3)
-    out = average_into(select_checkpoints(recorded_run(tmp_path / "ck"), config), config, tmp_path / "out")
+    out = average_into(select_checkpoints(recorded_run(tmp_path / "ck"), config).paths, config, tmp_path / "out")
     state = json.loads((out / "state.json").read_text())
     assert state[FILES_KEY] == {MODEL_FILE: file_record(out / MODEL_FILE)}
     assert verify_checkpoint(out, [MODEL_FILE])["step"] == 30
@@ -151,7 +153,7 @@ def test_a_damaged_source_stops_averaging_naming_the_file(tmp_path):
         select_checkpoints(run, config)
     # Tensor bytes zeroed, size and header intact: found by the hash taken while averaging reads them.
     model.write_bytes(original[: len(original) // 2] + bytes(len(original) - len(original) // 2))
-    chosen = select_checkpoints(run, config)
+    chosen = select_checkpoints(run, config).paths
     with pytest.raises(CheckpointError, match=rf"^{model}: content changed since it was written \(xxh3-128 \w+, "
                                               r"state.json records \w+\)$"):
         average_into(chosen, config, tmp_path / "out")
@@ -190,7 +192,7 @@ def test_averaged_checkpoint_loads_into_the_model_and_evaluates(tmp_path):
         model = build_model(config, vocab_size=64, eos_id=2)
         write_checkpoint(tmp_path / "ck", step, dict(model.named_parameters()), {},
                          {"step": step, "model_config": model.config.to_dict()}, keep_last=5)
-    chosen = select_checkpoints(tmp_path / "ck", AveragingConfig(k=2))
+    chosen = select_checkpoints(tmp_path / "ck", AveragingConfig(k=2)).paths
     out = average_into(chosen, AveragingConfig(k=2), tmp_path / "out")
     windows = np.random.RandomState(0).randint(0, 64, size=(4, 17))
     loss = validation_loss(load_model(out), windows)
@@ -213,7 +215,7 @@ def test_checkpoints_trained_with_flash_attention_average_and_evaluate_on_cpu(tm
         flags = {"use_flash_attention": flash, "use_fused_rope": flash}
         write_checkpoint(tmp_path / "ck", step, dict(model.named_parameters()), {},
                          {"step": step, "model_config": {**model.config.to_dict(), **flags}}, keep_last=5)
-    chosen = select_checkpoints(tmp_path / "ck", AveragingConfig(k=3))
+    chosen = select_checkpoints(tmp_path / "ck", AveragingConfig(k=3)).paths
     out = average_into(chosen, AveragingConfig(k=3), tmp_path / "out")
     averaged = load_model(out)
     assert not averaged.config.use_flash_attention and not averaged.config.use_fused_rope
@@ -238,3 +240,67 @@ def test_large_tensors_split_across_threads_average_the_same(tmp_path, method):
     sources = [load_file(str(f / "model.safetensors"))["big.weight"] for f in folders]
     expected = sum(w * s for w, s in zip(averaging_weights(3, config), sources, strict=True))
     np.testing.assert_allclose(out["big.weight"], expected, rtol=1e-5, atol=1e-6)
+
+
+# --- selection by the training curves' diagnosis -----------------------------------------------------------
+
+OVERFIT_CURVE = [5.0, 4.0, 3.5, 3.6, 3.8, 4.0, 4.3]
+"""Validation loss of checkpoints at steps 10 … 70: lowest at step 30, then rising."""
+
+
+def diagnosed(kind: str, best_step: int = 30) -> CurveDiagnosis:
+    return CurveDiagnosis(kind=kind, summary=f"{kind}: test", advice="test", best_step=best_step,
+                          best_val_loss=3.5, last_val_loss=4.3)
+
+
+@pytest.fixture
+def overfit_run(tmp_path) -> Path:
+    folder = tmp_path / "checkpoints"
+    for i, loss in enumerate(OVERFIT_CURVE, start=1):
+        make_checkpoint(folder, step=10 * i, seed=i, val_loss=loss)
+    return folder
+
+
+def steps_of(selection) -> list[int]:
+    return [int(p.name.removeprefix("step_")) for p in selection.paths]
+
+
+def test_an_overfitting_curve_averages_the_checkpoints_around_the_lowest_validation_loss(overfit_run):
+    selection = select_checkpoints(overfit_run, AveragingConfig(k=3), diagnosed("overfitting"))
+    assert selection.reason == (
+        "steps 20, 30, 40: the 3 around step 30, where validation loss was lowest (3.5000; 4.3000 at the end), not "
+        "the 3 newest: the training curves show overfitting (averaging.select: last_k)")
+    assert steps_of(select_checkpoints(overfit_run, AveragingConfig(k=1), diagnosed("overfitting"))) == [30]
+    assert steps_of(select_checkpoints(overfit_run, AveragingConfig(k=2), diagnosed("overfitting"))) == [30, 40]
+    assert steps_of(select_checkpoints(overfit_run, AveragingConfig(k=3), diagnosed("overfitting", 10))) == [10, 20, 30]
+    assert steps_of(select_checkpoints(overfit_run, AveragingConfig(k=3), diagnosed("overfitting", 68))) == [50, 60, 70]
+
+
+def test_when_the_lowest_checkpoint_was_not_kept_the_nearest_kept_ones_are_averaged(overfit_run):
+    for step in (10, 20, 30):
+        shutil.rmtree(overfit_run / f"step_{step:08d}")  # schedule.keep_last: 4
+    selection = select_checkpoints(overfit_run, AveragingConfig(k=3), diagnosed("overfitting"))
+    assert selection.reason == (
+        "steps 40, 50, 60: the 3 around step 30, where validation loss was lowest (3.5000; 4.3000 at the end), not "
+        "the 3 newest: the training curves show overfitting (averaging.select: last_k); step 30's checkpoint was "
+        "not kept (training.schedule.keep_last), so the nearest kept ones")
+
+
+@pytest.mark.parametrize("kind", ["underfitting", "converged", "unknown", None])
+def test_other_curves_average_the_newest_as_before_byte_for_byte(overfit_run, tmp_path, kind):
+    config = AveragingConfig(k=3)
+    selection = select_checkpoints(overfit_run, config, None if kind is None else diagnosed(kind))
+    assert selection.reason == "steps 50, 60, 70: the 3 newest (averaging.select: last_k)"
+    averaged = average_into(selection.paths, config, tmp_path / "out")
+    before = average_into([overfit_run / f"step_{s:08d}" for s in (50, 60, 70)], config, tmp_path / "before")
+    assert (averaged / MODEL_FILE).read_bytes() == (before / MODEL_FILE).read_bytes()
+
+
+def test_an_explicit_selection_is_kept_whatever_the_curves_say(overfit_run):
+    overfit = diagnosed("overfitting")
+    assert steps_of(select_checkpoints(overfit_run, AveragingConfig(select="steps", steps=[60, 70]), overfit)) == \
+        [60, 70]
+    by_loss = select_checkpoints(overfit_run, AveragingConfig(select="best_k", k=3), overfit)
+    assert by_loss.reason == "steps 30, 40, 50: the 3 with the lowest validation loss (averaging.select: best_k)"
+    assert select_checkpoints(overfit_run, AveragingConfig(select="up_to_step", max_step=45, k=2), overfit).reason \
+        == "steps 30, 40: the 2 newest at or below step 45 (averaging.select: up_to_step)"

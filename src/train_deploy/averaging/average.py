@@ -16,6 +16,7 @@ import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,14 @@ import numpy as np
 
 from train_deploy.averaging.config import AveragingConfig
 from train_deploy.averaging.streaming import DirectSink, ReadAhead
-from train_deploy.handoffs import AveragedSource, Averaging, CheckpointRef, CheckpointState, FileRecord
+from train_deploy.handoffs import (
+    AveragedSource,
+    Averaging,
+    CheckpointRef,
+    CheckpointState,
+    CurveDiagnosis,
+    FileRecord,
+)
 from train_deploy.hashing import digest
 from train_deploy.training.checkpoint import (
     MODEL_FILE,
@@ -42,24 +50,43 @@ logger = logging.getLogger(__name__)
 _FLOATING = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
 
 
-def select_checkpoints(folder: str | Path, config: AveragingConfig) -> list[Path]:
-    """The checkpoints in ``folder`` to average, oldest first; a damaged one (wrong size) stops it."""
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """The checkpoints to average, oldest first, and why those."""
+
+    paths: list[Path]
+    reason: str
+
+
+def select_checkpoints(folder: str | Path, config: AveragingConfig,
+                       diagnosis: CurveDiagnosis | None = None) -> Selection:
+    """The checkpoints in ``folder`` to average and why; a damaged one (wrong size) stops it.
+
+    ``last_k`` takes the K newest, unless ``diagnosis`` (the run's curves) says overfitting: then the K kept
+    checkpoints nearest the step where validation loss was lowest (:func:`_around`), since the newest are the
+    ones that learnt the training text by heart. The other selections are the user's and are kept.
+    """
     found = complete_checkpoints(Path(folder))
     by_step = {checkpoint_state(p).step: p for p in found}
+    wanted = len(config.steps) if config.select == "steps" else config.k
     if config.select == "steps":
         missing = [s for s in config.steps if s not in by_step]
         if missing:
             raise CheckpointError(f"{folder}: no complete checkpoint for step {missing[0]} (averaging.steps); "
                                   f"available: {sorted(by_step)}")
-        chosen = [by_step[s] for s in sorted(set(config.steps))]
+        chosen, why = [by_step[s] for s in sorted(set(config.steps))], "averaging.select: steps"
     elif config.select == "best_k":
         scored = [(checkpoint_state(p).val_loss, p) for p in found]
         scored = [(loss, p) for loss, p in scored if loss is not None]
         chosen = sorted(p for _, p in sorted(scored, key=lambda item: item[0])[: config.k])
+        why = f"the {config.k} with the lowest validation loss (averaging.select: best_k)"
+    elif config.select == "last_k" and diagnosis is not None and diagnosis.kind == "overfitting":
+        chosen, why = _around(by_step, diagnosis.best_step, config.k), _around_reason(by_step, diagnosis, config.k)
     else:
         eligible = [p for s, p in sorted(by_step.items()) if config.max_step is None or s <= config.max_step]
         chosen = eligible[-config.k :]
-    wanted = len(config.steps) if config.select == "steps" else config.k
+        why = (f"the {config.k} newest (averaging.select: last_k)" if config.select == "last_k" else
+               f"the {config.k} newest at or below step {config.max_step} (averaging.select: up_to_step)")
     if len(chosen) < wanted:
         message = f"{folder}: {len(chosen)} checkpoint(s) fit averaging.select={config.select}, fewer than k={wanted}"
         if config.too_few == "raise" or not chosen:
@@ -67,7 +94,28 @@ def select_checkpoints(folder: str | Path, config: AveragingConfig) -> list[Path
         logger.warning("%s; averaging those", message)
     for path in chosen:
         verify_checkpoint(path, [MODEL_FILE], contents=False)  # the hash is checked while averaging reads it
-    return chosen
+    return Selection(paths=chosen, reason=f"steps {', '.join(str(checkpoint_state(p).step) for p in chosen)}: {why}")
+
+
+def _around(by_step: dict[int, Path], best: int | None, k: int) -> list[Path]:
+    """The ``k`` consecutive kept checkpoints centred on the one nearest step ``best`` (the earlier one on a tie;
+    the window moved inwards at either end), oldest first."""
+    steps = sorted(by_step)
+    if best is None or not steps:
+        return [by_step[s] for s in steps[-k:]]
+    centre = min(range(len(steps)), key=lambda i: (abs(steps[i] - best), steps[i]))
+    first = max(0, min(centre - (k - 1) // 2, len(steps) - k))
+    return [by_step[s] for s in steps[first:first + k]]
+
+
+def _around_reason(by_step: dict[int, Path], diagnosis: CurveDiagnosis, k: int) -> str:
+    """Why :func:`_around` chose, naming the lowest point and whether its checkpoint was still kept."""
+    best = diagnosis.best_step
+    kept = "" if best in by_step else (f"; step {best}'s checkpoint was not kept (training.schedule.keep_last), "
+                                       "so the nearest kept ones")
+    return (f"the {k} around step {best}, where validation loss was lowest ({diagnosis.best_val_loss:.4f}; "
+            f"{diagnosis.last_val_loss:.4f} at the end), not the {k} newest: the training curves show overfitting "
+            f"(averaging.select: last_k){kept}")
 
 
 def averaging_weights(count: int, config: AveragingConfig) -> np.ndarray:

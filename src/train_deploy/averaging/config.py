@@ -11,8 +11,9 @@ from train_deploy.config import check, check_range, from_mapping
 @dataclass(kw_only=True, slots=True)
 class AveragingConfig:
     select: Literal["last_k", "steps", "up_to_step", "best_k"] = "last_k"
-    """last_k: the K newest; steps: exactly `steps`; up_to_step: the K newest at or below `max_step`;
-    best_k: the K with the lowest validation loss recorded in their state.json."""
+    """last_k: the K newest, or, when the training curves show overfitting, the K kept around the step where
+    validation loss was lowest (``average.select_checkpoints``); steps: exactly `steps`; up_to_step: the K newest at
+    or below `max_step`; best_k: the K with the lowest validation loss recorded in their state.json."""
     k: int = 3
     """Checkpoints averaged by last_k, up_to_step and best_k (at least 1)."""
     steps: list[int] = field(default_factory=list)

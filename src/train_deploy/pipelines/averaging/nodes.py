@@ -1,4 +1,5 @@
-"""Nodes of the averaging stage: average the last checkpoints, evaluate against the last, choose."""
+"""Nodes of the averaging stage: average the last checkpoints (those around the lowest validation loss when the
+run overfits), evaluate against the last, choose."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from train_deploy.baselines import Baselines, baselines_for
 from train_deploy.datasets import FolderWork
 from train_deploy.handoffs import CheckpointRef, SelectedCheckpoint, TokenManifest, TrainingResult
 from train_deploy.training.checkpoint import MODEL_FILE, check_trained_on, verify_checkpoint
+from train_deploy.training.diagnosis import beat_advice
 from train_deploy.training.evaluation import load_model, perplexity, validation_loss, validation_windows
 
 logger = logging.getLogger(__name__)
@@ -24,9 +26,10 @@ evaluation batch of ``micro_batch_size × dp``): the first ones of the split, as
 def average(averaging: dict[str, Any], training_result: TrainingResult) -> FolderWork[CheckpointRef]:
     """Return how to fill the averaged checkpoint's folder (kept when its sources and method are unchanged)."""
     config = AveragingConfig.from_params(averaging)
-    chosen = select_checkpoints(training_result.checkpoints, config)
-    fingerprint = averaging_fingerprint(chosen, config)
-    return FolderWork(build=partial(average_checkpoints, chosen, config),
+    selection = select_checkpoints(training_result.checkpoints, config, training_result.diagnosis)
+    logger.info("Averaging the checkpoints of %s", selection.reason)
+    fingerprint = averaging_fingerprint(selection.paths, config)
+    return FolderWork(build=partial(average_checkpoints, selection.paths, config),
                       keep=lambda current: current.fingerprint == fingerprint, what="averaged checkpoint")
 
 
@@ -49,12 +52,14 @@ def evaluate(averaging: dict[str, Any], averaged_checkpoint: CheckpointRef, trai
     better = "averaged" if losses["averaged"] <= losses["last"] else "last"
     chosen = better if config.choose == "better" else config.choose
     other = "last" if chosen == "averaged" else "averaged"
+    averaged_of = select_checkpoints(training_result.checkpoints, config, training_result.diagnosis).reason
     reason = (f"{chosen}: validation loss {losses[chosen]:.4f} vs {losses[other]:.4f}"
-              + ("" if config.choose == "better" else f" (averaging.choose: {config.choose})"))
+              + ("" if config.choose == "better" else f" (averaging.choose: {config.choose})")
+              + f"; the average is of {averaged_of}")
     logger.info("Selected the %s checkpoint: %s", chosen, reason)
     baselines = baselines_for(token_files, windows)
     logger.log(baselines.level(losses[chosen]), "Averaging, %s checkpoint: %s", chosen,
-               baselines.describe(losses[chosen]))
+               baselines.describe(losses[chosen], beat_advice(training_result.diagnosis)))
     selected = SelectedCheckpoint(checkpoint=candidates[chosen], which=chosen, reason=reason,
                                   validation_loss=losses[chosen], evaluated_on_windows=len(windows))
     metrics = {f"{name}_{kind}": {"value": value, "step": 0}

@@ -1,4 +1,5 @@
-"""Averaging: average the last checkpoints of training, evaluate against the last one, pick one."""
+"""Averaging: average the last checkpoints of training (around the lowest validation loss when it overfits),
+evaluate against the last one, pick one."""
 
 from kedro.pipeline import Node, Pipeline
 
