@@ -49,6 +49,7 @@ def model_card(meta: BundleMeta, state: CheckpointState, parity: ParityReport, l
         f"- Perplexity {_num(parity.perplexity.get('trained'))} on the {parity.samples} parity windows of "
         f"{parity.seq_length} tokens (another set: the windows the export compares its forms on).",
         *_baseline_lines(source, parity),
+        *_diagnosis_lines(source),
         *_training_curves_section(meta),
         "",
         "## Exported forms and parity",
@@ -159,8 +160,24 @@ def _baseline_warning(source: BundleSource, parity: ParityReport) -> list[str]:
     name, best = Baselines.from_report(base).strongest()
     return ["", f"> **Warning: this model does not yet beat the {name} baseline ({loss:.4f} vs {best:.4f} "
                 f"nats/token on {where} of the validation split).** Counting tokens in its training split predicts "
-                "that text better. More steps (`training.schedule.max_steps`), a longer run on more text or a GPU do "
-                "better; until then do not rely on its scores or output."]
+                f"that text better. {_what_does_better(source)}; until then do not rely on its scores or output."]
+
+
+def _what_does_better(source: BundleSource) -> str:
+    """What the training curves say could do better, else the general advice (no diagnosis, or none clear)."""
+    diagnosis = source.diagnosis
+    if diagnosis is None or diagnosis.kind == "unknown":
+        return "More steps (`training.schedule.max_steps`), a longer run on more text or a GPU do better"
+    return f"The training curves show the run {diagnosis.kind}: what could do better is {diagnosis.advice}"
+
+
+def _diagnosis_lines(source: BundleSource) -> list[str]:
+    """What the training run's loss curves said, and what could do better (bundles before it say nothing)."""
+    diagnosis = source.diagnosis
+    if diagnosis is None:
+        return []
+    advice = f" What could do better: {diagnosis.advice}." if diagnosis.advice else ""  # none when unknown
+    return [f"- Training curves: {diagnosis.summary}.{advice}"]
 
 
 def _baseline_lines(source: BundleSource, parity: ParityReport) -> list[str]:

@@ -8,7 +8,8 @@ import sys
 from kedro.framework.hooks import hook_impl
 
 from train_deploy.console import log_above_bars_on_terminal, log_to_file, plain_console_unless_terminal
-from train_deploy.handoffs import to_json
+from train_deploy.handoffs import CurveDiagnosis, to_json
+from train_deploy.training.diagnosis import beat_advice
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,9 @@ class ShowBundle:
         if "export_bundle" not in pipeline.all_outputs():
             return
         bundle = catalog.load("export_bundle")
-        folder, baselines = bundle.path, _baseline_line(to_json(bundle.meta.source), bundle.parity.record())
+        diagnosis = bundle.meta.source.diagnosis
+        folder, baselines = bundle.path, _baseline_line(to_json(bundle.meta.source), bundle.parity.record(),
+                                                        beat_advice(diagnosis))
         prompt, sample = _validation_sample(folder, catalog.load("token_files"))
         call = (f"model.generate({prompt!r}, max_new_tokens={SAMPLE_TOKENS}, temperature={SAMPLE_TEMPERATURE}, "
                 f"top_k={SAMPLE_TOP_K}, seed=0)")
@@ -41,6 +44,7 @@ class ShowBundle:
             f"\nExported bundle: {folder}\n"
             f"  model card: {folder}/MODEL_CARD.md\n"
             + (f"  {baselines}\n" if baselines else "")
+            + (f"  {_diagnosis_line(diagnosis)}\n" if diagnosis else "")
             + "  load it (the fastest engine here; backend='paddle' or 'onnx', int8=True for the edge model):\n"
             "    from train_deploy.export import LanguageModel\n"
             f"    model = LanguageModel.load({folder!r})\n"
@@ -54,9 +58,10 @@ PROMPT_TOKENS = 8
 """The prompt: at most this many tokens of the first validation document (at most half of it)."""
 
 
-def _baseline_line(source: dict, parity: dict) -> str | None:
+def _baseline_line(source: dict, parity: dict, advice: str | None = None) -> str | None:
     """The model's validation loss beside the n-gram baselines of the same windows: the evaluation windows the
-    loss was measured on, else the parity windows (None for bundles made before the baselines)."""
+    loss was measured on, else the parity windows (None for bundles made before the baselines); ``advice``: what
+    the training curves say could beat them."""
     from train_deploy.baselines import Baselines
 
     if source.get("val_baselines") and source.get("val_loss") is not None:
@@ -65,7 +70,13 @@ def _baseline_line(source: dict, parity: dict) -> str | None:
         base, loss = parity["baselines"], parity["baselines"]["model_loss"]
     else:
         return None
-    return "validation: " + Baselines.from_report(base).describe(loss)
+    return "validation: " + Baselines.from_report(base).describe(loss, advice)
+
+
+def _diagnosis_line(diagnosis: CurveDiagnosis) -> str:
+    """What the training curves said, and what could do better."""
+    return f"training curves: {diagnosis.summary}" + (f"; what could do better: {diagnosis.advice}"
+                                                      if diagnosis.advice else "")
 
 
 def _validation_sample(folder: str, tokens) -> tuple[str, str | None]:

@@ -41,6 +41,7 @@ def export_model(export: dict[str, Any], selected_checkpoint: SelectedCheckpoint
         "selection": selected_checkpoint.reason,
         "val_loss": selected_checkpoint.validation_loss,  # what evaluation measured on these weights
         "val_baselines": _val_baselines(selected_checkpoint, training_result, token_files),
+        "diagnosis": dataclasses.asdict(training_result.diagnosis) if training_result.diagnosis else None,
         "corpus": {"fingerprint": token_files.fingerprint, "reader": token_files.input["source"],
                    **{f"{name}_{kind}": getattr(splits[name], kind) for name in ("train", "valid")
                       for kind in ("documents", "tokens")}},
