@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from kedro.framework.startup import bootstrap_project
 
-from tests.helpers.project import NO_SERVING_CHECK, copy_project, corpus_params, publish
+from tests.helpers.project import NO_SERVING_CHECK, copy_project, corpus_params, publish, published
+from tests.helpers.shared import built_once
 from train_deploy.handoffs import DataSpec, TokenizerInfo, TokenManifest, TrainingResult
 
 os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
@@ -40,8 +41,10 @@ def tiny_tokenizer(tmp_path_factory) -> TokenizerInfo:
     """A SentencePiece tokenizer trained on the People's Daily slice, published as the corpus stage does."""
     from train_deploy.pipelines.corpus.nodes import plan_inputs, prepare_tokenizer
 
-    folder = tmp_path_factory.mktemp("tokenizer") / "tokenizer"
-    return publish(prepare_tokenizer(*plan_inputs(corpus_params())), folder, TokenizerInfo)
+    return built_once(tmp_path_factory, "tokenizer",
+                      lambda folder: publish(prepare_tokenizer(*plan_inputs(corpus_params())), folder / "tokenizer",
+                                             TokenizerInfo),
+                      lambda folder: published(folder / "tokenizer", TokenizerInfo))
 
 
 @pytest.fixture(scope="session")
@@ -50,8 +53,10 @@ def tiny_token_files(tmp_path_factory, tiny_tokenizer) -> TokenManifest:
     from train_deploy.pipelines.corpus.nodes import encode_tokens, plan_inputs
 
     config, plan = plan_inputs(corpus_params(encoding={"validation_fraction": 0.05}))
-    folder = tmp_path_factory.mktemp("token_files") / "tokens"
-    return publish(encode_tokens(config, plan, tiny_tokenizer), folder, TokenManifest)
+    return built_once(tmp_path_factory, "token_files",
+                      lambda folder: publish(encode_tokens(config, plan, tiny_tokenizer), folder / "tokens",
+                                             TokenManifest),
+                      lambda folder: published(folder / "tokens", TokenManifest))
 
 
 @pytest.fixture(scope="session")
@@ -66,10 +71,12 @@ def tiny_tokens(tiny_token_files) -> DataSpec:
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory, tiny_tokens) -> TrainingResult:
-    """A 6-step tiny run through Paddle's launcher (one process), checkpoints at steps 3 and 6."""
-    from tests.helpers.training import launch, training_params
+    """A 6-step tiny run through Paddle's launcher (one process), checkpoints at steps 3 and 6 (one per session,
+    shared by the workers: ``tests.helpers.shared``)."""
+    from tests.helpers.training import launch, result, training_params
 
-    return launch(tmp_path_factory.mktemp("tiny_run"), tiny_tokens, training_params(1))
+    return built_once(tmp_path_factory, "tiny_run", lambda folder: launch(folder, tiny_tokens, training_params(1)),
+                      result)
 
 
 @pytest.fixture(scope="session")
@@ -105,11 +112,13 @@ def tiny_bundle(tmp_path_factory, tiny_checkpoint, tiny_tokenizer, tiny_token_fi
     from train_deploy.handoffs import Bundle
     from train_deploy.pipelines.export.nodes import export_model
 
-    work, _ = export_model(export_params(), selected(tiny_checkpoint), tiny_tokenizer, tiny_token_files, tiny_run,
-                           tiny_training_logs)
-    bundle = publish(work, tmp_path_factory.mktemp("bundles") / "bundle", Bundle, versions=True)
-    assert not bundle.reused
-    return Path(bundle.path)
+    def build(folder: Path) -> None:
+        work, _ = export_model(export_params(), selected(tiny_checkpoint), tiny_tokenizer, tiny_token_files, tiny_run,
+                               tiny_training_logs)
+        assert not publish(work, folder / "bundle", Bundle, versions=True).reused
+
+    return Path(built_once(tmp_path_factory, "bundles", build,
+                           lambda folder: published(folder / "bundle", Bundle, versions=True)).path)
 
 
 @pytest.fixture

@@ -39,6 +39,12 @@ def publish(work: FolderWork, folder: Path, description: type, **dataset: Any) -
     return target.load()
 
 
+def published(folder: Path, description: type, **dataset: Any) -> Any:
+    """What :func:`publish` returned, loaded again from ``folder`` (in another process)."""
+    return ArtifactFolderDataset(path=str(folder), description=f"{description.__module__}.{description.__name__}",
+                                 **dataset).load()
+
+
 def copy_project(root: Path) -> Path:
     """The project's configuration (without conf/local, as a fresh checkout has it) in the new folder ``root``,
     which Kedro then runs as the project: its own data/, logs and run lock."""
