@@ -8,7 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
-from tests.helpers.export import SHAPE, reference_llama
+from tests.helpers.export import SHAPE, fused_here, reference_llama
 from train_deploy.export.graph import compact_model, load_inference_model
 from train_deploy.training.checkpoint import STATE_FILE, CheckpointError
 
@@ -20,6 +20,8 @@ from train_deploy.training.checkpoint import STATE_FILE, CheckpointError
 def test_compact_graph_equals_paddlenlp_llama_with_padding(overrides, portable):
     import paddle
 
+    if not portable and not fused_here():  # Paddle's CPU fused_rms_norm dies of SIGILL without AVX-512
+        pytest.skip("this CPU cannot run Paddle's fused kernels (the kernel probe): the portable graph is tested")
     reference = reference_llama(len(overrides), **overrides)
     compact = compact_model(reference)
     compact.portable = portable  # Paddle's fused kernels (server/) or the operators ONNX is converted from
