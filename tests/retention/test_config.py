@@ -30,3 +30,15 @@ def test_a_bad_value_is_one_line_naming_the_key(block, message):
 def test_the_budget_reads_as_bytes():
     config = RetentionConfig.from_params({"disk": {"budget": "2KiB", "run_estimate": 512}})
     assert (config.disk.budget_bytes, config.disk.estimate_bytes) == (2048, 512)
+
+
+def test_every_gate_decision_can_be_listed_and_an_unknown_one_is_named():
+    from typing import get_args
+
+    from train_deploy.registry.rules import Decision
+
+    every = [*get_args(Decision), "failed"]  # what gate.decision holds: the gate's verdicts, or its failure
+    assert RetentionConfig.from_params({"mlflow": {"decisions": every}}).mlflow.decisions == every
+    with pytest.raises(ConfigError, match=r"^retention.mlflow.decisions: 'kept' is not one of rejected, failed, "
+                                          r"undecided, promoted, first, forced$"):
+        RetentionConfig.from_params({"mlflow": {"decisions": ["kept"]}})

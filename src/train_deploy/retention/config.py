@@ -76,9 +76,9 @@ class MlflowRetention:
     """Mark the runs and logged models of versions decided ``rejected`` (or whose gate ``failed``) deleted once
     ``grace_days`` have passed, then remove them for good with ``mlflow gc``; the version and its tags stay."""
     decisions: list[str] = field(default_factory=lambda: ["rejected", "failed"])
-    """The gate decisions (``gate.decision``) whose versions' artifacts go; add ``promoted``, ``first`` and
-    ``forced`` to remove retired champions' too (versions that hold no alias any more; rollback needs only
-    ``previous``)."""
+    """The gate decisions (``gate.decision``) whose versions' artifacts go; add ``undecided`` for candidates the
+    gate could not tell from the champion, and ``promoted``, ``first`` and ``forced`` to remove retired champions'
+    too (versions that hold no alias any more; rollback needs only ``previous``)."""
     unregistered: bool = True
     """Also remove, after ``grace_days``, what in the project's experiment no version was registered from: runs that
     ended ``FAILED`` or ``KILLED`` without a version, with their logged models (a night killed in the export or
@@ -95,7 +95,7 @@ class MlflowRetention:
 
     def __post_init__(self) -> None:
         check_range("retention.mlflow.grace_days", self.grace_days, 0)
-        known = ("rejected", "failed", "promoted", "first", "forced")
+        known = ("rejected", "failed", "undecided", "promoted", "first", "forced")  # gate.decision's values
         for decision in self.decisions:
             check(decision in known, "retention.mlflow.decisions", f"{decision!r} is not one of {', '.join(known)}")
 
