@@ -128,8 +128,8 @@ def _runner_name(recorded: str) -> str:
 
 class GateOnOwnCorpus:
     """A run that registers a model is refused before its first node when the model's evaluation set comes from
-    another corpus (``train_deploy.registry.lineage``; ``registry.other_corpus``), and warned at its end when the
-    gate decided on fewer than ``registry.eval_set.min_texts`` texts."""
+    another corpus (``train_deploy.registry.lineage``; ``registry.other_corpus``). A set of fewer than
+    ``registry.eval_set.min_texts`` texts is the gate's own verdict (``undecided``), not a warning here."""
 
     @hook_impl(tryfirst=True)  # with CheckConfiguration: before kedro-mlflow opens its run, so a refusal leaves none
     def before_pipeline_run(self, pipeline, catalog) -> None:
@@ -144,14 +144,3 @@ class GateOnOwnCorpus:
         retry = Retrying(config.retries, mlflow.get_tracking_uri())
         retry("read the evaluation set's corpus",
               lambda: check_same_corpus(mlflow.MlflowClient(), config, params.get("corpus")))
-
-    @hook_impl
-    def after_pipeline_run(self, pipeline, catalog) -> None:
-        if "registry_decision" not in pipeline.all_outputs():
-            return
-        from train_deploy.registry.config import RegistryConfig
-        from train_deploy.registry.lineage import warn_small_eval_set
-
-        decision = catalog.load("registry_decision")
-        warn_small_eval_set(decision.model_name, decision.eval_texts,
-                            RegistryConfig.from_params(catalog.load("parameters").get("registry")))
