@@ -76,9 +76,11 @@ def cli_params(params: dict, prefix: str = "") -> list[str]:
     return items
 
 
-NO_SERVING_CHECK = {"serving_check": {"enabled": False}}
-"""``registry`` keys that skip the serving check before promotion (a server start per promotion); the gate tests
-run it (tests/registry/test_gate.py, test_infra.py)."""
+NO_SERVING_CHECK = {"serving_check": {"enabled": False}, "require_beats": "none"}
+"""``registry`` keys for tests of a tiny model: no serving check before promotion (a server start per promotion;
+the gate tests run it: tests/registry/test_gate.py, test_infra.py) and no baseline rule (a tiny model a few steps
+old predicts worse than a unigram, so registry.require_beats' default would refuse every version; tests of the rule
+set ``require_beats`` back)."""
 
 
 def tiny_train_deploy_params(nproc: int = 1, **blocks: dict) -> dict:

@@ -13,6 +13,7 @@ import pytest
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from tests.helpers.project import NO_SERVING_CHECK
 from tests.helpers.registry import ModelStore
 from train_deploy.handoffs import Bundle
 from train_deploy.registry import evalset
@@ -43,7 +44,8 @@ def _experiment(store: ModelStore) -> str:
 
 def _night(store: ModelStore, bundle: Bundle, night: int, **registry):
     """The registry stage of a night: ``register_and_gate`` in a new run of the project's experiment."""
-    config = RegistryConfig.from_params({"model_name": MODEL, "serving_check": {"enabled": False}, **registry})
+    config = RegistryConfig.from_params({"model_name": MODEL, **NO_SERVING_CHECK, "eval_set": {"min_texts": len(TEXTS)},
+                                         **registry})  # the set's 4 texts decide: the same bundle is no improvement
     tags = {"training.run_name": f"run{night}", "bundle.fingerprint": bundle.fingerprint}
     with store.active(), mlflow.start_run(experiment_id=_experiment(store)):
         mlflow.log_params({"corpus.reader.source": "people_daily", "corpus.reader.paths": "[]",

@@ -129,7 +129,7 @@ def test_failed_runs_leave_the_aliases_undecided_keeps_the_champion_and_worse_th
 
     # The same bundle as the first version of a new model, under the default rule: worse than the unigram, so the
     # model gets no champion.
-    _run(project, _params(registry={"model_name": "edu_lm"}), from_nodes=["export_bundle"])
+    _run(project, _params(registry={"model_name": "edu_lm", "require_beats": "unigram"}), from_nodes=["export_bundle"])
     first = json.loads((project / "data/08_reporting/registry_decision.json").read_text(encoding="utf-8"))
     assert (first["model_name"], first["version"], first["decision"], first["champion"]) == (
         "edu_lm", "1", "rejected", False)
