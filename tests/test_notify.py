@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from tests.http_receiver import Receiver
+from tests.http_receiver import Receiver, StallingReceiver
 from train_deploy.config import ConfigError
-from train_deploy.notify import NotifyConfig, notify, receiver_name, verify
+from train_deploy.notify import NotifyConfig, deadline, notify, receiver_name, verify
 
 
 @pytest.fixture
@@ -75,6 +76,30 @@ def test_down_erroring_and_slow_receivers_are_logged_without_the_url_path(caplog
     assert took < 10
     assert "T0KEN" not in caplog.text and "secret-path" not in caplog.text and len(caplog.records) == 3
 
+
+@pytest.mark.parametrize(("mode", "failure"), [
+    ("trickle", "gave no complete answer within 5 s"),  # a byte every 1.5 s: no 2 s read ever times out
+    ("silent", "unreachable (TimeoutError)"),
+])
+def test_a_receiver_that_trickles_or_never_answers_is_given_up_by_the_delivery_deadline(caplog, mode, failure):
+    stalling = StallingReceiver(mode)
+    config = NotifyConfig(webhooks=[stalling.url], timeout_seconds=2.0, attempts=2)
+    assert deadline(config) == 5.0  # 2 tries of 2 s and the second between them
+    outcome: list[list[str]] = []
+    with caplog.at_level(logging.WARNING, logger="train_deploy.notify"):
+        start = time.monotonic()
+        sender = threading.Thread(target=lambda: outcome.append(notify(config, "failed", reason="boom")),
+                                  daemon=True)  # daemon: on a delivery without a deadline the test fails, not hangs
+        sender.start()
+        sender.join(deadline(config) + 8.0)
+        took = time.monotonic() - start
+    stalling.close()
+    assert not sender.is_alive(), f"notify() still blocked after {took:.0f} s"
+    host = f"http://127.0.0.1:{stalling.url.split(':')[2].split('/')[0]}"
+    assert outcome == [[f"{host} {failure}"]]
+    assert deadline(config) - 0.5 < took < deadline(config) + 5.0  # delivery process start-up included
+    assert [r.getMessage() for r in caplog.records] == [f"Could not notify the failed outcome: {host} {failure}"]
+    assert stalling.connections == (1 if mode == "trickle" else 2)  # a trickled answer holds its one try
 
 def test_a_command_gets_the_message_on_stdin(tmp_path):
     out = tmp_path / "messages.jsonl"
