@@ -6,7 +6,9 @@ log file or the alert (issue 35 item 6)."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -15,9 +17,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.http_receiver import StallingReceiver
-from tests.mlflow_server import MlflowServer, mlflow_server  # noqa: F401
-from train_deploy.run_lock import LOCK_FILE
+from tests.helpers.project import cli_params, tiny_runtime_params
+from tests.http_receiver import Receiver, StallingReceiver
+from tests.mlflow_server import mlflow_server  # noqa: F401
+from train_deploy.run_lock import HOLDER_FILE, LOCK_FILE
 
 KEDRO = Path(sys.executable).parent / "kedro"
 SECRET = "S3cretPW"
@@ -87,3 +90,69 @@ def test_a_run_whose_receiver_trickles_exits_promptly_and_leaves_the_lock_free(p
     log = (project / "logs" / "train_deploy.log").read_text()
     assert f"Could not notify the failed outcome: {host} gave no complete answer within 5 s" in log
     assert "T0KEN" not in log and "secret-path" not in log
+
+
+def _wait_in_node(project: Path, run: subprocess.Popen, output: Path, node: str) -> None:
+    """Return once the run's holder record says it is in ``node``."""
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            about = json.loads((project / "data" / HOLDER_FILE).read_text())
+        except (OSError, ValueError):
+            about = {}
+        if about.get("pid") == run.pid and about.get("node") == node:
+            return
+        assert run.poll() is None, output.read_text()[-3000:]
+        assert time.monotonic() < deadline, f"not in node {node} after 300 s"
+        time.sleep(0.02)
+
+
+def _tiny_corpus_args() -> list[str]:
+    return ["--params", ",".join(cli_params(tiny_runtime_params()))]
+
+
+@pytest.mark.slow
+def test_a_run_whose_tracking_server_dies_shows_no_password_and_alerts_the_real_error(project, tmp_path,
+                                                                                      mlflow_server):  # noqa: F811
+    receiver, output = Receiver(), tmp_path / "console.txt"
+    _configure(project, receiver.url)
+    uri = mlflow_server.uri.replace("http://", f"http://alice:{SECRET}@")
+    run = _kedro_run(project, output, uri, *_tiny_corpus_args())
+    try:
+        _wait_in_node(project, run, output, "prepare_tokenizer")
+        mlflow_server.stop()  # the tracking server is gone mid-run
+        assert run.wait(120) == 1
+    finally:
+        run.kill()
+        run.wait()
+    (_, body), = receiver.wait_for(1, 15)
+    receiver.close()
+    alert = json.loads(body)
+    console, log = output.read_text(), (project / "logs" / "train_deploy.log").read_text()
+    for where, text in (("console", console), ("log", log), ("alert", body.decode())):
+        assert SECRET not in text and "alice" not in text, where
+    assert (alert["event"], alert["node"], alert["stage"]) == ("failed", "prepare_tokenizer", "corpus")
+    # the error the node died of (kedro-mlflow's dataset could not reach the server), not a signal
+    assert alert["reason"].startswith("DatasetError: tokenizer: Failed while saving data to dataset "
+                                      "kedro_mlflow.io.artifacts.mlflow_artifact_dataset.MlflowArtifactFolderDataset(")
+    assert "signal" not in alert["reason"] and "stopped by" not in alert["reason"]
+    assert f"MlflowException: API request to {mlflow_server.uri}/api/2.0/mlflow/runs/get failed" in console
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_sigterm_alerts_the_signal_and_its_node(project, tmp_path):
+    receiver, output = Receiver(), tmp_path / "console.txt"
+    _configure(project, receiver.url)
+    run = _kedro_run(project, output, f"sqlite:///{tmp_path / 'mlruns.db'}", *_tiny_corpus_args())
+    try:
+        _wait_in_node(project, run, output, "prepare_tokenizer")
+        run.send_signal(signal.SIGTERM)
+        run.wait(120)
+    finally:
+        run.kill()
+        run.wait()
+    (_, body), = receiver.wait_for(1, 15)
+    receiver.close()
+    alert = json.loads(body)
+    assert (alert["event"], alert["node"], alert["stage"], alert["reason"]) == (
+        "failed", "prepare_tokenizer", "corpus", "stopped by SIGTERM")
