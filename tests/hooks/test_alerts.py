@@ -7,11 +7,17 @@ alert where they run: tests/test_signals.py, tests/test_retrain.py, tests/pipeli
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from types import SimpleNamespace
 
 import pytest
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from tests.http_receiver import Receiver
+from tests.mlflow_server import free_port
 from train_deploy.hooks.alerts import RunAlerts
 from train_deploy.registry.gate import RegistryDecision
 from train_deploy.retrain import NothingToRetrain
@@ -110,3 +116,38 @@ def test_a_context_that_runs_no_pipeline_sends_nothing(receiver, tmp_path):
     """train-deploy gc reads the project's settings through a Kedro context and runs no pipeline."""
     started(receiver, tmp_path)
     assert receiver.received == []
+
+
+def test_a_run_that_died_of_an_error_holding_a_password_alerts_the_error_redacted_not_a_signal(receiver, tmp_path,
+                                                                                              monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    port = free_port()
+    with pytest.raises(MlflowException) as died:  # the tracking server is gone
+        MlflowClient(f"http://alice:S3cretPW@127.0.0.1:{port}").get_run("0" * 32)
+    hook = started(receiver, tmp_path)
+    run_hook(hook)
+    wrapped(hook.before_node_run(SimpleNamespace(name="prepare_tokenizer")))
+    wrapped(hook.on_pipeline_error(died.value))
+    hook._stopped()
+    ((_, body),) = receiver.received
+    message = json.loads(body)
+    assert message["node"] == "prepare_tokenizer"
+    assert message["reason"].startswith(f"MlflowException: API request to http://127.0.0.1:{port}/api/2.0/mlflow/")
+    assert b"S3cretPW" not in body and b"alice" not in body
+
+
+def test_an_interrupt_names_a_signal_only_when_one_arrived(receiver, tmp_path):
+    raised = started(receiver, tmp_path)
+    run_hook(raised)
+    raised._failed(KeyboardInterrupt())  # raised by code, no signal sent
+    signalled = started(receiver, tmp_path)
+    run_hook(signalled)
+    try:
+        with pytest.raises(KeyboardInterrupt):  # a real Ctrl-C, through the handler in place
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+    finally:
+        signalled._ended()
+    signalled._stopped()  # what its exit handler says: Kedro's on_pipeline_error never saw the interrupt
+    receiver.wait_for(2, 15)  # the exit handler does not wait for its delivery process
+    assert [m["reason"] for m in messages(receiver)] == ["KeyboardInterrupt", "stopped by SIGINT (Ctrl-C)"]
