@@ -12,10 +12,12 @@ import urllib.request
 import psycopg
 import pytest
 from mlflow import MlflowClient
+from mlflow.entities import Param, RunTag
 
 from tests.http_receiver import Receiver
 from tests.mlflow_server import free_port
-from train_deploy.redaction import HIDDEN, one_line, redact, redact_value, treat_as_secret
+from train_deploy.notify import NotifyConfig, message
+from train_deploy.redaction import HIDDEN, one_line, redact, redact_mlflow, redact_value, treat_as_secret
 from train_deploy.registry.gate import one_line as gate_one_line
 
 SECRET = "S3cretPW"
@@ -117,3 +119,31 @@ def test_a_process_with_redaction_installed_prints_no_secret_on_any_stream():
     assert f"ERROR tracking failed with password={HIDDEN}" in done.stderr
     assert "ConnectionError: API request to http://127.0.0.1:1/api failed" in done.stderr
     assert f"RuntimeError: died with {HIDDEN} in hand" in done.stderr and "ZeroDivisionError" in done.stderr
+
+
+def test_tags_and_params_reach_mlflow_redacted(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRET)
+    redact_mlflow()
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}")
+    run = client.create_run("0", tags={"source": f"http://alice:{SECRET}@host/x"})
+    client.set_tag(run.info.run_id, "failure", f"died with {SECRET}")
+    client.log_param(run.info.run_id, "dsn", f"host=db password={SECRET}")
+    client.log_batch(run.info.run_id, params=[Param("token", SECRET)], tags=[RunTag("note", f"x {SECRET}")])
+    client.create_registered_model("m")
+    version = client.create_model_version("m", "runs:/x/model", run.info.run_id)
+    client.set_model_version_tag("m", version.version, "reason", f"gate saw {SECRET}")
+    client.set_registered_model_tag("m", "holder", f"{SECRET}@host")
+    data = client.get_run(run.info.run_id).data
+    assert (data.tags["source"], data.tags["failure"], data.tags["note"]) == (
+        "http://host/x", f"died with {HIDDEN}", f"x {HIDDEN}")
+    assert data.params == {"dsn": f"host=db password={HIDDEN}", "token": HIDDEN}
+    assert client.get_model_version("m", version.version).tags["reason"] == f"gate saw {HIDDEN}"
+    assert client.get_registered_model("m").tags["holder"] == f"{HIDDEN}@host"
+
+
+def test_an_alert_is_redacted_of_its_signing_secret_and_webhook_variable(monkeypatch):
+    monkeypatch.setenv("TD_SIGNING_VALUE", "sign-k3y-value")
+    monkeypatch.setenv("TD_HOOK_URL", "http://127.0.0.1:9/hooks/T0KEN-in-path")
+    NotifyConfig(webhooks=["env:TD_HOOK_URL"], secret_env="TD_SIGNING_VALUE")  # declares both secret
+    body = message("failed", reason="sign-k3y-value rejected by http://127.0.0.1:9/hooks/T0KEN-in-path")
+    assert body["reason"] == f"{HIDDEN} rejected by {HIDDEN}"
