@@ -125,6 +125,9 @@ ACCEPTED: dict[str, tuple] = {
     **dict.fromkeys(("validation.max_documents_increase", "validation.max_characters_increase",
                      "validation.max_tokens_per_character_change"), (0.0, 1.0, float(HUGE))),
     "validation.max_length_quantile_factor": (1.0, float(HUGE)),
+    "validation.max_nats_per_char_increase": (0.0, 1.0, float(HUGE)),  # issue 39: relative, 0 or more
+    "validation.max_character_distance": (0.0, 1.0),  # a Jensen–Shannon distance
+    "validation.max_document_nats_factor": (1.0, float(HUGE)),
     "registry.serving_check.timeout_seconds": (1.0, float(HUGE)),  # seconds, more than 0
     # retention: 0 keeps all; a grace period of 0 days removes at once; sizes in bytes, 0 or more
     **dict.fromkeys(("retention.checkpoints.keep_runs", "retention.training_logs.keep_runs",

@@ -51,6 +51,13 @@ def test_the_byte_fallback_rate_of_a_large_corpus_is_estimated_from_evenly_space
 def test_the_versions_tag_holds_the_statistics_in_one_compact_line(nights):
     s = nights["english"]
     tag = s.compact()
-    assert "\n" not in tag and " " not in tag and len(tag) < 1000
+    assert "\n" not in tag and " " not in tag  # its length: the next test
     assert CorpusStatistics.from_json(json.loads(tag)).documents_read == s.documents_read
     assert CorpusStatistics.from_json(json.loads(json.dumps(s.to_json()))) == s
+
+
+def test_the_versions_tag_with_the_character_shares_fits_a_sql_stores_5000_characters(nights):
+    tags = {name: night.compact() for name, night in nights.items()}
+    assert max(len(tag) for tag in tags.values()) <= 5000, {name: len(tag) for name, tag in tags.items()}
+    assert len(json.loads(tags["champion"])["character_shares"]) == 257  # the top 256 characters and other
+    assert not {" ", "\n"} & json.loads(tags["english"])["character_shares"].keys()

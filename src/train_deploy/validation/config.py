@@ -44,6 +44,18 @@ class ValidationConfig:
     """Largest absolute increase of the share of documents read that any one drop reason takes (a filter's, or
     duplicate, near_duplicate)."""
 
+    max_nats_per_char_increase: float | None = 0.25
+    """Largest relative increase of the champion's loss on a seeded sample of tonight's kept documents (nats per
+    character) over its loss on its own corpus, recorded on its version (0.25: at most 25% more). Calibrated on
+    People's Daily (``benchmarks/calibrate_data_gate.py``, docs/benchmarks.md): good nights within CALIBRATED_GOOD;
+    Traditional characters, shuffled characters, 20% advertising or URL/QQ spam above CALIBRATED_BAD."""
+    max_character_distance: float | None = 0.1
+    """Largest Jensen–Shannon distance (0: the same, 1: disjoint) between tonight's character distribution and the
+    champion's top characters and ``other``, recorded on its version (another script or alphabet)."""
+    max_document_nats_factor: float | None = 1.5
+    """A sampled document whose nats per character under the champion exceed this factor times the champion's own
+    figure is flagged: the report gives their share (screening is reported, never dropped; null: no screening)."""
+
     def __post_init__(self) -> None:
         for name in ("max_documents_decrease", "max_characters_decrease"):
             check_range(f"validation.{name}", getattr(self, name), 0, 1)
@@ -53,6 +65,9 @@ class ValidationConfig:
                      "max_drop_share_increase"):
             check_range(f"validation.{name}", getattr(self, name), 0, 1)
         check_range("validation.max_length_quantile_factor", self.max_length_quantile_factor, 1)
+        check_range("validation.max_nats_per_char_increase", self.max_nats_per_char_increase, 0)
+        check_range("validation.max_character_distance", self.max_character_distance, 0, 1)
+        check_range("validation.max_document_nats_factor", self.max_document_nats_factor, 1)
 
     @classmethod
     def from_params(cls, params: dict[str, Any] | None) -> ValidationConfig:

@@ -1,13 +1,19 @@
 """Corpus statistics in MLflow: the champion's, read from a tag of its registered version (one registry call,
-from any machine that reaches the tracking server), and tonight's, with the data gate's report, on the run."""
+from any machine that reaches the tracking server), and tonight's, with the data gate's report, on the run; the
+champion's bundle, downloaded for the night to score tonight's sample with."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import mlflow
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.history import CHAMPION, alias_version
@@ -35,6 +41,32 @@ def champion_statistics(config: RegistryConfig) -> tuple[str, CorpusStatistics |
     tags = retry("read the champion's tags", lambda: client.get_model_version(config.model_name, version).tags)
     recorded = tags.get(STATISTICS_TAG)
     return version, CorpusStatistics.from_json(json.loads(recorded)) if recorded else None
+
+
+@contextlib.contextmanager
+def champion_bundle(config: RegistryConfig, champion: tuple[str, CorpusStatistics | None] | None
+                    ) -> Iterator[Path | None]:
+    """The champion's bundle downloaded into a temporary folder for the ``with`` block (removed after); None when
+    there is no champion, it records no loss of its own to compare with (registered before issue 39), or its bundle
+    cannot be downloaded (said in the log: the gate after training fails on a champion it cannot score)."""
+    if champion is None or champion[1] is None or champion[1].nats_per_char is None:
+        if champion is not None and champion[1] is not None:
+            logger.info("%s version %s (champion) records no loss on its own corpus (registered before the content "
+                        "checks): nats_per_char is not compared tonight", config.model_name, champion[0])
+        yield None
+        return
+    version, client = champion[0], MlflowClient()
+    uri = f"models:/{config.model_name}/{version}/artifacts/bundle"
+    retry = Retrying(config.retries, client.tracking_uri)
+    with tempfile.TemporaryDirectory(prefix="train_deploy-data-gate-") as folder:
+        try:
+            found = retry("download the champion's bundle",
+                          lambda: mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=folder))
+        except MlflowException as exc:
+            logger.warning("%s version %s (champion): its bundle could not be downloaded (%s); tonight's text is not "
+                           "scored", config.model_name, version, exc.message.splitlines()[0][:300])
+            found = None
+        yield Path(found) if found else None
 
 
 def statistics_tags(statistics: CorpusStatistics) -> dict[str, str]:

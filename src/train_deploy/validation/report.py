@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from train_deploy.validation.config import ValidationConfig
+from train_deploy.validation.content import SampleScores
 from train_deploy.validation.statistics import CorpusStatistics
 
 Outcome = Literal["passed", "stopped", "warned", "not_compared"]
@@ -51,13 +52,61 @@ class ValidationReport:
     """Tonight's statistics (JSON)."""
     champion: dict[str, Any] | None = None
     """The champion's statistics (JSON), when it records them."""
+    screening: Screening | None = None
+    """The champion's verdict on each scored document of tonight's sample (None: nothing scored)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     def block(self) -> str:
-        """The report for the console: its reason, then one line per failing statistic."""
-        return "\n".join([self.reason, *(f"  {finding.line()}" for finding in self.failures)])
+        """The report for the console: its reason, one line per failing statistic, and when one failed, the
+        sample's documents that scored worst."""
+        lines = [self.reason, *(f"  {finding.line()}" for finding in self.failures)]
+        if self.screening is not None:
+            lines.append(f"  {self.screening.line()}")
+            if self.failures:
+                lines += [f"    {worst['nats_per_char']:.2f}  {worst['text']}" for worst in self.screening.worst]
+        return "\n".join(lines)
+
+
+@dataclass(slots=True)
+class Screening:
+    """Tonight's sampled documents as the champion scored them, one by one."""
+
+    scored: int
+    """Documents scored."""
+    flagged: int
+    """Documents past ``limit``."""
+    share: float
+    """``flagged / scored``: an estimate of the share of tonight's kept documents past ``limit``."""
+    limit: float | None
+    """Nats per character past which a document is flagged (``validation.max_document_nats_factor`` times the
+    champion's own figure; None: no screening)."""
+    worst: list[dict[str, Any]]
+    """The 3 that scored worst: ``nats_per_char`` and ``text`` (one line of at most 80 characters, without
+    credentials, secrets or paths: ``train_deploy.validation.content.shown_line``)."""
+
+    def line(self) -> str:
+        past = (f"{self.flagged} of {self.scored} sampled documents ({self.share:.0%}) above {self.limit:.3g} "
+                "nats/char (validation.max_document_nats_factor)" if self.limit is not None else
+                f"{self.scored} sampled documents scored")
+        return f"screening: {past}; worst under the champion:" if self.worst else f"screening: {past}"
+
+
+def screen(scores: SampleScores | None, champion: CorpusStatistics | None, config: ValidationConfig
+           ) -> Screening | None:
+    """The champion's per-document verdict on tonight's scored sample (None when nothing was scored)."""
+    if scores is None or not len(scores.texts):
+        return None
+    per_text = scores.per_text()
+    own = champion.nats_per_char if champion is not None else None
+    factor = config.max_document_nats_factor
+    limit = factor * own if factor is not None and own else None
+    flagged = int((per_text > limit).sum()) if limit is not None else 0
+    order = sorted(range(len(per_text)), key=lambda i: -per_text[i])[:3]
+    worst = [{"nats_per_char": round(float(per_text[i]), 4), "text": line}
+             for i, line in zip(order, scores.worst(3), strict=True)]
+    return Screening(len(per_text), flagged, flagged / len(per_text), limit, worst)
 
 
 class ValidationStopped(RuntimeError):
@@ -74,9 +123,17 @@ class ValidationStopped(RuntimeError):
 
 
 def decide(tonight: CorpusStatistics, champion: tuple[str, CorpusStatistics | None] | None, config: ValidationConfig,
-           model_name: str, force: bool = False) -> ValidationReport:
+           model_name: str, force: bool = False, scores: SampleScores | None = None) -> ValidationReport:
     """The report on ``tonight`` against ``champion`` (its version and statistics; None: no champion yet): past a
-    bound, ``stopped``, or ``warned`` when ``config.mode`` is warn or ``force`` (``retrain.force``) is set."""
+    bound, ``stopped``, or ``warned`` when ``config.mode`` is warn or ``force`` (``retrain.force``) is set;
+    ``scores``: the champion's score of each of tonight's sampled documents, screened one by one."""
+    report = _decided(tonight, champion, config, model_name, force)
+    report.screening = screen(scores, champion[1] if champion else None, config)
+    return report
+
+
+def _decided(tonight: CorpusStatistics, champion: tuple[str, CorpusStatistics | None] | None,
+             config: ValidationConfig, model_name: str, force: bool) -> ValidationReport:
     record = tonight.to_json()
     if champion is None:
         return ValidationReport("not_compared", model_name, None, f"Corpus statistics recorded; nothing compared: "
@@ -114,6 +171,13 @@ def _findings(now: CorpusStatistics, then: CorpusStatistics, c: ValidationConfig
         if abs(now.cjk_share - then.cjk_share) > c.max_cjk_share_change:
             yield Finding("cjk_share", then.cjk_share, now.cjk_share,
                           f"change of at most {c.max_cjk_share_change:g} (validation.max_cjk_share_change)")
+    limit = c.max_nats_per_char_increase
+    if limit is not None and now.nats_per_char is not None and then.nats_per_char:
+        if now.nats_per_char / then.nats_per_char - 1 > limit:
+            yield Finding("nats_per_char", then.nats_per_char, now.nats_per_char, f"relative increase of at most "
+                          f"{limit:g} (validation.max_nats_per_char_increase); tonight "
+                          f"{now.nats_per_char / then.nats_per_char - 1:+.1%}")
+    yield _above(now.character_distance, c.max_character_distance, "character_distance", "max_character_distance")
     yield _above(now.duplicate_share, c.max_duplicate_share, "duplicate_share", "max_duplicate_share")
     yield _above(now.byte_fallback_rate, c.max_byte_fallback_rate, "byte_fallback_rate", "max_byte_fallback_rate")
     limit = c.max_tokens_per_character_change

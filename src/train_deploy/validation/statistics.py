@@ -3,7 +3,9 @@
 Everything comes from what the stage wrote beside its token files (``manifest.json`` and ``quality.json``,
 counted while the documents passed through the workers), except the byte-fallback rate, which counts the
 tokenizer's byte pieces in the token files: all of them up to :data:`BYTE_SAMPLE_TOKENS` tokens, else
-that many in evenly spaced blocks (a few milliseconds, whatever the corpus's size).
+that many in evenly spaced blocks (a few milliseconds, whatever the corpus's size), and what the text says
+(:mod:`.content`): the character shares of a seeded sample of the kept documents, and, given a model, its loss on
+that sample in nats per character.
 """
 
 from __future__ import annotations
@@ -20,8 +22,15 @@ import numpy as np
 from train_deploy.corpus.report import FINE_PER_OCTAVE, CorpusQuality
 from train_deploy.corpus.tokenizer import SP_MODEL_FILE
 from train_deploy.handoffs import TokenizerInfo, TokenManifest
+from train_deploy.validation.content import (
+    SampleScores,
+    character_distance,
+    character_shares,
+    draw_sample,
+    score_sample,
+)
 
-SCHEMA = 1
+SCHEMA = 2
 QUANTILES = (0.1, 0.5, 0.9)
 BYTE_SAMPLE_TOKENS = 1 << 22
 _BLOCKS = 64
@@ -58,6 +67,16 @@ class CorpusStatistics:
     """Near duplicates (MinHash) among the documents read."""
     byte_fallback_rate: float | None = None
     """Byte-fallback pieces among the tokens (end-of-document ids left out); None without byte pieces."""
+    nats_per_char: float | None = None
+    """A model's loss on the seeded sample of the kept documents, in nats per character (:mod:`.content`): on a
+    registered version, the version's own on its own corpus; tonight, the champion's. None: not scored."""
+    documents_scored: int = 0
+    """The sample's documents that ``nats_per_char`` was measured on."""
+    character_shares: dict[str, float] | None = None
+    """The shares of the most frequent characters of the sample, and ``other`` for the rest (a few kB)."""
+    character_distance: float | None = None
+    """Tonight: the Jensen–Shannon distance (0 to 1) of the sample's characters from the champion's
+    ``character_shares``; None without them."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,11 +88,37 @@ class CorpusStatistics:
 
     def compact(self) -> str:
         """The record as one line of JSON, rounded: what the registered version's tag holds."""
-        return json.dumps(_rounded(self.to_json()), separators=(",", ":"), sort_keys=True)
+        # characters as themselves, not \\u escapes: a version's tag holds at most 5,000 characters in a SQL store
+        return json.dumps(_rounded(self.to_json()), separators=(",", ":"), sort_keys=True, ensure_ascii=False)
 
 
-def corpus_statistics(manifest: TokenManifest, tokenizer: TokenizerInfo) -> CorpusStatistics:
-    """The statistics of the published token files ``manifest`` encoded with ``tokenizer``."""
+def corpus_statistics(manifest: TokenManifest, tokenizer: TokenizerInfo, model: str | Path | None = None,
+                      champion: CorpusStatistics | None = None) -> CorpusStatistics:
+    """The statistics of the published token files ``manifest`` encoded with ``tokenizer``; with ``model`` (a
+    bundle folder), its loss on their sample; with ``champion``, the distance from its character shares."""
+    return measure_corpus(manifest, tokenizer, model, champion)[0]
+
+
+def measure_corpus(manifest: TokenManifest, tokenizer: TokenizerInfo, model: str | Path | None = None,
+                   champion: CorpusStatistics | None = None) -> tuple[CorpusStatistics, SampleScores | None]:
+    """:func:`corpus_statistics`, and ``model``'s score of each sampled text (None without a model)."""
+    statistics = counted_statistics(manifest, tokenizer)
+    sample = draw_sample(manifest, tokenizer)
+    statistics.character_shares = character_shares(sample.counts) or None
+    if champion is not None and champion.character_shares:
+        statistics.character_distance = character_distance(sample.counts, champion.character_shares)
+    if model is None:
+        return statistics, None
+    from train_deploy.export.runtime import LanguageModel
+
+    scores = score_sample(LanguageModel.load(model), sample.texts)
+    statistics.nats_per_char = scores.nats_per_char if len(scores.texts) else None
+    statistics.documents_scored = len(scores.texts)
+    return statistics, scores
+
+
+def counted_statistics(manifest: TokenManifest, tokenizer: TokenizerInfo) -> CorpusStatistics:
+    """The statistics the corpus stage counted, and the byte-fallback rate (no text figures)."""
     quality = CorpusQuality.of(manifest)
     sample, read = quality.sample, max(manifest.documents.read, 1)
     filtered = sum(sample.kept_chars)  # documents the filters kept: each counted once in the histogram

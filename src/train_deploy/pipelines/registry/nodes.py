@@ -36,7 +36,7 @@ def register_bundle(registry: dict[str, Any], export_bundle: Bundle, export_metr
     tags |= export_figures(export_metrics)
     tags |= _checked_fingerprints()  # what the next scheduled run compares itself with (train_deploy.retrain)
     tags |= warm_start_run_tags()  # the run's init_from.* tags, init_from.champion_version among them
-    tags |= statistics_tags(corpus_statistics(token_files, tokenizer))  # what the next night's data gate compares
+    tags |= statistics_tags(corpus_statistics(token_files, tokenizer, export_bundle.path))  # the data gate's reference
     decision = register_and_gate(export_bundle, config, tags, build_texts)
     return decision, json.dumps(promotion_event(decision), ensure_ascii=False) + "\n"
 

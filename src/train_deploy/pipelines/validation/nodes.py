@@ -7,13 +7,15 @@ from typing import Any
 
 import mlflow
 
+from train_deploy.export.errors import BundleError
 from train_deploy.handoffs import TokenizerInfo, TokenManifest
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.retrain import OUTCOME_TAG, RetrainConfig
 from train_deploy.validation.config import ValidationConfig
-from train_deploy.validation.records import champion_statistics, record_on_run
+from train_deploy.validation.content import SampleScores
+from train_deploy.validation.records import champion_bundle, champion_statistics, record_on_run
 from train_deploy.validation.report import ValidationStopped, decide
-from train_deploy.validation.statistics import corpus_statistics
+from train_deploy.validation.statistics import CorpusStatistics, measure_corpus
 
 logger = logging.getLogger(__name__)
 STOPPED = "validation_stopped"
@@ -26,9 +28,10 @@ def validate_corpus(validation: dict[str, Any], retrain: dict[str, Any], registr
     through by ``validation.mode: warn`` or ``retrain.force``); else record the report and raise
     :class:`~train_deploy.validation.report.ValidationStopped`."""
     config, registry_config = ValidationConfig.from_params(validation), RegistryConfig.from_params(registry)
-    tonight = corpus_statistics(token_files, tokenizer)
-    report = decide(tonight, champion_statistics(registry_config), config, registry_config.model_name,
-                    force=RetrainConfig.from_params(retrain).force)
+    champion = champion_statistics(registry_config)
+    tonight, scores = _measured(token_files, tokenizer, registry_config, champion)
+    report = decide(tonight, champion, config, registry_config.model_name,
+                    force=RetrainConfig.from_params(retrain).force, scores=scores)
     record_on_run(report)
     if report.outcome == "stopped":
         logger.error("%s", report.block())
@@ -37,3 +40,17 @@ def validate_corpus(validation: dict[str, Any], retrain: dict[str, Any], registr
         raise ValidationStopped(report)
     (logger.warning if report.outcome == "warned" else logger.info)("%s", report.block())
     return token_files
+
+
+def _measured(token_files: TokenManifest, tokenizer: TokenizerInfo, registry: RegistryConfig,
+              champion: tuple[str, CorpusStatistics | None] | None
+              ) -> tuple[CorpusStatistics, SampleScores | None]:
+    """Tonight's statistics, with the champion's score of tonight's sample when it can be scored."""
+    recorded = champion[1] if champion else None
+    with champion_bundle(registry, champion) as bundle:
+        try:
+            return measure_corpus(token_files, tokenizer, bundle, recorded)
+        except BundleError as exc:  # damaged: the gate after training fails on it, or registry.force replaces it
+            logger.warning("%s version %s (champion) cannot score tonight's text: %s", registry.model_name,
+                           champion[0] if champion else "?", str(exc).splitlines()[0][:300])
+    return measure_corpus(token_files, tokenizer, None, recorded)
