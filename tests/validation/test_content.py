@@ -31,7 +31,8 @@ def _decided(tonight: CorpusStatistics, champion: CorpusStatistics, **config):
 
 @pytest.mark.parametrize(("tonight", "outcome"), [(5.0, "passed"), (5.001, "stopped"), (3.0, "passed")])
 def test_the_champions_loss_is_stopped_only_past_its_relative_increase(tonight, outcome):
-    report = _decided(_statistics(nats_per_char=tonight), _statistics(nats_per_char=4.0))  # bound: +25% = 5.0
+    report = _decided(_statistics(nats_per_char=tonight), _statistics(nats_per_char=4.0),
+                      max_nats_per_char_increase=0.25)  # bound: +25% = 5.0 (exact in binary)
     assert report.outcome == outcome, report.block()
     if outcome == "stopped":
         (finding,) = report.failures
@@ -46,6 +47,12 @@ def test_the_character_distance_is_stopped_only_past_its_bound(distance, outcome
     report = _decided(_statistics(character_distance=distance), _statistics(character_shares={"的": 1.0}))
     assert report.outcome == outcome
     assert [f.statistic for f in report.failures] == ([] if outcome == "passed" else ["character_distance"])
+
+
+def test_the_default_content_bounds_are_the_calibrated_ones():
+    assert (ValidationConfig().max_nats_per_char_increase, ValidationConfig().max_character_distance) == (0.15, 0.1)
+    assert _decided(_statistics(nats_per_char=4.59), _statistics(nats_per_char=4.0)).outcome == "passed"  # +14.75%
+    assert _decided(_statistics(nats_per_char=4.61), _statistics(nats_per_char=4.0)).outcome == "stopped"
 
 
 def test_content_bounds_set_to_null_are_not_checked():
