@@ -12,7 +12,7 @@ import mlflow
 import pytest
 from mlflow import MlflowClient
 
-from tests.helpers.project import cli_params, tiny_train_deploy_params
+from tests.helpers.project import NO_SERVING_CHECK, cli_params, tiny_train_deploy_params
 from tests.http_receiver import Receiver
 from train_deploy.cli import VALIDATION_STOPPED, run
 from train_deploy.handoffs import Bundle, TokenizerInfo, TokenManifest
@@ -25,7 +25,7 @@ from train_deploy.validation.statistics import CorpusStatistics, corpus_statisti
 pytestmark = pytest.mark.slow
 
 MODEL = RegistryConfig().model_name
-REGISTRY = {"eval_set": {"documents": 8, "max_chars": 60}, "serving_check": {"enabled": False}}  # not tested here
+REGISTRY = {"eval_set": {"documents": 8, "max_chars": 60}, **NO_SERVING_CHECK}  # the gate is not tested here
 
 
 def test_a_truncated_night_stops_before_training_with_its_report_and_warn_or_force_let_it_through(
@@ -38,8 +38,9 @@ def test_a_truncated_night_stops_before_training_with_its_report_and_warn_or_for
         register_bundle(REGISTRY, Bundle.read_folder(tiny_bundle), {}, tiny_token_files, tiny_tokenizer, tiny_run)
     client = MlflowClient(uri, uri)
     version, recorded = champion_statistics(RegistryConfig())
-    tonight = corpus_statistics(tiny_token_files, tiny_tokenizer)
+    tonight = corpus_statistics(tiny_token_files, tiny_tokenizer, tiny_bundle)  # the champion scores its own sample
     assert version == "1" and recorded == CorpusStatistics.from_json(json.loads(tonight.compact()))  # 6 digits
+    assert recorded.documents_scored > 0 and recorded.nats_per_char > 0 and len(recorded.character_shares) > 100
     assert json.loads(client.get_model_version(MODEL, "1").tags[STATISTICS_TAG])["documents_kept"] > 0
 
     # Tonight's dump is a fifth of it: `kedro run` stops after the corpus stage, exit status 3, one line.
@@ -68,7 +69,12 @@ def test_a_truncated_night_stops_before_training_with_its_report_and_warn_or_for
     assert night.data.tags["outcome"] == "validation_stopped" and night.data.tags["validation.outcome"] == "stopped"
     assert "documents_kept" in night.data.tags["validation.failed"].split(",")
     artifact = Path(client.download_artifacts(night.info.run_id, "validation/report.json", str(tmp_path)))
-    failed = {f["statistic"]: f for f in json.loads(artifact.read_text(encoding="utf-8"))["failures"]}
+    recorded_report = json.loads(artifact.read_text(encoding="utf-8"))
+    failed = {f["statistic"]: f for f in recorded_report["failures"]}
+    # the champion's bundle, downloaded from the registry, scored tonight's sample (issue 39)
+    assert recorded_report["tonight"]["documents_scored"] > 0 and recorded_report["tonight"]["nats_per_char"] > 0
+    assert 0 < recorded_report["tonight"]["character_distance"] < 1
+    assert recorded_report["screening"]["scored"] == recorded_report["tonight"]["documents_scored"]
     assert failed["documents_kept"]["champion"] == recorded.documents_kept > failed["documents_kept"]["tonight"]
     assert not any(key.startswith("train.") for key in night.data.metrics)  # nothing trained
     assert [str(v.version) for v in client.search_model_versions(f"name='{MODEL}'")] == ["1"]
