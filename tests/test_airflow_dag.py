@@ -87,7 +87,7 @@ def test_kedro_airflow_create_writes_a_dag_of_one_run_at_a_time_with_retries(gen
     default_args = _call_keywords(dag["default_args"])
     assert ast.literal_eval(default_args["retries"]) == 2
     assert ast.literal_eval(default_args["retry_exponential_backoff"]) is True
-    assert f'os.environ["{TRIGGER_VARIABLE}"]' in generated_dag.read_text()  # what hooks.TagTrigger reads
+    assert f'os.environ["{TRIGGER_VARIABLE}"]' in generated_dag.read_text()  # what hooks.tracking.tag_trigger reads
     # Change detection first: its task exits with NOTHING_TO_RETRAIN when nothing changed, which Airflow skips.
     check = _tasks(tree)["check-for-changes"]
     assert "retrain.check_for_changes" in ast.unparse(check)
@@ -150,7 +150,7 @@ json.dump({"errors": {k: str(v)[-2000:] for k, v in bag.import_errors.items()},
     assert found["retries"] == [2]
     # Airflow's pins conflict with the project's: every task runs in the project's own venv
     assert found["runs_in"] == ["_PythonExternalDecoratedOperator /srv/projects/train_deploy/.venv/bin/python"]
-    assert found["trigger"].pop("scheduled") == "schedule"  # what hooks.TagTrigger tags the MLflow run with
+    assert found["trigger"].pop("scheduled") == "schedule"  # what hooks.tracking.tag_trigger tags the MLflow run with
     assert set(found["trigger"].values()) == {"manual"}  # airflow dags trigger, backfills, …
     corpus = next(task for task, nodes in _task_nodes(ast.parse(generated_dag.read_text())).items()
                   if "encode_corpus" in nodes)

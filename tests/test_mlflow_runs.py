@@ -70,7 +70,7 @@ def test_runs_of_single_stages_share_the_corpus_fingerprint_and_tags_hold_no_obj
 
 
 class _FailingHook:
-    """A project hook that fails after kedro-mlflow has opened its run (as TagTrigger or SkipUnchanged could)."""
+    """A project hook that fails after kedro-mlflow has opened its run (as the skip decision could)."""
 
     from kedro.framework.hooks import hook_impl
 

@@ -20,7 +20,7 @@ from airflow.sdk import dag, task
 
 PROJECT = os.environ.get("TRAIN_DEPLOY_PROJECT", "/srv/train_deploy")
 PROJECT_PYTHON = os.environ.get("TRAIN_DEPLOY_PYTHON") or f"{PROJECT}/.venv/bin/python"
-# What hooks.TagTrigger tags the MLflow run with: only the DAG's own schedule is trigger=schedule.
+# What hooks.tracking.tag_trigger tags the MLflow run with: only the DAG's own schedule is trigger=schedule.
 TRIGGER = "{{ 'schedule' if dag_run.run_type == 'scheduled' else 'manual' }}"
 NOTHING_TO_RETRAIN = 99
 """The first task's exit code when nothing changed since the champion: Airflow skips the DAG run's tasks."""

@@ -10,9 +10,9 @@ Kedro configures logging (its rich handler on the root logger) before any projec
   per node that ran, that a failed run was closed (:class:`RunClosedOnce`);
 - every log record, console line and uncaught traceback is redacted (``train_deploy.redaction``: credentials in
   URIs, secret environment values), from :func:`quiet_third_party` on;
-- the :class:`ConsoleLogging` hook writes every record of the run, tracebacks included, to
-  ``logs/train_deploy.log`` in the project, and, when the console is not a terminal (a file, a pipe, a
-  scheduler's log), turns the rich handler's boxes, colours and 80-column wrapping into plain lines; on a
+- the run's owner (``hooks.life.RunLife``, through ``hooks.display.open_console``) writes every record of the run,
+  tracebacks included, to ``logs/train_deploy.log`` in the project, and, when the console is not a terminal (a file, a
+  pipe, a scheduler's log), turns the rich handler's boxes, colours and 80-column wrapping into plain lines; on a
   terminal, records are written above the progress bars (:class:`AboveProgressBars`), not into them.
 
 ``train_deploy.cli`` prints the project's own errors as one line that points at the log file; a fatal signal's

@@ -1,6 +1,6 @@
 """A run's configuration checked before any node runs: every stage's block, and what one stage needs of another.
 
-The Kedro hook :class:`train_deploy.hooks.CheckConfiguration` calls :func:`check_run`, so that a bad value
+The run's owner, :class:`train_deploy.hooks.RunLife`, calls :func:`check_run`, so that a bad value
 stops ``kedro run`` at once with one line naming the key, not hours later inside a worker. Nodes still
 validate their own block: each can also be called alone.
 """

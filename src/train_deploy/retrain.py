@@ -8,12 +8,12 @@ on and how:
 - ``retrain.training_identity``: what determines the weights besides the data
   (:meth:`~train_deploy.training.config.TrainingConfig.identity`).
 
-Both are tags of the run and of the version it registers. When they equal the champion's there is nothing to
-retrain: the hook that checks (``hooks.SkipUnchanged``) records the run as skipped (``outcome=skipped`` and the
-reason) and stops it with :class:`NothingToRetrain` before the first node, having read the inputs once; ``kedro
-run`` reports it as a success (``train_deploy.cli``). ``retrain.force: true`` trains anyway. A version trained
-alike counts only when the gate decided on it (:func:`trained_alike`), and an alias move a killed run left half
-done is completed before the champion is read (``train_deploy.registry.aliases``).
+Both are tags of the run and of the version it registers. When they equal the champion's there is nothing to retrain:
+the run's owner (``hooks.life.RunLife``, with ``hooks.runs.skip_if_unchanged``) records the run as skipped
+(``outcome=skipped`` and the reason) and stops it with :class:`NothingToRetrain` before the first node, having read the
+inputs once; ``kedro run`` reports it as a success (``train_deploy.cli``). ``retrain.force: true`` trains anyway. A
+version trained alike counts only when the gate decided on it (:func:`trained_alike`), and an alias move a killed run
+left half done is completed before the champion is read (``train_deploy.registry.aliases``).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 ways: ``mlflow`` (and the ``uvicorn`` it starts by name) is not on ``PATH`` outside an activated venv; MLflow 3
 then reads its own default store (a new ``mlflow.db`` in the current folder), not the project's; and the
 project's SQLite store records artifact locations relative to the project folder
-(``hooks.tracking.RelativeArtifactLocation``, so a moved project keeps working), which only resolve from there.
+(``hooks.tracking.record_relative_location``, so a moved project keeps working), which only resolve from there.
 And it would serve the model without the checks MLflow's scoring server makes impossible inside a model
 (a misspelled parameter is dropped before the model sees it: ``train_deploy.registry.server``).
 

@@ -7,39 +7,19 @@ from train_deploy.console import quiet_third_party
 
 quiet_third_party()  # before the hooks import MLflow, Paddle and PaddleNLP
 
-from train_deploy.hooks import (  # noqa: E402
-    CheckConfiguration,
-    CloseMlflowRun,
-    ConsoleLogging,
-    EndStoppedRun,
-    GateOnOwnCorpus,
-    LineageTags,
-    LocalMlflowStore,
-    ProjectRunLock,
-    RelativeArtifactLocation,
-    RunAlerts,
-    ShowBundle,
-    ShowRegistryDecision,
-    SkipUnchanged,
-    TagTrigger,
-)
+from train_deploy.hooks import LineageTags, RunLife, ShowResults  # noqa: E402
 
 
 def _artifact_location(tracking_uri: str) -> str | None:
     """Local stores keep artifacts in the project's mlartifacts/ (recorded relative to the project by
-    hooks.RelativeArtifactLocation); a tracking server chooses its own (with --serve-artifacts it proxies them),
-    or every client would write the run's artifacts to its own disk."""
+    hooks.tracking.record_relative_location); a tracking server chooses its own (with --serve-artifacts it proxies
+    them), or every client would write the run's artifacts to its own disk."""
     return "mlartifacts" if tracking_uri.startswith(("sqlite:", "file:")) or "://" not in tracking_uri else None
 
 
-# pluggy calls the last registered first: the registry's decision is printed after the bundle, last of a run.
-# Of the two trylast hooks, the one listed first is called first: TagTrigger tags a run SkipUnchanged may end.
-# RunAlerts, registered last, wraps every other before_pipeline_run: it sees a run refused or skipped there.
-# Of the tryfirst ones, CheckConfiguration (listed after GateOnOwnCorpus) validates the parameters first.
-HOOKS = (ConsoleLogging(), ProjectRunLock(), LocalMlflowStore(), RelativeArtifactLocation(), GateOnOwnCorpus(),
-         CheckConfiguration(),
-         CloseMlflowRun(), EndStoppedRun(), TagTrigger(), SkipUnchanged(), LineageTags(), ShowRegistryDecision(),
-         ShowBundle(), RunAlerts())
+# RunLife owns a run's life from start to end (train_deploy.hooks.life); the other two are independent of it and of
+# each other. No hook depends on the order they are listed in (tests/test_settings.py runs them reversed).
+HOOKS = (RunLife(), LineageTags(), ShowResults())
 
 # kedro-telemetry is a dependency of kedro itself; its hooks never run in this project.
 DISABLE_HOOKS_FOR_PLUGINS = ("kedro-telemetry", "kedro-viz")

@@ -19,7 +19,7 @@ from train_deploy.handoffs import (
     ParityReport,
     from_json,
 )
-from train_deploy.hooks.display import ShowBundle
+from train_deploy.hooks.display import ShowResults
 
 pytestmark = pytest.mark.slow  # the session's tiny bundle is an export
 
@@ -75,7 +75,7 @@ def test_the_end_of_run_summary_gives_the_diagnosis_and_its_advice(tiny_bundle, 
                                                                    capsys):
     folder = diagnosed_bundle(tiny_bundle, tmp_path / "bundle", OVERFIT)
     catalog = {"export_bundle": Bundle.read_folder(folder), "token_files": tiny_token_files}
-    ShowBundle().after_pipeline_run(_Pipeline(), type("Catalog", (), {"load": lambda self, name: catalog[name]})())
+    ShowResults().after_pipeline_run({}, _Pipeline(), type("Catalog", (), {"load": lambda self, name: catalog[name]})())
     lines = capsys.readouterr().out.splitlines()
     assert f"  training curves: {OVERFIT.summary}; what could do better: {OVERFIT.advice}" in lines
     validation = next(line for line in lines if line.startswith("  validation: "))

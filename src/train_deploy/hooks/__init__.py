@@ -1,31 +1,14 @@
-"""Project hooks (registered in ``train_deploy.settings``), by concern:
+"""Project hooks (registered in ``train_deploy.settings``), none depending on the order they are registered in:
 
-- :mod:`.runs`: one run at a time, settings checked before the first node, skipped when nothing changed, its MLflow
-  run ended ``FINISHED``, ``FAILED`` or ``KILLED``;
-- :mod:`.tracking`: the local MLflow store and what a run is tagged with;
-- :mod:`.alerts`: one message per run outcome to the ``notify`` receivers;
-- :mod:`.display`: the console and log file, and the bundle and registry decision printed at the end.
+- :mod:`.life`: :class:`RunLife`, the one owner of a run's life (lock, MLflow run, signals, preflight, skip
+  decision, alerts), reading top to bottom; it calls the steps in :mod:`.runs`, :mod:`.tracking` and :mod:`.alerts`;
+- :mod:`.tracking`: :class:`LineageTags`, what the datasets a run reads and writes tag its MLflow run with;
+- :mod:`.display`: :class:`ShowResults`, the bundle and registry decision printed at the end.
 """
 
-from train_deploy.hooks.alerts import RunAlerts
-from train_deploy.hooks.display import ConsoleLogging, ShowBundle, ShowRegistryDecision
-from train_deploy.hooks.runs import (
-    CheckConfiguration,
-    CloseMlflowRun,
-    EndStoppedRun,
-    OuterRunAware,
-    ProjectRunLock,
-    SkipUnchanged,
-    end_mlflow_runs,
-)
-from train_deploy.hooks.tracking import (
-    GateOnOwnCorpus,
-    LineageTags,
-    LocalMlflowStore,
-    RelativeArtifactLocation,
-    TagTrigger,
-)
+from train_deploy.hooks.display import ShowResults
+from train_deploy.hooks.life import RunLife
+from train_deploy.hooks.runs import end_mlflow_runs
+from train_deploy.hooks.tracking import LineageTags
 
-__all__ = ["CheckConfiguration", "CloseMlflowRun", "ConsoleLogging", "EndStoppedRun", "GateOnOwnCorpus",
-           "LineageTags", "LocalMlflowStore", "OuterRunAware", "ProjectRunLock", "RelativeArtifactLocation",
-           "RunAlerts", "ShowBundle", "ShowRegistryDecision", "SkipUnchanged", "TagTrigger", "end_mlflow_runs"]
+__all__ = ["LineageTags", "RunLife", "ShowResults", "end_mlflow_runs"]

@@ -1,9 +1,11 @@
-"""Hooks for what a run shows: the console and log file, and what it made, printed when it ends."""
+"""What a run shows: the console and log file (opened by :class:`train_deploy.hooks.life.RunLife`), and what it made,
+printed when it ends (:class:`ShowResults`)."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 from kedro.framework.hooks import hook_impl
 
@@ -14,42 +16,47 @@ from train_deploy.training.diagnosis import beat_advice
 logger = logging.getLogger(__name__)
 
 
-class ConsoleLogging:
+def open_console(project_path: str | Path) -> None:
     """Every record of the run in the project's ``logs/train_deploy.log``, plain console lines when the console is
     not a terminal, and records above the progress bars when it is one (``train_deploy.console``)."""
-
-    @hook_impl(tryfirst=True)
-    def after_context_created(self, context) -> None:
-        log_to_file(context.project_path)
-        plain_console_unless_terminal()
-        log_above_bars_on_terminal()
+    log_to_file(project_path)
+    plain_console_unless_terminal()
+    log_above_bars_on_terminal()
 
 
-class ShowBundle:
-    """After a run that exported a bundle, print where it is, its validation loss beside the n-gram baselines and
-    how to load it, with a sample that continues the start of a validation document (plain text, unwrapped)."""
+class ShowResults:
+    """What a run made, printed when it ends: the bundle, then the registry's decision (last of a run). Independent
+    of every other hook: it reads the catalog only."""
 
     @hook_impl
-    def after_pipeline_run(self, pipeline, catalog) -> None:
-        if "export_bundle" not in pipeline.all_outputs():
-            return
-        bundle = catalog.load("export_bundle")
-        diagnosis = bundle.meta.source.diagnosis
-        folder, baselines = bundle.path, _baseline_line(to_json(bundle.meta.source), bundle.parity.record(),
-                                                        beat_advice(diagnosis))
-        prompt, sample = _validation_sample(folder, catalog.load("token_files"))
-        call = (f"model.generate({prompt!r}, max_new_tokens={SAMPLE_TOKENS}, temperature={SAMPLE_TEMPERATURE}, "
-                f"top_k={SAMPLE_TOP_K}, seed=0)")
-        sys.stdout.write(
-            f"\nExported bundle: {folder}\n"
-            f"  model card: {folder}/MODEL_CARD.md\n"
-            + (f"  {baselines}\n" if baselines else "")
-            + (f"  {_diagnosis_line(diagnosis)}\n" if diagnosis else "")
-            + "  load it (the fastest engine here; backend='paddle' or 'onnx', int8=True for the edge model):\n"
-            "    from train_deploy.export import LanguageModel\n"
-            f"    model = LanguageModel.load({folder!r})\n"
-            f"    print({call})\n"
-            + (f"  which printed: {prompt}|{sample}\n" if sample is not None else ""))
+    def after_pipeline_run(self, run_params, pipeline, catalog) -> None:
+        outputs = pipeline.all_outputs()
+        if "export_bundle" in outputs:
+            show_bundle(catalog)
+        if "registry_decision" in outputs:
+            show_registry_decision(run_params, catalog)
+
+
+def show_bundle(catalog) -> None:
+    """Print where the exported bundle is, its validation loss beside the n-gram baselines and how to load it, with
+    a sample that continues the start of a validation document (plain text, unwrapped)."""
+    bundle = catalog.load("export_bundle")
+    diagnosis = bundle.meta.source.diagnosis
+    folder, baselines = bundle.path, _baseline_line(to_json(bundle.meta.source), bundle.parity.record(),
+                                                    beat_advice(diagnosis))
+    prompt, sample = _validation_sample(folder, catalog.load("token_files"))
+    call = (f"model.generate({prompt!r}, max_new_tokens={SAMPLE_TOKENS}, temperature={SAMPLE_TEMPERATURE}, "
+            f"top_k={SAMPLE_TOP_K}, seed=0)")
+    sys.stdout.write(
+        f"\nExported bundle: {folder}\n"
+        f"  model card: {folder}/MODEL_CARD.md\n"
+        + (f"  {baselines}\n" if baselines else "")
+        + (f"  {_diagnosis_line(diagnosis)}\n" if diagnosis else "")
+        + "  load it (the fastest engine here; backend='paddle' or 'onnx', int8=True for the edge model):\n"
+        "    from train_deploy.export import LanguageModel\n"
+        f"    model = LanguageModel.load({folder!r})\n"
+        f"    print({call})\n"
+        + (f"  which printed: {prompt}|{sample}\n" if sample is not None else ""))
 
 
 SAMPLE_TOKENS, SAMPLE_TEMPERATURE, SAMPLE_TOP_K = 30, 0.8, 20
@@ -100,30 +107,25 @@ def _validation_sample(folder: str, tokens) -> tuple[str, str | None]:
         return "中国", None
 
 
-class ShowRegistryDecision:
-    """After a run that registered a version, print its MLflow run, the version and whether it became ``champion``,
-    the gate's decision with the comparison's interval and the set's size, the baseline rule's figures and the
-    reason (plain text, unwrapped)."""
+def show_registry_decision(run_params: dict, catalog) -> None:
+    """Print the registering run's MLflow run, the version and whether it became ``champion``, the gate's decision
+    with the comparison's interval and the set's size, the baseline rule's figures and the reason (plain text,
+    unwrapped)."""
+    from train_deploy.registry.cli import registry_command  # the commands as they work from any folder
+    from train_deploy.serve import serve_line
 
-    @hook_impl
-    def after_pipeline_run(self, run_params, pipeline, catalog) -> None:
-        if "registry_decision" not in pipeline.all_outputs():
-            return
-        from train_deploy.registry.cli import registry_command  # the commands as they work from any folder
-        from train_deploy.serve import serve_line
-
-        decision, project = catalog.load("registry_decision"), run_params["project_path"]
-        verdict = ("became champion" if decision.champion else
-                   f"did not become champion (champion stays version {decision.previous_champion})")
-        sys.stdout.write(
-            f"\nMLflow run: {decision.run_id}\n"
-            f"Registered {decision.model_name} version {decision.version}: {verdict} [{decision.decision}]\n"
-            f"  {_comparison_line(decision)}\n"
-            + (f"  {_baseline_rule_line(decision)}\n" if decision.val_loss is not None else "")
-            + f"  reason: {decision.reason}\n"
-            f"  serve the champion: {serve_line(decision.model_name, project)}\n"
-            f"  history: {registry_command('history', decision.model_name, project, run_params.get('env'))}\n"
-            f"  roll back: {registry_command('rollback', decision.model_name, project, run_params.get('env'))}\n")
+    decision, project = catalog.load("registry_decision"), run_params["project_path"]
+    verdict = ("became champion" if decision.champion else
+               f"did not become champion (champion stays version {decision.previous_champion})")
+    sys.stdout.write(
+        f"\nMLflow run: {decision.run_id}\n"
+        f"Registered {decision.model_name} version {decision.version}: {verdict} [{decision.decision}]\n"
+        f"  {_comparison_line(decision)}\n"
+        + (f"  {_baseline_rule_line(decision)}\n" if decision.val_loss is not None else "")
+        + f"  reason: {decision.reason}\n"
+        f"  serve the champion: {serve_line(decision.model_name, project)}\n"
+        f"  history: {registry_command('history', decision.model_name, project, run_params.get('env'))}\n"
+        f"  roll back: {registry_command('rollback', decision.model_name, project, run_params.get('env'))}\n")
 
 
 def _comparison_line(decision) -> str:

@@ -1,5 +1,5 @@
-"""Hooks for what MLflow records: the local store's mode and artifact location, the tags of a run, and the corpus a
-registered model is gated on."""
+"""What MLflow records: the local store's mode and artifact location, the tags of a run (:class:`LineageTags`, the one
+hook here), and the corpus a registered model is gated on."""
 
 from __future__ import annotations
 
@@ -16,69 +16,61 @@ from train_deploy.conf import is_local_store
 from train_deploy.schedule import TRIGGER_VARIABLE
 
 
-class LocalMlflowStore:
+def use_wal_mode() -> None:
     """The local SQLite tracking store in write-ahead-log mode: the MLflow UI or a scheduler reading it while a
-    run writes does not make the run fail with "database is locked" (readers no longer block the writer)."""
-
-    @hook_impl(trylast=True)  # after kedro-mlflow has set the tracking URI (and created the store)
-    def after_context_created(self) -> None:
-        uri = mlflow.get_tracking_uri()
-        if not uri.startswith("sqlite:///"):
-            return
-        with sqlite3.connect(uri.removeprefix("sqlite:///"), timeout=30) as connection:
-            connection.execute("PRAGMA journal_mode=WAL")  # stored in the database file: once is enough
+    run writes does not make the run fail with "database is locked" (readers no longer block the writer). Once
+    kedro-mlflow has set the tracking URI (and created the store)."""
+    uri = mlflow.get_tracking_uri()
+    if not uri.startswith("sqlite:///"):
+        return
+    with sqlite3.connect(uri.removeprefix("sqlite:///"), timeout=30) as connection:
+        connection.execute("PRAGMA journal_mode=WAL")  # stored in the database file: once is enough
 
 
-class TagTrigger:
+def tag_trigger() -> None:
     """Tag the MLflow run with what started it: ``trigger`` = ``schedule`` for ``train-deploy schedule`` (which
     sets ``TRAIN_DEPLOY_TRIGGER``), ``manual`` otherwise."""
-
-    @hook_impl(trylast=True)  # after kedro-mlflow has opened its run
-    def before_pipeline_run(self) -> None:
-        if mlflow.active_run() is not None:
-            mlflow.set_tag("trigger", os.environ.get(TRIGGER_VARIABLE) or "manual")
+    if mlflow.active_run() is not None:
+        mlflow.set_tag("trigger", os.environ.get(TRIGGER_VARIABLE) or "manual")
 
 
-class RelativeArtifactLocation:
-    """Where the experiment a run creates keeps its artifacts. conf/base's ``mlartifacts`` is resolved against
-    conf/base's own tracking URI, before conf/<env> names a server (``--env team``, a conf/local ``mlflow.yml``): a
-    server then chooses the location (with --serve-artifacts it proxies them), or the experiment a first run creates
-    there would keep every artifact on that one machine's disk; a local store gets the project's ``mlartifacts/`` as
-    an absolute location (kedro-mlflow logs a line about every relative one). Both before kedro-mlflow reads
-    mlflow.yml.
+def tag_runner(run_params: dict) -> None:
+    """``runner``: the runner's class name, not its object repr (kedro-mlflow tags the repr)."""
+    if mlflow.active_run() is not None:
+        mlflow.set_tag("runner", _runner_name(str(run_params.get("runner"))))
+
+
+def record_relative_location(context) -> None:
+    """Where the experiment a run creates keeps its artifacts, recorded relative to the project.
 
     Once kedro-mlflow has created the experiment, the project's SQLite store records that location relative to the
     project: kedro-mlflow and MLflow store it absolute, so a moved or copied project would write its runs' artifacts
     into the old folder. Runs and ``make ui`` resolve it from the project root."""
-
-    @hook_impl(wrapper=True)
-    def after_context_created(self, context):
-        _settle_artifact_location(context)
-        result = yield
-        self._record_relative(context)
-        return result
-
-    @staticmethod
-    def _record_relative(context) -> None:
-        config = getattr(context, "mlflow", None)
-        uri = mlflow.get_tracking_uri()
-        if config is None or not uri.startswith("sqlite:///"):
-            return
-        location = config.tracking.experiment.create_experiment_kwargs.artifact_location or ""
-        if not location.startswith("file://"):
-            return
-        project = Path(context.project_path).resolve()
-        absolute = Path(local_file_uri_to_path(location)).resolve()
-        if absolute.is_relative_to(project):
-            with sqlite3.connect(uri.removeprefix("sqlite:///"), timeout=30) as connection:
-                connection.execute("UPDATE experiments SET artifact_location = ? WHERE name = ? AND "
-                                   "artifact_location = ?", (absolute.relative_to(project).as_posix(),
-                                                             config.tracking.experiment.name, location))
+    config = getattr(context, "mlflow", None)
+    uri = mlflow.get_tracking_uri()
+    if config is None or not uri.startswith("sqlite:///"):
+        return
+    location = config.tracking.experiment.create_experiment_kwargs.artifact_location or ""
+    if not location.startswith("file://"):
+        return
+    project = Path(context.project_path).resolve()
+    absolute = Path(local_file_uri_to_path(location)).resolve()
+    if absolute.is_relative_to(project):
+        with sqlite3.connect(uri.removeprefix("sqlite:///"), timeout=30) as connection:
+            connection.execute("UPDATE experiments SET artifact_location = ? WHERE name = ? AND "
+                               "artifact_location = ?", (absolute.relative_to(project).as_posix(),
+                                                         config.tracking.experiment.name, location))
 
 
-def _settle_artifact_location(context) -> None:
-    """A relative local ``artifact_location`` in the run's mlflow.yml: none for a tracking server, absolute in the
-    project for a local store (``train_deploy.conf.is_local_store``)."""
+def settle_artifact_location(context) -> None:
+    """A relative local ``artifact_location`` in the run's mlflow.yml, before kedro-mlflow reads it: none for a
+    tracking server, absolute in the project for a local store (``train_deploy.conf.is_local_store``).
+
+    conf/base's ``mlartifacts`` is resolved against conf/base's own tracking URI, before conf/<env> names a server
+    (``--env team``, a conf/local ``mlflow.yml``): a server then chooses the location (with --serve-artifacts it
+    proxies them), or the experiment a first run creates there would keep every artifact on that one machine's disk;
+    a local store gets the project's ``mlartifacts/`` as an absolute location (kedro-mlflow logs a line about every
+    relative one)."""
     config = context.config_loader["mlflow"]
     kwargs = ((config.get("tracking") or {}).get("experiment") or {}).get("create_experiment_kwargs") or {}
     location, uri = kwargs.get("artifact_location"), (config.get("server") or {}).get("mlflow_tracking_uri")
@@ -92,15 +84,10 @@ def _settle_artifact_location(context) -> None:
 class LineageTags:
     """Tags that link the runs of single stages (``--pipelines corpus``, then ``training``, …): every run that
     reads the token files carries ``corpus.fingerprint``, every run that reads or writes a training result its
-    ``training.run_name``; and ``runner`` is the runner's class name, not its object repr."""
+    ``training.run_name``. Independent of every other hook: it tags whatever MLflow run is active."""
 
     TAGS = {"token_files": ("corpus.fingerprint", "fingerprint"),
             "training_result": ("training.run_name", "run_name")}
-
-    @hook_impl(trylast=True)  # after kedro-mlflow has opened its run and tagged it with the run parameters
-    def before_pipeline_run(self, run_params) -> None:
-        if mlflow.active_run() is not None:
-            mlflow.set_tag("runner", _runner_name(str(run_params.get("runner"))))
 
     @hook_impl
     def after_dataset_loaded(self, dataset_name: str, data) -> None:
@@ -126,21 +113,18 @@ def _runner_name(recorded: str) -> str:
     return instance.group(1).rsplit(".", 1)[-1] if instance else recorded
 
 
-class GateOnOwnCorpus:
+def check_own_corpus(pipeline, catalog) -> None:
     """A run that registers a model is refused before its first node when the model's evaluation set comes from
     another corpus (``train_deploy.registry.lineage``; ``registry.other_corpus``). A set of fewer than
     ``registry.eval_set.min_texts`` texts is the gate's own verdict (``undecided``), not a warning here."""
+    if "registry_decision" not in pipeline.all_outputs():
+        return
+    from train_deploy.registry.config import RegistryConfig
+    from train_deploy.registry.lineage import check_same_corpus
+    from train_deploy.registry.retry import Retrying
 
-    @hook_impl(tryfirst=True)  # with CheckConfiguration: before kedro-mlflow opens its run, so a refusal leaves none
-    def before_pipeline_run(self, pipeline, catalog) -> None:
-        if "registry_decision" not in pipeline.all_outputs():
-            return
-        from train_deploy.registry.config import RegistryConfig
-        from train_deploy.registry.lineage import check_same_corpus
-        from train_deploy.registry.retry import Retrying
-
-        params = catalog.load("parameters")
-        config = RegistryConfig.from_params(params.get("registry"))
-        retry = Retrying(config.retries, mlflow.get_tracking_uri())
-        retry("read the evaluation set's corpus",
-              lambda: check_same_corpus(mlflow.MlflowClient(), config, params.get("corpus")))
+    params = catalog.load("parameters")
+    config = RegistryConfig.from_params(params.get("registry"))
+    retry = Retrying(config.retries, mlflow.get_tracking_uri())
+    retry("read the evaluation set's corpus",
+          lambda: check_same_corpus(mlflow.MlflowClient(), config, params.get("corpus")))
