@@ -18,7 +18,7 @@ def _artifact_location(tracking_uri: str) -> str | None:
 
 
 # RunLife owns a run's life from start to end (train_deploy.hooks.life); the other two are independent of it and of
-# each other. No hook depends on the order they are listed in (tests/test_settings.py runs them reversed).
+# each other. No hook depends on the order they are listed in (tests/hooks/test_life.py runs them reversed).
 HOOKS = (RunLife(), LineageTags(), ShowResults())
 
 # kedro-telemetry is a dependency of kedro itself; its hooks never run in this project.

@@ -9,18 +9,21 @@ checks. kedro-mlflow opens its run; then the run is tagged, the skip decision is
 Whichever way the run ends (``after_pipeline_run``, ``on_pipeline_error``, an error in a hook, or the process
 exiting with the run open), the stack is closed once, with the error the run ended with.
 
-Every hook here is a pluggy wrapper, so it runs around every plain hook, kedro-mlflow's included, whatever order
-``settings.HOOKS`` lists them in; the project registers no other wrapper and no ``tryfirst``/``trylast``, so nothing
-depends on the order of registration (``tests/test_settings.py`` runs a pipeline with the hooks reversed).
+Every hook here that must come before or after another is a pluggy wrapper, so it runs around every plain hook,
+kedro-mlflow's included, whatever order ``settings.HOOKS`` lists them in; the project registers no other wrapper and no
+``tryfirst``/``trylast``, so nothing depends on the order of registration (``tests/hooks/test_life.py`` runs a pipeline
+with the hooks reversed).
 
-Why kedro-mlflow's hook stays (measured, not assumed): its hook does more than open and end the run. It parses and
-validates ``mlflow.yml`` (``context.mlflow``, which ``kedro mlflow ui`` and :func:`record_relative_location` read),
-sets the tracking URI and creates the experiment, tags the run with the run parameters and ``kedro_command``, logs
-every node's parameters (flattened, with the long-parameter strategy), names the metric datasets after their catalog
-entries, and turns dataset logging off for pipelines excluded in ``mlflow.yml``: about 300 lines to copy and keep in
-step with its releases. What it gets wrong for this project is only the end of the run (it re-opens the run before
-each node, which MLflow 3 leaves on the active-run stack, and it cannot see a run stopped before its first node);
-ending the runs down to the outer one after it has ended its own costs one function (``end_mlflow_runs``).
+Why kedro-mlflow's hook stays, and only its run's end is taken over (measured): its hook (545 lines, with its
+configuration model another 301) parses and validates ``mlflow.yml`` (``context.mlflow``, which ``kedro mlflow ui``
+and ``tracking.record_relative_location`` read), sets the tracking URI and creates the experiment, tags the run with
+the run parameters and ``kedro_command``, logs every node's parameters (flattened, with the long-parameter strategy),
+names the metric datasets after their catalog entries, and turns dataset logging off for pipelines ``mlflow.yml``
+excludes: all of it would be ours to copy and keep in step with its releases. What it gets wrong for this project is
+only the run's end: it re-opens the run before each node, which MLflow 3 leaves on the active-run stack after it ends
+the run, and it cannot see a run stopped before its first node or by a signal. Ending the runs down to the outer one,
+with the status the run's end decides, after its own end is one function (``runs.end_mlflow_runs``), where three
+hooks (``CloseMlflowRun``, ``EndStoppedRun``, ``OuterRunAware``) undid its reopening before.
 """
 
 from __future__ import annotations
@@ -29,13 +32,16 @@ import atexit
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import mlflow
+from kedro.framework.context import KedroContext
 from kedro.framework.hooks import hook_impl
+from kedro.io import CatalogProtocol
+from kedro.pipeline import Node, Pipeline
 
 from train_deploy.console import project_log_file
 from train_deploy.hooks.alerts import RunAlerts
@@ -68,6 +74,8 @@ from train_deploy.signals import RunWatch, install_termination_handler, log_fata
 logger = logging.getLogger(__name__)
 
 ExcInfo = tuple[type[BaseException] | None, BaseException | None, TracebackType | None]
+Wrapper = Generator[None, Any, Any]
+"""A pluggy wrapper: runs to its ``yield``, the other hooks run, then it gets their result or error."""
 
 
 class RunLife:
@@ -91,7 +99,7 @@ class RunLife:
         self._stages: dict[str, str] = {}
 
     @hook_impl(wrapper=True)
-    def after_context_created(self, context):
+    def after_context_created(self, context: KedroContext) -> Wrapper:
         open_console(context.project_path)
         redact_streams()  # again: something may have replaced a stream or the exception hook since the import
         redact_mlflow()
@@ -109,7 +117,7 @@ class RunLife:
             raise
         return result
 
-    def _start_session(self, context) -> None:
+    def _start_session(self, context: KedroContext) -> None:
         """What the session's runs share: the lock, the settings of ``run`` and ``notify``, the outer MLflow run (a
         notebook's, a caller's: kedro-mlflow logs into it and it stays open), the tracking server checked."""
         project = Path(context.project_path)
@@ -124,7 +132,7 @@ class RunLife:
             check_tracking(context.config_loader)
 
     @hook_impl(wrapper=True)
-    def before_pipeline_run(self, run_params, pipeline, catalog):
+    def before_pipeline_run(self, run_params: dict[str, Any], pipeline: Pipeline, catalog: CatalogProtocol) -> Wrapper:
         self._stack = contextlib.ExitStack()
         atexit.register(self._abandoned)  # SystemExit (SIGTERM) skips after_pipeline_run and on_pipeline_error
         try:
@@ -136,7 +144,8 @@ class RunLife:
             raise
         return result
 
-    def _begin(self, stack: contextlib.ExitStack, run_params: dict, pipeline, catalog) -> None:
+    def _begin(self, stack: contextlib.ExitStack, run_params: dict[str, Any], pipeline: Pipeline,
+               catalog: CatalogProtocol) -> None:
         """Before the MLflow run opens; what is pushed here is undone in the opposite order."""
         stack.push(self._alerts.deliver)  # last: after the lock is given back
         stack.enter_context(self._held(run_params, catalog))
@@ -146,7 +155,8 @@ class RunLife:
         check_configuration(pipeline, catalog)
         check_own_corpus(pipeline, catalog)
 
-    def _opened(self, stack: contextlib.ExitStack, run_params: dict, pipeline, catalog) -> None:
+    def _opened(self, stack: contextlib.ExitStack, run_params: dict[str, Any], pipeline: Pipeline,
+                catalog: CatalogProtocol) -> None:
         """Once kedro-mlflow has opened the MLflow run: tag it, skip it if nothing changed, watch it."""
         tag_trigger()
         skip_if_unchanged(pipeline, catalog)
@@ -156,7 +166,7 @@ class RunLife:
         stack.callback(self._alerts.restore_signals)
 
     @contextlib.contextmanager
-    def _held(self, run_params: dict, catalog) -> Iterator[RunLock]:
+    def _held(self, run_params: dict[str, Any], catalog: CatalogProtocol) -> Iterator[RunLock]:
         """One run at a time per project (``run.lock: fail | wait``, see ``train_deploy.run_lock``)."""
         lock = self._lock
         if lock is None:
@@ -184,11 +194,12 @@ class RunLife:
             self._watch.ended()
             self._watch = None
 
-    def _end_mlflow_runs(self, error_type: Any, error: BaseException | None, traceback: Any) -> None:
+    def _end_mlflow_runs(self, error_type: type[BaseException] | None, error: BaseException | None,
+                         traceback: TracebackType | None) -> None:
         end_mlflow_runs(self._outer_run_id, run_status(error))
 
     @hook_impl(wrapper=True)
-    def before_node_run(self, node):
+    def before_node_run(self, node: Node) -> Wrapper:
         self._alerts.node = node.name  # before kedro-mlflow's, which fails first when the server is gone
         if self._lock is not None and self._watch is not None:
             if (log := project_log_file()) is not None:
@@ -201,7 +212,7 @@ class RunLife:
         self._alerts.node_finished(outputs)
 
     @hook_impl(wrapper=True)
-    def after_pipeline_run(self):
+    def after_pipeline_run(self) -> Wrapper:
         try:
             result = yield  # kedro-mlflow ends its run; ShowResults prints what the run made
         except BaseException:  # a hook failed (kedro-mlflow's, when the server is gone): that is the outcome
@@ -211,7 +222,7 @@ class RunLife:
         return result
 
     @hook_impl(wrapper=True)
-    def on_pipeline_error(self, error: Exception):
+    def on_pipeline_error(self, error: Exception) -> Wrapper:
         try:
             return (yield)
         finally:  # even when another hook failed ending its run: the error is the pipeline's
