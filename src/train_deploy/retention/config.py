@@ -75,10 +75,10 @@ class MlflowRetention:
     delete_rejected: bool = True
     """Mark the runs and logged models of versions decided ``rejected`` (or whose gate ``failed``) deleted once
     ``grace_days`` have passed, then remove them for good with ``mlflow gc``; the version and its tags stay."""
-    decisions: list[str] = field(default_factory=lambda: ["rejected", "failed"])
-    """The gate decisions (``gate.decision``) whose versions' artifacts go; add ``undecided`` for candidates the
-    gate could not tell from the champion, and ``promoted``, ``first`` and ``forced`` to remove retired champions'
-    too (versions that hold no alias any more; rollback needs only ``previous``)."""
+    decisions: list[str] = field(default_factory=lambda: ["rejected", "undecided", "failed"])
+    """The gate decisions (``gate.decision``) whose versions' artifacts go (``undecided``: candidates the gate could
+    not tell from the champion, which never hold an alias either); add ``promoted``, ``first`` and ``forced`` to
+    remove retired champions' too (versions that hold no alias any more; rollback needs only ``previous``)."""
     unregistered: bool = True
     """Also remove, after ``grace_days``, what in the project's experiment no version was registered from: runs that
     ended ``FAILED`` or ``KILLED`` without a version, with their logged models (a night killed in the export or
