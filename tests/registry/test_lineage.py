@@ -20,7 +20,7 @@ from train_deploy.config import ConfigError
 from train_deploy.corpus.people_daily import strip_pos_tags
 from train_deploy.corpus.readers import people_daily_path
 from train_deploy.registry.config import RegistryConfig
-from train_deploy.registry.lineage import check_same_corpus, suggested_name, warm_start_run_tags, warn_small_eval_set
+from train_deploy.registry.lineage import check_same_corpus, suggested_name, warm_start_run_tags
 
 DEMO = RegistryConfig().model_name
 SERVE_PREFIX = "  serve the champion: "
@@ -72,8 +72,6 @@ def test_the_corpus_of_the_evaluation_set_decides_refused_compared_or_free(tmp_p
     assert "the gate compares across corpora on that set because registry.other_corpus is compare" in caplog.text
     check_same_corpus(client, RegistryConfig.from_params({"model_name": "bench"}), html)  # a file: any corpus's
     check_same_corpus(client, RegistryConfig.from_params({"model_name": "new_lm"}), html)  # no model yet
-    assert warn_small_eval_set("demo", 4, config) and not warn_small_eval_set("demo", 16, config)
-    assert "evaluation set holds 4 texts, fewer than registry.eval_set.min_texts 16" in caplog.text
 
 
 def _shell() -> dict[str, str]:

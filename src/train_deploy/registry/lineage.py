@@ -93,16 +93,6 @@ def check_same_corpus(client, config: RegistryConfig, corpus: Mapping[str, Any] 
                       "registry.other_corpus: compare to gate on that set anyway")
 
 
-def warn_small_eval_set(model_name: str, texts: int, config: RegistryConfig) -> bool:
-    """Warn in one line when the gate decided on fewer than ``registry.eval_set.min_texts`` texts; True if so."""
-    if texts >= config.eval_set.min_texts:
-        return False
-    logger.warning("registered model %s's evaluation set holds %d texts, fewer than registry.eval_set.min_texts %d: "
-                   "too few for the gate to decide on; give a new model name a larger set (registry.eval_set.path, "
-                   "or a larger corpus.encoding.validation_fraction)", model_name, texts, config.eval_set.min_texts)
-    return True
-
-
 def warm_start_run_tags() -> dict[str, str]:
     """The active run's ``init_from`` tags (``init_from``, ``init_from.champion_version``, ``init_from.reason``, set
     by ``training.pretrained.record_init_source``), for the version it registers; empty outside a run."""
