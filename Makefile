@@ -97,6 +97,11 @@ TEST_WORKERS ?= 2
 test: check-paddle
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
+# The edit-test loop: the suite without its end-to-end runs, emulated CPUs and the team server.
+.PHONY: test-quick
+test-quick: check-paddle
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not team and not emulated"
+
 # The pipeline picture: a static Kedro-Viz site in build/; the last lines say how to serve and open it.
 # `kedro viz build` exits 0 even when the project fails to load, and draws a dataset it cannot build as a
 # MemoryDataset, so every dataset of the pipeline is built first and the pipeline's page is checked after.
