@@ -133,6 +133,9 @@ def test_an_interrupt_names_a_signal_only_when_one_arrived(receiver, tmp_path):
     raised.restore_signals()  # as the run's stack closes: the handlers put back, then the alert
     ended(raised, KeyboardInterrupt())  # raised by code, no signal sent
     signalled = started(receiver, tmp_path)
+    # Python's own Ctrl-C handler, as a run started from a terminal has (a process started in the background by a
+    # shell without job control, as CI may start the suite, inherits SIGINT ignored)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
     signalled.watch_signals()
     try:
         with pytest.raises(KeyboardInterrupt):  # a real Ctrl-C, through the handler in place
@@ -140,6 +143,7 @@ def test_an_interrupt_names_a_signal_only_when_one_arrived(receiver, tmp_path):
             time.sleep(5)
     finally:
         signalled.restore_signals()
+        signal.signal(signal.SIGINT, inherited)
     ended(signalled, RunAbandoned())  # what its exit handler says: Kedro's on_pipeline_error never saw the interrupt
     receiver.wait_for(2, 15)  # the exit handler does not wait for its delivery process
     assert [m["reason"] for m in messages(receiver)] == ["KeyboardInterrupt", "stopped by SIGINT (Ctrl-C)"]
