@@ -125,7 +125,8 @@ def test_tags_and_params_reach_mlflow_redacted(tmp_path, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRET)
     redact_mlflow()
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}")
-    run = client.create_run("0", tags={"source": f"http://alice:{SECRET}@host/x"})
+    run = client.create_run("0", tags={"source": f"http://alice:{SECRET}@host/x"}, run_name="night.assets")
+    assert client.get_run(run.info.run_id).info.run_name == "night.assets"  # what is not a secret goes through
     client.set_tag(run.info.run_id, "failure", f"died with {SECRET}")
     client.log_param(run.info.run_id, "dsn", f"host=db password={SECRET}")
     client.log_batch(run.info.run_id, params=[Param("token", SECRET)], tags=[RunTag("note", f"x {SECRET}")])

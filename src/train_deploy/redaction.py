@@ -237,8 +237,8 @@ def redact_mlflow() -> None:
         return (), given
 
     def run_tags(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        if len(args) >= 3:
-            args, kwargs = args[:2], {**kwargs, "tags": args[2]}
+        names = ("experiment_id", "start_time", "tags", "run_name")  # MlflowClient passes them all by position
+        args, kwargs = (), {**dict(zip(names, args, strict=False)), **kwargs}
         if kwargs.get("tags"):
             kwargs = {**kwargs, "tags": {key: _redact_text(value) for key, value in kwargs["tags"].items()}}
         return args, kwargs
