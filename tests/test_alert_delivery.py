@@ -135,8 +135,8 @@ def test_a_run_whose_tracking_server_dies_shows_no_password_and_alerts_the_real_
         assert SECRET not in text and "alice" not in text, where
     assert (alert["event"], alert["node"], alert["stage"]) == ("failed", "prepare_tokenizer", "corpus")
     # the error the node died of (kedro-mlflow's dataset could not reach the server), not a signal
-    assert alert["reason"].startswith("DatasetError: tokenizer: Failed while saving data to dataset "
-                                      "kedro_mlflow.io.artifacts.mlflow_artifact_dataset.MlflowArtifactFolderDataset(")
+    assert alert["reason"].startswith(f"MlflowException: API request to {mlflow_server.uri}/api/2.0/mlflow/")
+    assert str(project) not in alert["reason"] and "Dataset" not in alert["reason"]  # no path, no dataset class
     assert "signal" not in alert["reason"] and "stopped by" not in alert["reason"]
     assert f"MlflowException: API request to {mlflow_server.uri}/api/2.0/mlflow/runs/get failed" in console
 

@@ -90,13 +90,13 @@ class RunAlerts:
             self._send("validation_stopped", reason=str(error).splitlines()[0], report=error.report.to_json())
             return
         stopped = self._signals.received if isinstance(error, KeyboardInterrupt | SystemExit) else None
-        self._send_failed(describe_stop(stopped) if stopped else one_line(error), stopped)
+        self._send_failed(describe_stop(stopped) if stopped else _reason(error), stopped)
 
     def _abandoned(self) -> None:
         """At exit after the pipeline started and before it ended: a stop signal, or an error no hook saw (the one
         Python reported, if any). Not waited for: the process is exiting."""
         stopped, error = self._signals.received, getattr(sys, "last_value", None)
-        reason = (describe_stop(stopped) if stopped else one_line(error) if error is not None
+        reason = (describe_stop(stopped) if stopped else _reason(error) if error is not None
                   else "the run ended before its pipeline did, with no error or signal seen")
         self._send_failed(reason, stopped, wait=0.0)
 
@@ -123,3 +123,11 @@ class RunAlerts:
         if process is not None and wait > 0:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(wait)  # a receiver that answers is told before the run ends; others are left
+
+
+def _reason(error: BaseException) -> str:
+    """What an alert says a run died of: the error's one line, or for Kedro's dataset errors (whose first line
+    names the dataset by its class and absolute path) the error that caused them, the node being in the alert."""
+    while type(error).__name__ == "DatasetError" and error.__cause__ is not None:
+        error = error.__cause__
+    return one_line(error)
