@@ -127,11 +127,9 @@ def test_a_run_whose_tracking_server_dies_shows_no_password_and_alerts_the_real_
     finally:
         run.kill()
         run.wait()
-    (_, body), = receiver.wait_for(1, 15)
-    receiver.close()
-    alert = json.loads(body)
+    alert, body = _the_alert(receiver)
     console, log = output.read_text(), (project / "logs" / "train_deploy.log").read_text()
-    for where, text in (("console", console), ("log", log), ("alert", body.decode())):
+    for where, text in (("console", console), ("log", log), ("alert", body)):
         assert SECRET not in text and "alice" not in text, where
     assert (alert["event"], alert["node"], alert["stage"]) == ("failed", "prepare_tokenizer", "corpus")
     # the error the node died of (kedro-mlflow's dataset could not reach the server), not a signal
@@ -153,8 +151,13 @@ def test_a_run_stopped_by_sigterm_alerts_the_signal_and_its_node(project, tmp_pa
     finally:
         run.kill()
         run.wait()
-    (_, body), = receiver.wait_for(1, 15)
-    receiver.close()
-    alert = json.loads(body)
+    alert, _ = _the_alert(receiver)
     assert (alert["event"], alert["node"], alert["stage"], alert["reason"]) == (
         "failed", "prepare_tokenizer", "corpus", "stopped by SIGTERM")
+
+
+def _the_alert(receiver: Receiver) -> tuple[dict, str]:
+    """The one alert the run sent (parsed, and as it came), the receiver closed."""
+    (_, body), = receiver.wait_for(1, 15)
+    receiver.close()
+    return json.loads(body), body.decode()
