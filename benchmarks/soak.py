@@ -172,7 +172,7 @@ class TrackingServer:
         accounts = {name: secrets.token_urlsafe(18) for name in ("trainer", "server")}
         for name, password in accounts.items():
             auth.create_user(username=name, password=password)
-        auth.grant_user_permission("trainer", "experiment", experiment_id, "EDIT")
+        auth.grant_user_permission("trainer", "experiment", experiment_id, "MANAGE")
         descriptor = os.open(saved, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(descriptor, "w", encoding="utf-8") as out:
             json.dump(accounts, out)

@@ -16,6 +16,7 @@ import pytest
 from mlflow.exceptions import MlflowException
 
 from tests.helpers.retention import MODEL, bundle_meta
+from tests.mlflow_server import mlflow_auth_server  # noqa: F401  (fixture)
 from train_deploy.retention import Layout, RetentionConfig, apply, human, make_plan, read_records
 from train_deploy.retention.store import model_id
 
@@ -265,3 +266,45 @@ def test_another_models_champion_files_survive_gc_and_keep_last_whatever_the_mod
     assert sorted(p.name for p in (layout.project / "init_from" / "champion").iterdir()) == [
         "edu_lm-v1", "other_lm-v1", "train_deploy_lm-v1"]
     assert {client.get_run(run_id).info.lifecycle_stage for run_id in (run_a, run_b)} == {"active"}
+
+
+def test_an_account_without_delete_on_a_team_server_is_told_the_permission_it_needs(mlflow_auth_server,  # noqa: F811
+                                                                                      monkeypatch):
+    """On the guide's basic-auth server MLflow's EDIT cannot delete runs: the collection stops with one line naming
+    the account and MANAGE, deletes nothing, and deletes once the admin grants MANAGE on the experiment."""
+    from mlflow import MlflowClient
+    from mlflow.server import get_app_client
+
+    from train_deploy.retention.config import MlflowRetention
+    from train_deploy.retention.plan import Removal
+    from train_deploy.retention.store import RetentionRefused, delete_and_collect
+
+    server = mlflow_auth_server
+    trainer = server.create_user("trainer")
+    for name, value in (("MLFLOW_TRACKING_USERNAME", server.admin.username),
+                        ("MLFLOW_TRACKING_PASSWORD", server.admin.password)):
+        monkeypatch.setenv(name, value)
+    admin = MlflowClient(server.uri)
+    experiment = admin.create_experiment("train_deploy")
+    run_id = admin.create_run(experiment).info.run_id
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", trainer.username)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", trainer.password)
+    removals = [Removal(kind="mlflow_run", target=run_id, bytes=0, reason="rejected")]
+    with pytest.raises(RetentionRefused) as refused:
+        delete_and_collect(MlflowClient(server.uri), removals, MlflowRetention(), server.uri, Path.cwd())
+    assert str(refused.value) == (
+        "permission denied (HTTP 403) for 'trainer' on 127.0.0.1: deleting runs and logged models needs MANAGE on "
+        "the project's experiment (MLflow's EDIT cannot delete); the admin grants it as docs/team-server.md's "
+        "accounts step does")
+    assert trainer.password not in str(refused.value)
+    assert admin.get_run(run_id).info.lifecycle_stage == "active"
+
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", server.admin.username)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", server.admin.password)
+    get_app_client("basic-auth", tracking_uri=server.uri).grant_user_permission("trainer", "experiment", experiment,
+                                                                                "MANAGE")
+    monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", trainer.username)
+    monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", trainer.password)
+    time.sleep(0.1)
+    delete_and_collect(MlflowClient(server.uri), removals, MlflowRetention(), server.uri, Path.cwd())
+    assert admin.get_run(run_id).info.lifecycle_stage == "deleted"

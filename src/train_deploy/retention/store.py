@@ -10,6 +10,7 @@ logged model (the bundle's second copy) go.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
 import sys
@@ -33,6 +34,10 @@ logger = logging.getLogger(__name__)
 
 GC_TIMEOUT = 600.0
 _RUNS_URI = re.compile(r"^runs:/([0-9a-f]+)/")
+
+
+class RetentionRefused(RuntimeError):
+    """The tracking server refused this account a deletion; the message names the permission it needs."""
 
 
 LOCK_MARK = ".aliases-lock"
@@ -235,11 +240,20 @@ def delete_and_collect(client: MlflowClient, removals: list[Removal], config: Ml
     models = [r.target for r in removals if r.kind == "mlflow_model"]
     if not runs and not models:
         return
-    for run_id in runs:
-        if client.get_run(run_id).info.lifecycle_stage != "deleted":
-            client.delete_run(run_id)
-    for model_id in models:
-        client.delete_logged_model(model_id)
+    try:
+        for run_id in runs:
+            if client.get_run(run_id).info.lifecycle_stage != "deleted":
+                client.delete_run(run_id)
+        for model_id in models:
+            client.delete_logged_model(model_id)
+    except MlflowException as exc:
+        if exc.get_http_status_code() != 403:
+            raise
+        account = os.environ.get("MLFLOW_TRACKING_USERNAME") or "this account"
+        raise RetentionRefused(
+            f"permission denied (HTTP 403) for {account!r} on {urlsplit(tracking_uri).hostname}: deleting runs and "
+            "logged models needs MANAGE on the project's experiment (MLflow's EDIT cannot delete); the admin grants "
+            "it as docs/team-server.md's accounts step does") from None
     command = gc_command(tracking_uri, config, runs, models)
     if command is None:
         logger.warning("Marked %d run(s) and %d logged model(s) deleted on %s; their artifacts go when its admin "
