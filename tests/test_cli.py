@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -175,3 +176,29 @@ def test_env_base_runs_the_demo_whatever_conf_local_holds(tmp_path):
     assert [names[None]["registry"]["model_name"], names[None]["corpus"]["reader"]["source"]] == ["news_lm", "jsonl"]
     assert [names["base"]["registry"]["model_name"], names["base"]["corpus"]["reader"]["source"]] == [
         "train_deploy_lm", "people_daily"]
+
+
+def _help(*argv: str) -> str:
+    done = subprocess.run([str(Path(sys.executable).parent / argv[0]), *argv[1:], "--help"], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    return done.stdout
+
+
+def test_every_console_script_and_each_of_its_commands_answers_help_in_click_s_words():
+    """One CLI framework for every console script (issue 37): each command, and each sub-command its help lists,
+    answers ``--help`` with click's ``Usage: <the command as typed>`` (argparse wrote ``usage:``)."""
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["scripts"]
+    assert sorted(scripts) == ["train-deploy", "train-deploy-join", "train-deploy-registry"]
+    asked = []
+    for script in sorted(scripts):
+        text = _help(script)
+        assert text.startswith(f"Usage: {script} "), text
+        listed = text.partition("\nCommands:\n")[2]
+        for command in re.findall(r"^  (\S+)", listed, re.M):  # wrapped descriptions are indented further
+            assert _help(script, command).startswith(f"Usage: {script} {command} "), (script, command)
+            asked.append(f"{script} {command}")
+    assert asked == ["train-deploy gc", "train-deploy run", "train-deploy schedule", "train-deploy serve",
+                     "train-deploy-registry history", "train-deploy-registry rollback"]

@@ -20,7 +20,6 @@ processes) and exits 0.
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import logging
 import os
@@ -32,6 +31,9 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import click
 
 from train_deploy.processes import stop_process_tree
 from train_deploy.redaction import one_line
@@ -230,63 +232,69 @@ def kedro_command(pipeline: str, env: str | None, params: str | None) -> list[st
     return command
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="train-deploy", description="Scheduled runs of train_deploy.")
-    commands = parser.add_subparsers(dest="subcommand", required=True)
-    sub = commands.add_parser("schedule", help="run a pipeline on a cron schedule, or once (--once)")
-    when = sub.add_mutually_exclusive_group(required=True)
-    when.add_argument("--cron", help='cron expression, e.g. "0 3 * * *" (a sixth field, last, is seconds)')
-    when.add_argument("--once", action="store_true", help="run once now (with retries), exit with its code")
-    sub.add_argument("--pipeline", default="train_deploy")
-    sub.add_argument("--env", help="Kedro environment (conf/<env>)")
-    sub.add_argument("--params", help="kedro run --params, e.g. training.schedule.max_steps=100")
-    sub.add_argument("--retries", type=int, default=0, help="retries of a failed run (default 0)")
-    sub.add_argument("--backoff", type=float, default=60.0, help="seconds before the first retry (default 60)")
-    sub.add_argument("--max-hours", type=float, default=MAX_HOURS,
-                     help=f"hours a run may take before it is stopped and reported timed out (default {MAX_HOURS:g})")
-    sub.add_argument("--project", type=Path, default=Path.cwd(), help="project folder (default: here)")
-    sub.add_argument("--command", help=argparse.SUPPRESS)  # tests: a tiny script in place of kedro run
-    return parser
+_HELP = {"help_option_names": ["-h", "--help"], "max_content_width": 120}
 
 
-def _schedule(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Schedule:
-    """The validated schedule of the command line (parser.error names a bad option and exits 2)."""
-    from croniter import croniter
-
-    if args.cron is not None and not croniter.is_valid(args.cron):
-        parser.error(f"--cron {args.cron!r}: not a cron expression (minute hour day month weekday [second])")
-    if args.retries < 0:
-        parser.error(f"--retries {args.retries}: must be 0 or more")
-    if args.backoff < 0:
-        parser.error(f"--backoff {args.backoff}: must be 0 or more seconds")
-    if not args.max_hours > 0:
-        parser.error(f"--max-hours {args.max_hours}: must be more than 0 hours")
-    project = args.project.resolve()
-    if not (project / "pyproject.toml").is_file():
-        parser.error(f"--project {project}: no pyproject.toml there (run from the project folder or name it)")
-    command = shlex.split(args.command) if args.command else kedro_command(args.pipeline, args.env, args.params)
-    return Schedule(command=command, pipeline=args.pipeline, project=project, env=args.env, cron=args.cron,
-                    retries=args.retries, backoff=args.backoff, max_hours=args.max_hours)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``train-deploy schedule …``; any other arguments run the project like ``kedro run`` (as before)."""
-    argv = sys.argv[1:] if argv is None else argv
-    if not argv or argv[0] != "schedule":
-        from train_deploy.__main__ import main as run_project
-
-        return run_project()
-    parser = _parser()
-    schedule = _schedule(parser.parse_args(argv), parser)
+@click.command(name="schedule", context_settings=_HELP)
+@click.option("--cron", help='cron expression, e.g. "0 3 * * *" (a sixth field, last, is seconds)')
+@click.option("--once", is_flag=True, help="run once now (with retries), exit with its code")
+@click.option("--pipeline", default="train_deploy", show_default=True, help="the pipeline to run")
+@click.option("--env", help="Kedro environment (conf/<env>)")
+@click.option("--params", help="kedro run --params, e.g. training.schedule.max_steps=100")
+@click.option("--retries", type=int, default=0, show_default=True, help="retries of a failed run")
+@click.option("--backoff", type=float, default=60.0, show_default=True, help="seconds before the first retry")
+@click.option("--max-hours", type=float, default=MAX_HOURS, show_default=True,
+              help="hours a run may take before it is stopped and reported timed out")
+@click.option("--project", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+              help="project folder (default: here)")
+@click.option("--command", hidden=True, help="tests: a tiny script in place of kedro run")
+@click.pass_context
+def schedule_command(context: click.Context, **options: Any) -> None:
+    """Run a pipeline on a cron schedule, or once (--once), each run under the project's run lock."""
+    schedule = _schedule(**options)
     # plain lines for a daemon's log, over the rich console handler Kedro's import set (train-deploy's CLI)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     stop = _Stop()
     signal.signal(signal.SIGTERM, stop.request)
     signal.signal(signal.SIGINT, stop.request)
-    if schedule.cron is None:
-        rc = run_with_retries(schedule, stop)
-        return 0 if stop.event.is_set() else 128 - rc if rc < 0 else rc  # killed by signal N: 128 + N, as shells say
-    serve(schedule, stop)
+    if schedule.cron is not None:
+        serve(schedule, stop)
+        return
+    rc = run_with_retries(schedule, stop)
+    context.exit(0 if stop.event.is_set() else 128 - rc if rc < 0 else rc)  # killed by signal N: 128 + N, as shells
+
+
+def _schedule(*, cron: str | None, once: bool, pipeline: str, env: str | None, params: str | None, retries: int,
+              backoff: float, max_hours: float, project: Path, command: str | None) -> Schedule:
+    """The validated schedule of the command line (a bad option: one line naming it, exit status 2)."""
+    from croniter import croniter
+
+    if (cron is None) == (not once):
+        raise click.UsageError("give one of --cron or --once")
+    if cron is not None and not croniter.is_valid(cron):
+        raise click.UsageError(f"--cron {cron!r}: not a cron expression (minute hour day month weekday [second])")
+    if retries < 0:
+        raise click.UsageError(f"--retries {retries}: must be 0 or more")
+    if backoff < 0:
+        raise click.UsageError(f"--backoff {backoff}: must be 0 or more seconds")
+    if not max_hours > 0:
+        raise click.UsageError(f"--max-hours {max_hours}: must be more than 0 hours")
+    project = project.resolve()
+    if not (project / "pyproject.toml").is_file():
+        raise click.UsageError(f"--project {project}: no pyproject.toml there (run from the project folder or name it)")
+    line = shlex.split(command) if command else kedro_command(pipeline, env, params)
+    return Schedule(command=line, pipeline=pipeline, project=project, env=env, cron=cron, retries=retries,
+                    backoff=backoff, max_hours=max_hours)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``train-deploy schedule …`` (``argv``: its options, after the word ``schedule``); returns the exit status:
+    a single run's, 0 after a stop request, 2 for a bad option."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        schedule_command.main(args=argv[1:] if argv[:1] == ["schedule"] else argv, prog_name="train-deploy schedule")
+    except SystemExit as ended:  # click exits, even after --help or a cron schedule's stop
+        return ended.code if isinstance(ended.code, int) else 0
     return 0
 
 

@@ -16,12 +16,15 @@ is moving the aliases, and completes a move an interrupted run recorded before i
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
+import click
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
@@ -37,49 +40,112 @@ class NoStore(RuntimeError):
     """No store to read: no project and no URI, or the project's local store does not exist yet."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one command; returns the exit status."""
-    args = _parser().parse_args(argv)
+_OPTIONS = (
+    click.option("--model", help="registered model name (default: the project's registry.model_name)"),
+    click.option("--project", type=click.Path(file_okay=False, path_type=Path),
+                 help="the project folder (default: here, else the checkout this is installed from)"),
+    click.option("--env", "-e", help="Kedro environment whose mlflow.yml and parameters to read (default: local)"),
+    click.option("--tracking-uri", help="MLflow tracking URI (default: the project's store)"),
+)
+
+
+def _store_options(command: Callable[..., None]) -> Callable[..., None]:
+    """The options every command takes: which model, in which project's store."""
+    for option in reversed(_OPTIONS):
+        command = option(command)
+    return command
+
+
+@click.group(name="train-deploy-registry", context_settings={"help_option_names": ["-h", "--help"]})
+def registry() -> None:
+    """The promotion history of a registered model, and rolling `champion` back.
+
+    Output goes to stdout; an error is one line on stderr and exit status 1.
+    """
+
+
+@registry.command("history", short_help="Print the promotion history, oldest first.")
+@_store_options
+def _history(**where: Any) -> None:
+    """Print every promotion decision and rollback of the model, oldest first."""
+    store = _store("history", **where)
+    _or_one_line("history", store, lambda: _print_history(store.client, store.model))
+
+
+@registry.command("rollback", short_help="Put the previous champion back.")
+@_store_options
+def _rollback(**where: Any) -> None:
+    """champion <- previous, previous <- the old champion; recorded in the history."""
+    store = _store("rollback", **where)
+    retry = Retrying(RegistryConfig().retries, store.registry_uri)
+    _or_one_line("rollback", store, lambda: click.echo(
+        f"{store.model}: {rollback(store.client, store.model, retry)['reason']}"))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run one command (``argv``, else the command line) and exit with its status: 0, 1 (an error, in one line)
+    or 2 (a usage error)."""
+    registry.main(args=argv, prog_name="train-deploy-registry")
+
+
+@dataclass(frozen=True, slots=True)
+class _Store:
+    """The registry a command reads or changes, and the model it is about."""
+
+    client: MlflowClient
+    registry_uri: str
+    model: str
+
+
+def _store(command: str, *, model: str | None, project: Path | None, env: str | None,
+           tracking_uri: str | None) -> _Store:
+    """The store to use and the model name; exits 1 in one line when there is no store."""
     try:
-        (tracking, registry), model = _store_and_model(args)
+        (tracking, registry_uri), model = _store_and_model(model, project, env, tracking_uri)
     except (NoStore, NoProject) as missing:
-        sys.stderr.write(f"train-deploy-registry {args.command}: {missing}\n")
-        return 1
-    client = MlflowClient(tracking_uri=tracking, registry_uri=registry)
+        _fail(f"train-deploy-registry {command}: {missing}")
+    return _Store(MlflowClient(tracking_uri=tracking, registry_uri=registry_uri), registry_uri, model)
+
+
+def _or_one_line(command: str, store: _Store, action: Callable[[], None]) -> None:
+    """Run ``action``; a registry error ends the command with one line naming the store (its URI redacted)."""
     try:
-        if args.command == "history":
-            events = read_history(client, model)
-            sys.stdout.write(format_table(events) if events else f"{model}: no history yet\n")
-        else:
-            event = rollback(client, model, Retrying(RegistryConfig().retries, registry))
-            sys.stdout.write(f"{model}: {event['reason']}\n")
+        action()
     except (MlflowException, RollbackError, AliasMoveError, RegistryUnreachable, RegistryRefused) as exc:
-        sys.stderr.write(f"train-deploy-registry {args.command}: {redact_uri(registry)}: "
-                         f"{redact_uri(_one_line(exc, args.command, model))}\n")
-        return 1
-    return 0
+        _fail(f"train-deploy-registry {command}: {redact_uri(store.registry_uri)}: "
+              f"{redact_uri(_one_line(exc, command, store.model))}")
 
 
-def _store_and_model(args: argparse.Namespace) -> tuple[tuple[str, str], str]:
+def _print_history(client: MlflowClient, model: str) -> None:
+    events = read_history(client, model)
+    click.echo(format_table(events) if events else f"{model}: no history yet\n", nl=False)
+
+
+def _fail(line: str) -> NoReturn:
+    click.echo(line, err=True)
+    sys.exit(1)
+
+
+def _store_and_model(model: str | None, project: Path | None, env: str | None,
+                     tracking_uri: str | None) -> tuple[tuple[str, str], str]:
     """The (tracking, registry) URIs and the model name to use; raises :class:`NoStore` or ``NoProject``."""
     try:
-        project = find_project(args.project)
+        found = find_project(project)
     except NoProject as missing:
-        uri = args.tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
-        if args.project is not None:
+        uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI")
+        if project is not None:
             raise
         if not uri:
             raise NoStore(f"{missing}, or name the store with --tracking-uri or MLFLOW_TRACKING_URI") from None
-        return (uri, uri), args.model or RegistryConfig().model_name
-    model = args.model or RegistryConfig.from_params(
-        project_config(project, args.env)["parameters"].get("registry")).model_name
-    if args.tracking_uri:
-        return (args.tracking_uri, args.tracking_uri), model
-    tracking, registry = store_uris(project, args.env)
+        return (uri, uri), model or RegistryConfig().model_name
+    model = model or RegistryConfig.from_params(project_config(found, env)["parameters"].get("registry")).model_name
+    if tracking_uri:
+        return (tracking_uri, tracking_uri), model
+    tracking, registry_uri = store_uris(found, env)
     if tracking.startswith("sqlite:///") and not Path(tracking.removeprefix("sqlite:///")).is_file():
         raise NoStore(f"no versions of {model} yet: the project's MLflow store "
                       f"{Path(tracking.removeprefix('sqlite:///')).name} does not exist until a run registers one")
-    return (tracking, registry), model
+    return (tracking, registry_uri), model
 
 
 def _one_line(exc: Exception, command: str, model: str) -> str:
@@ -106,20 +172,5 @@ def registry_command(command: str, model_name: str, project: Path, env: str | No
     return shlex.join(line)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="train-deploy-registry", description=__doc__.split("\n\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    for name, text in (("history", "print every promotion decision and rollback of the model, oldest first"),
-                       ("rollback", "champion <- previous, previous <- the old champion; recorded in the history")):
-        command = commands.add_parser(name, help=text, description=text)
-        command.add_argument("--model", help="registered model name (default: the project's registry.model_name)")
-        command.add_argument("--project", type=Path,
-                             help="the project folder (default: here, else the checkout this is installed from)")
-        command.add_argument("--env", "-e", help="Kedro environment whose mlflow.yml and parameters to read "
-                                                 "(default: local)")
-        command.add_argument("--tracking-uri", help="MLflow tracking URI (default: the project's store)")
-    return parser
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -25,7 +25,6 @@ Safe to leave unattended:
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fnmatch
 import logging
@@ -38,8 +37,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, NoReturn
 
+import click
 import psutil
 
 from train_deploy.environment import first_cpu, mkl_cpu_type
@@ -410,23 +410,37 @@ def _tail(text: str, lines: int = 5) -> str:
 
 
 def join_main(argv: list[str] | None = None) -> None:
-    """``train-deploy-join``: run this machine's share of a multi-node job started by ``kedro run``."""
-    parser = argparse.ArgumentParser(description=join_main.__doc__)
-    parser.add_argument("--run", required=True, help="run.json of the job (in its log folder, on shared storage)")
-    parser.add_argument("--node-rank", type=int, required=True, help="this machine's rank, 1 .. nnodes - 1")
-    args = parser.parse_args(argv)
-    where = "node 0's kedro run writes it into its training_logs folder, on storage every node sees"
-    if not Path(args.run).is_file():
-        parser.exit(2, f"train-deploy-join: --run {args.run}: no such file; {where}\n")
+    """``train-deploy-join``: run this machine's share of a multi-node job started by ``kedro run``; returns when
+    it has finished. What cannot join the job is refused in one line, exit status 2, before launching anything."""
     try:
-        spec = read_json(RunSpec, Path(args.run))  # the training node validated it: deserialised only
+        _join_command.main(args=argv, prog_name="train-deploy-join")
+    except SystemExit as ended:  # click exits even after success or --help; a caller in this process gets back
+        if ended.code:
+            raise
+
+
+@click.command(name="train-deploy-join", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--run", "run_file", required=True,
+              help="run.json of the job (in its log folder, on shared storage)")
+@click.option("--node-rank", type=int, required=True, help="this machine's rank, 1 .. nnodes - 1")
+def _join_command(run_file: str, node_rank: int) -> None:
+    """Run this machine's share of a multi-node training job that node 0's `kedro run` started."""
+    where = "node 0's kedro run writes it into its training_logs folder, on storage every node sees"
+    if not Path(run_file).is_file():
+        _refuse(f"--run {run_file}: no such file; {where}")
+    try:
+        spec = read_json(RunSpec, Path(run_file))  # the training node validated it: deserialised only
     except DescriptionError as exc:
-        parser.exit(2, f"train-deploy-join: --run {args.run}: not a job's run.json ({exc}); {where}\n")
+        _refuse(f"--run {run_file}: not a job's run.json ({exc}); {where}")
     config, nnodes = spec.training, spec.training.launch.nnodes
-    if not 1 <= args.node_rank < nnodes:
-        parser.exit(2, f"train-deploy-join: --node-rank {args.node_rank}: the job has training.launch.nnodes = "
-                       f"{nnodes}, so the other machines join as " +
-                       (f"1 .. {nnodes - 1} (node 0 runs kedro run)\n" if nnodes > 1 else
-                        "none: it runs on node 0 alone\n"))
+    if not 1 <= node_rank < nnodes:
+        others = f"1 .. {nnodes - 1} (node 0 runs kedro run)" if nnodes > 1 else "none: it runs on node 0 alone"
+        _refuse(f"--node-rank {node_rank}: the job has training.launch.nnodes = {nnodes}, so the other machines join "
+                f"as {others}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    run_launcher(config, Path(args.run), Path(spec.logs), node_rank=args.node_rank)
+    run_launcher(config, Path(run_file), Path(spec.logs), node_rank=node_rank)
+
+
+def _refuse(reason: str) -> NoReturn:
+    click.echo(f"train-deploy-join: {reason}", err=True)
+    sys.exit(2)
