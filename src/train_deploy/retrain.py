@@ -28,12 +28,12 @@ from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.fingerprints import source_fingerprint
 from train_deploy.corpus.readers import plan_corpus
 from train_deploy.hashing import digest
-from train_deploy.pipelines.corpus.nodes import configure_corpus_training
 from train_deploy.registry.aliases import repair_interrupted
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.gate import DECIDED, DECISION_TAG
 from train_deploy.registry.history import CHAMPION, alias_version
 from train_deploy.registry.retry import Retrying
+from train_deploy.training.config import TrainingConfig
 from train_deploy.training.pretrained import init_identity
 
 CORPUS_TAG, TRAINING_TAG = "retrain.corpus_fingerprint", "retrain.training_identity"
@@ -128,9 +128,10 @@ def run_fingerprints(run_id: str) -> dict[str, str]:
 def current_fingerprints(params: dict[str, Any]) -> dict[str, str]:
     """The run's fingerprints; reads every corpus input once, and the corpus stage's plan of the same unchanged
     inputs in this process is then a lookup (:func:`~train_deploy.corpus.readers.plan_corpus`). The training
-    block is validated by the corpus stage's own configure node
-    (:func:`~train_deploy.pipelines.corpus.nodes.configure_corpus_training`)."""
+    block is validated as the corpus stage's configure node validates it, by
+    :meth:`~train_deploy.training.config.TrainingConfig.from_params` (that node is only its seam to the catalog:
+    importing it would be an import up into the pipelines)."""
     corpus = CorpusConfig.from_params(params.get("corpus"))
-    training = configure_corpus_training(params.get("training"))
+    training = TrainingConfig.from_params(params.get("training"))
     return {CORPUS_TAG: source_fingerprint(corpus, plan_corpus(corpus.reader)),
             TRAINING_TAG: digest(training.identity(init_identity(training.init_from)))}
