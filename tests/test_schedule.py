@@ -333,3 +333,12 @@ def test_scheduled_corpus_run_and_a_manual_run_are_tagged_with_their_trigger(pro
     runs = mlflow.search_runs(experiment_names=["train_deploy"], output_format="list", order_by=["start_time ASC"])
     assert [(r.info.status, r.data.tags.get("trigger")) for r in runs] == [("FINISHED", "schedule"),
                                                                             ("FINISHED", "manual")]
+
+
+@pytest.mark.parametrize("when", [(), ("--once", "--cron", "0 3 * * *")])
+def test_a_schedule_needs_exactly_one_of_cron_and_once(stand_in, when):
+    project, script = stand_in
+    scheduler = _schedule(project, script, "ok", *when)
+    _, err = scheduler.communicate(timeout=20)
+    assert (scheduler.returncode, err.splitlines()[-1]) == (2, "Error: give one of --cron or --once")
+    assert _runs(project) == []
