@@ -28,7 +28,7 @@ import math
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -172,30 +172,65 @@ class BundleModel(mlflow.pyfunc.PythonModel):
         settings = request_params(params, self.limits.serving)
         texts = input_texts(model_input, self.limits.max_batch, allow_empty=settings["task"] == "generate",
                             max_chars=self.limits.serving.max_chars)
+        return self.answer(texts, settings, deadline)
+
+    def answer(self, texts: list[str], settings: dict[str, Any], deadline: float,
+               stopped: Callable[[], bool] | None = None) -> pd.DataFrame:
+        """The task's frame for checked ``texts`` and ``settings`` (:func:`request_params`) on its lane's engine,
+        waiting for it until ``deadline`` (``time.monotonic()``; then :func:`busy`); ``stopped`` ends a generation
+        early."""
         lane = self._lanes[settings["task"]]
         if not lane.lock.acquire(timeout=max(deadline - time.monotonic(), 0)):
-            raise unavailable(f"{lane.task}: busy; no {lane.task} engine was free within the time budget of "
-                              f"{self.limits.serving.time_budget_s} s (time_budget_s); retry later")
+            raise busy(lane.task, self.limits.serving.time_budget_s)
         try:
-            return _answer(lane.model(settings["backend"], settings["int8"]), texts, settings, self.limits, deadline)
-        except TooLongError as exc:  # the client cannot load the model with too_long: it can send less
-            raise bad_request(f"{exc.what}: {exc.tokens} tokens exceed the model's context of {exc.context}; "
-                              "send a shorter text") from None
-        except BundleError as exc:  # a form the bundle lacks or cannot load: named without the server's path
-            raise bad_request(str(exc).replace(str(lane.bundle), "bundle")) from None
-        except MlflowException:
-            raise
-        except Exception:  # logged here; the answer has no traceback, path or input
-            logger.exception("%s request of %d texts failed", lane.task, len(texts))
-            raise Refusal(f"{lane.task}: the model failed on this request (the server's log says why)",
-                          error_code=INTERNAL_ERROR) from None
+            return answer_frame(lane, texts, settings, self.limits, deadline, stopped)
         finally:
             lane.lock.release()
 
+    def engine(self, task: str, backend: str = "auto", int8: bool = False) -> tuple[LanguageModel, threading.Lock]:
+        """The ``task`` lane's engine for ``backend`` (opened on first use) and the lock its callers hold while they
+        run it (a predictor is not thread-safe): the HTTP server's workers run the lanes themselves."""
+        lane = self._lanes[task]
+        if (backend, int8) not in lane.models:
+            with lane.lock:
+                lane.model(backend, int8)
+        return lane.models[backend, int8], lane.lock
 
-def _answer(model: LanguageModel, texts: list[str], settings: dict[str, Any], limits: Limits,
-            deadline: float) -> pd.DataFrame:
-    """The task's frame, once the request's tokens are within ``max_tokens``."""
+
+def answer_frame(lane: _Lane, texts: list[str], settings: dict[str, Any], limits: Limits, deadline: float,
+                 stopped: Callable[[], bool] | None = None) -> pd.DataFrame:
+    """The task's frame from ``lane``'s engine (its lock held by the caller), with the model's errors as
+    :class:`Refusal`; ``stopped`` ends a generation early (a cancelled request)."""
+    try:
+        return _answer(lane.model(settings["backend"], settings["int8"]), texts, settings, limits, deadline, stopped)
+    except TooLongError as exc:  # the client cannot load the model with too_long: it can send less
+        raise bad_request(f"{exc.what}: {exc.tokens} tokens exceed the model's context of {exc.context}; "
+                          "send a shorter text") from None
+    except BundleError as exc:  # a form the bundle lacks or cannot load: named without the server's path
+        raise bad_request(str(exc).replace(str(lane.bundle), "bundle")) from None
+    except MlflowException:
+        raise
+    except Exception:  # logged here; the answer has no traceback, path or input
+        logger.exception("%s request of %d texts failed", lane.task, len(texts))
+        raise Refusal(f"{lane.task}: the model failed on this request (the server's log says why)",
+                      error_code=INTERNAL_ERROR) from None
+
+
+def busy(task: str, budget_s: int) -> MlflowException:
+    """The answer to a request that found no free engine within its time budget (HTTP 503)."""
+    return unavailable(f"{task}: busy; no {task} engine was free within the time budget of {budget_s} s "
+                       "(time_budget_s); retry later")
+
+
+def out_of_time(budget_s: int, new_tokens: int) -> MlflowException:
+    """The answer to a generation still running at the end of its time budget (HTTP 503)."""
+    return unavailable(f"generate: stopped at the time budget of {budget_s} s (time_budget_s) after {new_tokens} new "
+                       "tokens; ask for fewer max_new_tokens or prompts")
+
+
+def check_tokens(model: LanguageModel, texts: list[str], settings: dict[str, Any], limits: Limits) -> int:
+    """The request's tokens (its texts', plus ``max_new_tokens`` per prompt when generating); raises
+    :func:`bad_request` when they exceed ``max_tokens``."""
     tokens = sum(len(ids) + 1 for ids in model.tokenizer.encode([model.normalize(text) for text in texts]))
     if settings["task"] == "generate":
         tokens += len(texts) * settings["max_new_tokens"]
@@ -203,15 +238,23 @@ def _answer(model: LanguageModel, texts: list[str], settings: dict[str, Any], li
         also = f", with {settings['max_new_tokens']} new per prompt," if settings["task"] == "generate" else ""
         raise bad_request(f"input: {tokens} tokens{also} exceed the limit of {limits.serving.max_tokens} per request "
                           "(max_tokens); send fewer or shorter texts")
+    return tokens
+
+
+def _answer(model: LanguageModel, texts: list[str], settings: dict[str, Any], limits: Limits, deadline: float,
+            stopped: Callable[[], bool] | None = None) -> pd.DataFrame:
+    """The task's frame, once the request's tokens are within ``max_tokens``."""
+    check_tokens(model, texts, settings, limits)
     if settings["task"] == "score":
         return score_frame(model, texts)
-    return generate_frame(model, texts, settings, deadline, limits.serving.time_budget_s)
+    return generate_frame(model, texts, settings, deadline, limits.serving.time_budget_s, stopped)
 
 
 def generate_frame(model: LanguageModel, prompts: list[str], settings: dict[str, Any], deadline: float,
-                   budget_s: int) -> pd.DataFrame:
+                   budget_s: int, stopped: Callable[[], bool] | None = None) -> pd.DataFrame:
     """One row per prompt and its continuation, generated as one batch through the KV cache (each prompt with its
-    own generator seeded by ``seed``); raises :func:`unavailable` when a token arrives after ``deadline``."""
+    own generator seeded by ``seed``); raises :func:`unavailable` when a token arrives after ``deadline``, and ends
+    early (with the tokens so far) once ``stopped()`` is true."""
     new: list[list[int]] = [[] for _ in prompts]
     stream = model.generate_stream(prompts, settings["max_new_tokens"], settings["temperature"], settings["top_k"],
                                    settings["seed"], top_p=settings["top_p"])
@@ -219,8 +262,10 @@ def generate_frame(model: LanguageModel, prompts: list[str], settings: dict[str,
         new[event.sequence].append(event.token)
         if time.monotonic() > deadline:
             stream.close()
-            raise unavailable(f"generate: stopped at the time budget of {budget_s} s (time_budget_s) after "
-                              f"{sum(map(len, new))} new tokens; ask for fewer max_new_tokens or prompts")
+            raise out_of_time(budget_s, sum(map(len, new)))
+        if stopped is not None and stopped():
+            stream.close()
+            break
     return pd.DataFrame({"prompt": prompts, "generated": [model.tokenizer.decode(ids) for ids in new]})
 
 
