@@ -128,9 +128,8 @@ def run_fingerprints(run_id: str) -> dict[str, str]:
 def current_fingerprints(params: dict[str, Any]) -> dict[str, str]:
     """The run's fingerprints; reads every corpus input once, and the corpus stage's plan of the same unchanged
     inputs in this process is then a lookup (:func:`~train_deploy.corpus.readers.plan_corpus`). The training
-    block is validated as the corpus stage's configure node validates it, by
-    :meth:`~train_deploy.training.config.TrainingConfig.from_params` (that node is only its seam to the catalog:
-    importing it would be an import up into the pipelines)."""
+    block is validated here as the corpus stage's configure node validates it (that node is only the seam between
+    the catalog and :class:`~train_deploy.training.config.TrainingConfig`; importing it would be an import up)."""
     corpus = CorpusConfig.from_params(params.get("corpus"))
     training = TrainingConfig.from_params(params.get("training"))
     return {CORPUS_TAG: source_fingerprint(corpus, plan_corpus(corpus.reader)),
