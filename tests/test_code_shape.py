@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 
 from tests.helpers.project import REPO
 
@@ -122,19 +123,20 @@ def test_no_module_imports_one_on_a_higher_floor():
     assert sorted(KNOWN_VIOLATIONS - upward) == []  # fixed: take it off the list
 
 
-def test_an_import_up_inside_a_function_counts_as_one_at_module_level(tmp_path):
+def test_an_import_up_inside_a_function_counts_as_one_at_module_level(tmp_path, monkeypatch):
     """A lazy import is still an import: the run-control floor's skip decision reaching into a stage's nodes from
-    inside a function (as retrain.py once did at module level) is found, relative or absolute."""
-    files = {"__init__.py": "",
-             "retrain.py": "def check():\n    from train_deploy.pipelines.corpus.nodes import node\n",
-             "preflight.py": "import train_deploy.retrain\n\n\ndef run():\n    from .cli import main\n",
-             "cli.py": "", "pipelines/__init__.py": "", "pipelines/corpus/__init__.py": "",
-             "pipelines/corpus/nodes.py": "from train_deploy.retrain import check\n"}
+    inside a function (as retrain.py once did at module level) is found, and so is a relative one."""
+    monkeypatch.setattr(sys.modules[__name__], "FLOORS", {
+        "cli": ENTRY, "pipelines": STAGE, "skip": CONTROL, "ground": GROUND, "__init__": GROUND})
+    files = {"__init__.py": "", "cli.py": "",
+             "skip.py": "def check():\n    from train_deploy.pipelines.corpus.nodes import node\n",
+             "ground.py": "def run():\n    from .cli import main\n",
+             "pipelines/__init__.py": "", "pipelines/corpus/__init__.py": "",
+             "pipelines/corpus/nodes.py": "import train_deploy.ground\nfrom train_deploy.skip import check\n"}
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text, encoding="utf-8")
-    assert sorted(upward_imports(import_graph(tmp_path))) == [("preflight", "cli"),
-                                                              ("retrain", "pipelines.corpus.nodes")]
+    assert sorted(upward_imports(import_graph(tmp_path))) == [("ground", "cli"), ("skip", "pipelines.corpus.nodes")]
 
 
 def test_a_module_inside_a_package_may_stand_on_its_own_floor(monkeypatch):
