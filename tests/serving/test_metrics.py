@@ -3,8 +3,18 @@ Debian's prometheus installed) one counter scraped by a real Prometheus and quer
 
 from __future__ import annotations
 
-from prometheus_client.parser import text_string_to_metric_families
+import time
+import urllib.request
 
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from tests.helpers import prometheus
+from tests.helpers.asgi import served
 from train_deploy.serving.metrics import ServerMetrics
 
 
@@ -65,3 +75,33 @@ def test_two_servers_in_one_process_keep_their_own_series():
     assert b'train_deploy_generated_tokens_total{model="lm",version="2"}' not in body
     assert b'version="1"' not in body
     assert _samples(first)[("train_deploy_generated_tokens_total", (("model", "lm"), ("version", "1")))] == 5
+
+
+def _metrics_app(metrics: ServerMetrics) -> Starlette:
+    """A server that counts its ``/work`` answers in ``metrics`` and serves them at ``/metrics``."""
+
+    async def work(request: Request) -> Response:
+        started = time.monotonic()
+        answer = PlainTextResponse("done")
+        metrics.request("/work", answer.status_code, time.monotonic() - started)
+        return answer
+
+    async def scrape(request: Request) -> Response:
+        body, content_type = metrics.render()
+        return Response(body, headers={"Content-Type": content_type})
+
+    return Starlette(routes=[Route("/work", work), Route("/metrics", scrape)])
+
+
+@pytest.mark.skipif(not prometheus.installed(), reason=prometheus.MISSING)
+def test_a_real_prometheus_scrapes_the_request_counter_with_the_models_labels(tmp_path):
+    metrics = ServerMetrics("train_deploy_lm", "4")
+    with served(_metrics_app(metrics)) as url:
+        for _ in range(3):
+            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(f"{url}/work", timeout=5) as answer:
+                assert answer.read() == b"done"
+        with prometheus.scraping(url.split("//")[1], tmp_path / "prometheus") as server:
+            result = server.wait_for('train_deploy_requests_total{route="/work"}')
+    assert [(item["metric"], item["value"][1]) for item in result] == [(
+        {"__name__": "train_deploy_requests_total", "instance": url.split("//")[1], "job": "train_deploy",
+         "model": "train_deploy_lm", "version": "4", "route": "/work", "status": "200"}, "3")]
