@@ -101,15 +101,11 @@ class Lane:
         """Count one more request in this lane; raises :class:`QueueFull` when it holds ``workers + queue``. Each
         admission is ended by :meth:`release` once."""
         with self._lock:
-            if self._admitted >= self.workers + self.queue:
-                waiting = self._admitted - self._running
-                full = QueueFull(self.name, waiting, 0)
-            else:
+            full = self._admitted >= self.workers + self.queue
+            if not full:
                 self._admitted += 1
-                full = None
-        if full is not None:
-            full.retry_after = self.retry_after()
-            raise full
+        if full:
+            raise QueueFull(self.name, self.waiting, self.retry_after())
         self._report()
 
     def release(self) -> None:
