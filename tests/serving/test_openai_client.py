@@ -1,0 +1,103 @@
+"""OpenAI's API on the server, spoken by the official ``openai`` client (``base_url`` at a real server process):
+completions streamed and not, greedy text identical to the model alone, stop sequences, errors in OpenAI's shape,
+and the time to the first token in the log."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from tests.helpers.serving import AppServer, downloaded
+from train_deploy.export.runtime import LanguageModel
+
+MODEL = "train_deploy_lm"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_store, tiny_model) -> Iterator[AppServer]:
+    model = downloaded(model_store, tiny_model.model_uri, tmp_path_factory.mktemp("openai_model"))
+    served = AppServer(model, model_store, tmp_path_factory.mktemp("openai") / "empty")
+    served.start()
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def alone(tiny_bundle) -> LanguageModel:
+    return LanguageModel.load(tiny_bundle)
+
+
+def test_models_names_the_registered_model_and_version(client):
+    models = client.models.list().data
+    assert [(m.id, m.object, m.owned_by) for m in models] == [(MODEL, "model", "train_deploy")]
+    assert models[0].model_extra["version"] == "1"
+
+
+def test_a_greedy_completion_is_the_models_own_continuation(client, alone):
+    answer = client.completions.create(model=MODEL, prompt="中国", max_tokens=8, temperature=0)
+    expected = alone.generate("中国", max_new_tokens=8, temperature=0)
+    assert answer.object == "text_completion" and answer.model == MODEL
+    assert [(c.index, c.text, c.finish_reason) for c in answer.choices] == [(0, expected, "length")]
+    prompt_tokens = len(alone.tokenizer.encode([alone.normalize("中国")])[0]) + 1
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (prompt_tokens, 8)
+
+
+def test_a_streamed_completion_sends_the_same_text_in_pieces_and_logs_the_first_token(client, alone, server):
+    prompts = ["中国", "今天"]
+    stream = client.completions.create(model=MODEL, prompt=prompts, max_tokens=12, temperature=0, stream=True)
+    pieces: dict[int, list[str]] = {0: [], 1: []}
+    reasons = {}
+    for chunk in stream:
+        for choice in chunk.choices:
+            pieces[choice.index].append(choice.text)
+            if choice.finish_reason:
+                reasons[choice.index] = choice.finish_reason
+    expected = alone.generate(prompts, max_new_tokens=12, temperature=0)
+    assert ["".join(pieces[i]) for i in (0, 1)] == expected
+    assert sum(1 for piece in pieces[0] if piece) > 1  # sent as it came, not at the end
+    assert reasons == {0: "length", 1: "length"}
+    assert re.search(r"completion cmpl-\w+: first token after \d+\.\d{3} s \(2 prompts, stream True\)",
+                     server.log_text())
+
+
+def test_sampling_with_a_seed_repeats(client):
+    first, second = (client.completions.create(model=MODEL, prompt="今天", max_tokens=10, temperature=0.8,
+                                               top_p=0.9, seed=7).choices[0].text for _ in range(2))
+    assert first == second
+
+
+def test_a_stop_sequence_ends_the_text_before_it_streamed_or_not(client, alone):
+    full = alone.generate("中国", max_new_tokens=20, temperature=0)
+    stop = full[5:7]
+    expected = full[:full.index(stop)]
+    answer = client.completions.create(model=MODEL, prompt="中国", max_tokens=20, temperature=0, stop=[stop])
+    assert (answer.choices[0].text, answer.choices[0].finish_reason) == (expected, "stop")
+    streamed = client.completions.create(model=MODEL, prompt="中国", max_tokens=20, temperature=0, stop=stop,
+                                         stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == expected
+
+
+@pytest.mark.parametrize(("kwargs", "status", "param", "message"), [
+    ({"n": 2}, 400, "n", "n: only 1 completion per prompt is supported"),
+    ({"max_tokens": 100_000}, 400, "max_tokens", "max_tokens: 100000 is outside 0 to 256"),
+    ({"temperature": -1}, 400, "temperature", "temperature: -1 is outside 0 to 2"),
+    ({"model": "gpt-4"}, 404, "model", f"model: not served here; this server serves {MODEL} (GET /v1/models)"),
+    ({"extra_body": {"temprature": 0}}, 400, "temprature",
+     "unknown field temprature; see the API reference for /v1/completions"),
+])
+def test_errors_come_in_openais_shape(client, kwargs, status, param, message):
+    arguments = {"model": MODEL, "prompt": "中国", "max_tokens": 4, **kwargs}
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.completions.create(**arguments)
+    assert raised.value.status_code == status
+    assert raised.value.body == {"message": message, "type": "invalid_request_error", "param": param, "code": None}
