@@ -49,8 +49,8 @@ FLOORS = {
     # what the stages do, one package each
     **dict.fromkeys(("corpus", "training", "export", "averaging", "registry", "retention", "validation"), DOMAIN),
     # the ground every floor stands on
-    **dict.fromkeys(("__init__", "handoffs", "atomic", "conf", "config", "environment", "cache", "console", "datasets",
-                     "baselines", "hashing", "params", "redaction"), GROUND),
+    **dict.fromkeys(("__init__", "handoffs", "atomic", "conf", "config", "environment", "cache", "console",
+                     "datasets", "baselines", "hashing", "params", "redaction"), GROUND),
     # run control every floor may use: the run lock, signal handling, alerts, stopping a process tree
     **dict.fromkeys(("run_lock", "signals", "notify", "processes"), GROUND),
 }

@@ -208,7 +208,8 @@ def test_a_run_past_max_hours_is_stopped_alerted_as_timed_out_and_the_next_slot_
     assert rc == 0, err
     first = _runs(project)[0]["pid"]
     assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
-    assert "ERROR train_deploy.schedule: timed out: the run took more than 0.0005 h (--max-hours); stopping it" in err
+    assert ("ERROR train_deploy.schedule: timed out: the run took more than 0.0005 h (--max-hours); "
+            "stopping it") in err
     assert re.search(r"INFO .*finished: killed by SIGTERM after \d+\.\d s \(timed out\)$", err, re.M)
     assert "retry" not in err
     message = json.loads(body)
