@@ -101,3 +101,24 @@ def test_health_version_and_unknown_routes(server):
     assert status == 404 and b"GET /nothing: no such route" in body
     status, _, _ = raw_request(server, "GET /invocations HTTP/1.1\nHost: x\nConnection: close")
     assert status == 405
+
+
+def test_the_playground_names_the_model_and_a_line_of_its_card(server, tiny_bundle):
+    status, headers, body = raw_request(server, "GET / HTTP/1.1\nHost: x\nConnection: close")
+    assert status == 200 and headers["content-type"] == "text/html; charset=utf-8"
+    html = body.decode()
+    assert "train_deploy_lm" in html and 'fetch("v1/completions"' in html
+    assert "Warning: this model does not yet beat the Kneser-Ney trigram baseline" in html  # the tiny card's first
+
+
+def test_metrics_count_requests_by_route_and_status_with_the_model_as_labels(server):
+    post(server, "/invocations", {"inputs": TEXTS[:1]})
+    post(server, "/invocations", {"inputs": []})
+    status, headers, body = raw_request(server, "GET /metrics HTTP/1.1\nHost: x\nConnection: close")
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    text = body.decode()
+    for code in ("200", "400"):
+        assert re.search(r'^train_deploy_requests_total\{model="train_deploy_lm",route="/invocations",status="'
+                         + code + r'",version="1"\} [1-9]', text, re.MULTILINE), text[:3000]
+    assert re.search(r'^train_deploy_queue_depth\{lane="score",model="train_deploy_lm",version="1"\} 0\.0$', text,
+                     re.MULTILINE), text[:3000]

@@ -159,7 +159,7 @@ class BundleModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
         install_termination_handler()  # Paddle's import must not take the server's SIGTERM (train_deploy.signals)
         self.limits = Limits.from_model_config(context.model_config)
-        bundle = Path(context.artifacts["bundle"])
+        bundle = self.bundle = Path(context.artifacts["bundle"])
         threads = max(1, int(read_bundle(bundle).server["cpu_threads"]) // 2)
         self._lanes = {task: _Lane(bundle, task, threads) for task in TASKS}
         for lane in self._lanes.values():

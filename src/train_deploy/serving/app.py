@@ -21,10 +21,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from mlflow.exceptions import MlflowException
 
+from train_deploy.handoffs import CARD_FILE
 from train_deploy.registry.model import (
     TASKS,
     BundleModel,
@@ -37,6 +39,8 @@ from train_deploy.registry.model import (
 )
 from train_deploy.serving import completions as openai
 from train_deploy.serving.admission import Cancelled, Expired, Lane, QueueFull, Ticket
+from train_deploy.serving.metrics import ServerMetrics
+from train_deploy.serving.playground import page
 from train_deploy.serving.requests import ClientGone, HttpRefusal, RequestHead, parse_json, read_body
 
 logger = logging.getLogger(__name__)
@@ -92,6 +96,8 @@ class Served:
 
     name: str
     version: str
+    card_line: str = ""
+    """One line of the model's card (the first that is not a heading), for the playground."""
 
 
 def create_app() -> ServingApp:
@@ -102,8 +108,19 @@ def create_app() -> ServingApp:
     if not logging.getLogger("train_deploy").handlers and not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     model = load_model_with_mlflow_config(os.environ[MODEL_PATH]).unwrap_python_model()
-    served = Served(os.environ.get(MODEL_NAME, "train_deploy_lm"), os.environ.get(MODEL_VERSION, "unregistered"))
-    return ServingApp(model, served, ServerSettings.from_environment())
+    served = Served(os.environ.get(MODEL_NAME, "train_deploy_lm"), os.environ.get(MODEL_VERSION, "unregistered"),
+                    card_line(model.bundle / CARD_FILE))
+    return ServingApp(model, served, ServerSettings.from_environment(), ServerMetrics(served.name, served.version))
+
+
+def card_line(card: Path) -> str:
+    """The first line of the model card that is not a heading, without Markdown's quote and emphasis marks."""
+    try:
+        lines = card.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return ""
+    text = next((line for line in lines if line.strip() and not line.startswith("#")), "")
+    return text.lstrip("> ").replace("**", "").strip()[:300]
 
 
 class Exchange:
@@ -149,15 +166,16 @@ def _plain(value: Any) -> Any:
 
 
 class ServingApp:
-    """The ASGI app over a loaded :class:`BundleModel` (module docstring). ``metrics`` is
-    ``train_deploy.serving.metrics.ServerMetrics`` or None."""
+    """The ASGI app over a loaded :class:`BundleModel` (module docstring), counting into ``metrics``."""
 
-    def __init__(self, model: BundleModel, served: Served, settings: ServerSettings, metrics: Any = None) -> None:
+    def __init__(self, model: BundleModel, served: Served, settings: ServerSettings,
+                 metrics: ServerMetrics | None = None) -> None:
         self.model, self.served, self.settings, self.metrics = model, served, settings, metrics
         self.limits = model.limits
         on_depth = metrics.queue_depth if metrics is not None else None
         self.lanes = {task: Lane(task, 1, settings.queue, on_depth) for task in TASKS}
         self.routes: dict[tuple[str, str], Callable[[Exchange], Awaitable[None]]] = {
+            ("GET", "/"): self._playground, ("GET", "/metrics"): self._metrics,
             ("GET", "/ping"): self._ping, ("GET", "/health"): self._ping, ("GET", "/version"): self._version,
             ("GET", "/v1/models"): self._models, ("POST", "/invocations"): self._invocations,
             ("POST", "/v1/completions"): self._completions}
@@ -214,6 +232,16 @@ class ServingApp:
 
     async def _ping(self, exchange: Exchange) -> None:
         await exchange.answer(200, b"\n")
+
+    async def _playground(self, exchange: Exchange) -> None:
+        html = page(self.served.name, self.served.version, self.served.card_line)
+        await exchange.answer(200, html.encode(), b"text/html; charset=utf-8")
+
+    async def _metrics(self, exchange: Exchange) -> None:
+        if self.metrics is None:
+            raise HttpRefusal(404, "GET /metrics: this server keeps no metrics")
+        body, content_type = self.metrics.render()
+        await exchange.answer(200, body, content_type.encode())
 
     async def _version(self, exchange: Exchange) -> None:
         import train_deploy
