@@ -5,11 +5,14 @@ description and figures; the graphs themselves are loaded in test_runtime.py and
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 from pathlib import Path
 
 import pytest
 
-from train_deploy.export import probe
+from train_deploy.environment import cpu_identity, this_cpu
+from train_deploy.export import LanguageModel, host_speed, probe
 from train_deploy.export.engines import bundle_graphs, choose_engine, graph_record
 from train_deploy.handoffs import BundleMeta, DescriptionError
 
@@ -73,9 +76,9 @@ def test_unpinned_the_fastest_engine_the_host_runs_is_chosen_by_the_exports_figu
     figures = {"paddle_inference": 4.0, "paddle_portable": 25.0, "onnx_fp32": 5.0}
     folder, meta = bundle_folder(tmp_path / "b", BOTH, generation=figures)
     fused(True)
-    assert choose_engine(folder, meta, None, "cpu").form == "paddle_inference"
+    assert choose_engine(folder, meta, None, "cpu", measure=False).form == "paddle_inference"
     fused(False)
-    choice = choose_engine(folder, meta, "auto", "cpu")
+    choice = choose_engine(folder, meta, "auto", "cpu", measure=False)
     assert (choice.backend, choice.form, choice.graph) == ("onnx", "onnx_fp32", None)
     assert choice.why == ("ONNX Runtime fp32: the fastest this host runs at export's figures (paddle_portable 25 "
                           "ms/token, onnx_fp32 5 ms/token); not the fused graph: TRAIN_DEPLOY_FUSED_KERNELS=off")
@@ -83,19 +86,19 @@ def test_unpinned_the_fastest_engine_the_host_runs_is_chosen_by_the_exports_figu
     folder, meta = bundle_folder(tmp_path / "e", BOTH, generation={"paddle_inference": 9.0, "paddle_portable": 5.0,
                                                                      "onnx_fp32": 6.0})
     fused(True)
-    choice = choose_engine(folder, meta, None, "cpu")
+    choice = choose_engine(folder, meta, None, "cpu", measure=False)
     assert (choice.form, choice.graph) == ("paddle_portable", "server_portable")
     assert choice.why.startswith("Paddle Inference, portable graph (server_portable/): the fastest this host runs")
     assert choose_engine(folder, meta, "paddle", "cpu").graph == "server"  # pinned: the fused graph where it runs
     fused(False)
-    assert choose_engine(folder, meta, "auto", "gpu").form == "paddle_inference"
+    assert choose_engine(folder, meta, "auto", "gpu", measure=False).form == "paddle_inference"
     # without generation figures, the forward pass's p50 at the smallest batch
     folder, meta = bundle_folder(tmp_path / "c", BOTH, forward={"paddle_portable": 3.0, "onnx_fp32": 6.0})
-    choice = choose_engine(folder, meta, None, "cpu")
+    choice = choose_engine(folder, meta, None, "cpu", measure=False)
     assert choice.form == "paddle_portable" and "ms p50 at batch_1" in choice.why
     # without figures at all, Paddle Inference when it can run
     folder, meta = bundle_folder(tmp_path / "d", BOTH)
-    assert choose_engine(folder, meta, None, "cpu").form == "paddle_portable"
+    assert choose_engine(folder, meta, None, "cpu", measure=False).form == "paddle_portable"
 
 
 def test_a_format_7_bundle_on_a_cpu_that_cannot_run_it_is_refused_in_one_line_or_runs_on_onnx(tmp_path, fused):
@@ -103,13 +106,13 @@ def test_a_format_7_bundle_on_a_cpu_that_cannot_run_it_is_refused_in_one_line_or
     assert set(bundle_graphs(folder, meta)) == {"server"}
     fused(True)  # where the probe passes, format 7 loads as before
     assert choose_engine(folder, meta, "paddle", "cpu").graph == "server"
-    assert choose_engine(folder, meta, None, "cpu").form == "paddle_inference"
+    assert choose_engine(folder, meta, None, "cpu", measure=False).form == "paddle_inference"
     fused(False)
     refused = choose_engine(folder, meta, "paddle", "cpu").refusal
     assert refused == (f"{folder}/bundle.json: format 7 bundle has only the fused server graph, which this CPU "
                        "cannot run (TRAIN_DEPLOY_FUSED_KERNELS=off); re-export it with kedro run --pipelines export")
     assert "\n" not in refused
-    unpinned = choose_engine(folder, meta, None, "cpu")
+    unpinned = choose_engine(folder, meta, None, "cpu", measure=False)
     assert unpinned.form == "onnx_fp32" and unpinned.refusal is None and "not the fused graph: TRAIN_DEPLOY_FUSED" \
         "_KERNELS=off" in unpinned.why
 
@@ -120,3 +123,81 @@ def test_graphs_of_bundle_json_are_read_typed_and_named(tmp_path):
     folder, _ = bundle_folder(tmp_path / "c", {"server_tiny": {}})
     with pytest.raises(DescriptionError, match=r"bundle.json: graphs.server_tiny: unknown graph"):
         bundle_graphs(folder, BundleMeta.read(folder))
+
+
+@pytest.fixture
+def speed_cache(monkeypatch, tmp_path) -> Path:
+    """An empty machine cache for the engine speed, with the session's kernel-probe verdict kept as a setting (so
+    that no second probe runs); its ``engine_speed.json``."""
+    runs = probe.fused_kernels("cpu").runs
+    monkeypatch.setenv("TRAIN_DEPLOY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("TRAIN_DEPLOY_FUSED_KERNELS", "on" if runs else "off")
+    probe._verdict.cache_clear()
+    yield tmp_path / "cache" / host_speed.CACHE_FILE
+    probe._verdict.cache_clear()
+
+
+def _described(figures: dict[str, float]) -> str:
+    return ", ".join(f"{form} {ms:.3g} ms/token" for form, ms in figures.items())
+
+
+def test_the_first_unpinned_load_times_each_engine_here_and_a_second_reads_the_cache(tiny_bundle, speed_cache,
+                                                                                      monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="train_deploy.export")
+    model = LanguageModel.load(tiny_bundle)
+    (entry,) = json.loads(speed_cache.read_text()).values()
+    figures = entry["ms_per_token"]
+    fused = probe.fused_kernels("cpu").runs
+    assert list(figures) == [*(["paddle_inference"] if fused else []), "paddle_portable", "onnx_fp32"]
+    assert all(ms > 0 for ms in figures.values())
+    assert model.engine == min(figures, key=figures.get)
+    cpu, flags = cpu_identity(this_cpu())
+    assert (entry["cpu"], entry["flags_digest"], entry["wheels"][0]) == (cpu, flags, probe.paddle_version())
+    assert entry["wheels"][1].startswith("onnxruntime==")
+    described = f"{_described(figures)}; measured on this host now"
+    assert f"Engine speed of {tiny_bundle} on this host ({cpu}): {described}" in caplog.messages
+    chosen = f"the fastest this host runs by its own figures ({described})"
+    assert any(line.startswith(f"Loaded {tiny_bundle}: ") and line.endswith(chosen) for line in caplog.messages)
+
+    def measured_again(*args):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(host_speed, "measure_forms", measured_again)
+    caplog.clear()
+    again = LanguageModel.load(tiny_bundle)
+    assert again.engine == model.engine
+    cached = f"{_described(figures)}; measured on this host at {entry['measured_at']}, cached"
+    assert f"Engine speed of {tiny_bundle} from the cache: {cached}" in caplog.messages
+
+
+def test_a_changed_bundle_is_timed_again_and_its_figures_decide(tiny_bundle, speed_cache, monkeypatch, tmp_path):
+    timed: list[Path] = []
+
+    def measure(folder: Path, forms: list[str], launcher: list[str]) -> dict[str, float]:
+        timed.append(folder)
+        return {form: 9.0 if form != "onnx_fp32" else 2.0 for form in forms}  # ONNX Runtime the fastest here
+
+    monkeypatch.setattr(host_speed, "measure_forms", measure)
+    first = choose_engine(tiny_bundle, BundleMeta.read(tiny_bundle), None, "cpu")
+    assert (first.form, timed) == ("onnx_fp32", [tiny_bundle])
+    assert choose_engine(tiny_bundle, BundleMeta.read(tiny_bundle), "auto", "cpu").form == "onnx_fp32"
+    assert timed == [tiny_bundle]  # the same bundle: from the cache
+    changed = tmp_path / "changed"
+    shutil.copytree(tiny_bundle, changed)
+    description = json.loads((changed / "bundle.json").read_text())
+    (changed / "bundle.json").write_text(json.dumps({**description, "created_at": "another export"}))
+    choose_engine(changed, BundleMeta.read(changed), None, "cpu")
+    assert timed == [tiny_bundle, changed]
+    assert len(json.loads(speed_cache.read_text())) == 2
+
+
+def test_a_failed_timing_leaves_the_choice_to_the_exports_figures_and_caches_nothing(tmp_path, speed_cache, caplog):
+    folder, meta = bundle_folder(tmp_path / "b", BOTH, generation={"paddle_inference": 4.0, "paddle_portable": 3.0,
+                                                                    "onnx_fp32": 5.0})
+    caplog.set_level(logging.WARNING, logger="train_deploy.export.host_speed")
+    choice = choose_engine(folder, meta, None, "cpu")  # its model.onnx is not a model: the child fails
+    assert choice.form == "paddle_portable" and "at export's figures (" in choice.why
+    (warning,) = [record.getMessage() for record in caplog.records if record.name == host_speed.__name__]
+    assert warning.startswith("Engine speed not measured on this host: the child exited 1 (")
+    assert warning.endswith("); the export's figures decide")
+    assert not speed_cache.exists()

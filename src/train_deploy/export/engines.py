@@ -8,9 +8,12 @@ the fused graph.
 
 ``backend="paddle"`` runs Paddle Inference on the graph the host can run; ``"onnx"`` ONNX Runtime.
 With no backend pinned (``None`` or ``"auto"``), the fastest correct (float32) engine and graph the host can run
-(the fused graph where it runs, the portable graph, ONNX Runtime fp32) is chosen from the figures measured at
-export (``latency.json``: milliseconds per new token of a greedy generation, else the forward pass's p50 at
-the smallest batch); on GPU, Paddle Inference's fused graph.
+(the fused graph where it runs, the portable graph, ONNX Runtime fp32) is chosen from figures measured on this
+host the first time the bundle is loaded here and cached per host, wheels and bundle (``host_speed.py``:
+milliseconds per generated token of a short greedy generation); should that measurement fail, from the figures
+measured at export (``latency.json``: milliseconds per new token of a greedy generation, else the forward pass's
+p50 at the smallest batch). The choice and its figures are logged when the bundle is loaded. On GPU, Paddle
+Inference's fused graph.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 
 from train_deploy.export.edge import INT8_FILE, ONNX_FILE
 from train_deploy.export.graph import FUSED_DIR, FUSED_KERNELS, PORTABLE_DIR, SERVER_MODEL
+from train_deploy.export.host_speed import host_figures
 from train_deploy.export.probe import KernelProbe, fused_kernels
 from train_deploy.handoffs import BUNDLE_FILE, BundleMeta, DescriptionError, LatencyReport, ServerGraph, from_json
 
@@ -66,8 +70,10 @@ class Choice:
     refusal: str | None = None
 
 
-def choose_engine(folder: Path, meta: BundleMeta, backend: str | None, device: str) -> Choice:
-    """The engine and graph to load ``folder`` with on this host (module docstring)."""
+def choose_engine(folder: Path, meta: BundleMeta, backend: str | None, device: str, *,
+                  measure: bool = True) -> Choice:
+    """The engine and graph to load ``folder`` with on this host (module docstring); ``measure=False`` compares
+    the export's figures without timing the candidates here."""
     backend = backend or "auto"
     if backend == "onnx":
         return Choice("onnx", "onnx_fp32", None, "ONNX Runtime (asked for)")
@@ -87,17 +93,25 @@ def choose_engine(folder: Path, meta: BundleMeta, backend: str | None, device: s
         candidates["onnx_fp32"] = None
     if not candidates:
         return Choice("paddle", "", None, "", refusal=_refusal(folder, meta, probe))
-    figures, unit = speed_figures(folder, list(candidates))
+    figures, basis = _figures(folder, list(candidates), measure)
     form = min(candidates, key=lambda name: figures.get(name, float("inf")))
     if form not in figures:  # no figures: Paddle Inference when it can run, as before
         form = next(iter(candidates))
-    measured = ", ".join(f"{name} {value:.3g} {unit}" for name, value in figures.items()) or "no figures"
     engine = "ONNX Runtime fp32" if form == "onnx_fp32" else \
         f"Paddle Inference, {_graph_reason(candidates[form], graphs, probe)}"
     unrunnable = "" if probe is None or probe.runs else f"; not the fused graph: {probe.reason}"
     return Choice("onnx" if form == "onnx_fp32" else "paddle", form, candidates[form],
-                  f"{engine}: the fastest this host runs at export's figures ({measured})"
-                  + (unrunnable if form == "onnx_fp32" else ""))
+                  f"{engine}: the fastest this host runs {basis}" + (unrunnable if form == "onnx_fp32" else ""))
+
+
+def _figures(folder: Path, forms: list[str], measure: bool) -> tuple[dict[str, float], str]:
+    """The figures ``forms`` are compared by, and a phrase naming them: this host's (``host_speed.py``) when
+    ``measure`` and there is a choice to make, else (or when measuring failed) the export's."""
+    if measure and len(forms) > 1 and (speed := host_figures(folder, forms)) is not None:
+        return speed.ms_per_token, f"by its own figures ({speed.describe()})"
+    figures, unit = speed_figures(folder, forms)
+    measured = ", ".join(f"{name} {value:.3g} {unit}" for name, value in figures.items()) or "no figures"
+    return figures, f"at export's figures ({measured})"
 
 
 def _graph_reason(graph: str | None, graphs: dict[str, ServerGraph], probe: KernelProbe | None) -> str:
