@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -15,6 +16,7 @@ from starlette.routing import Route
 
 from tests.helpers import prometheus
 from tests.helpers.asgi import served
+from tests.helpers.serving import AppServer, downloaded, post
 from train_deploy.serving.metrics import ServerMetrics
 
 
@@ -105,3 +107,32 @@ def test_a_real_prometheus_scrapes_the_request_counter_with_the_models_labels(tm
     assert [(item["metric"], item["value"][1]) for item in result] == [(
         {"__name__": "train_deploy_requests_total", "instance": url.split("//")[1], "job": "train_deploy",
          "model": "train_deploy_lm", "version": "4", "route": "/work", "status": "200"}, "3")]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_store, tiny_model) -> Iterator[AppServer]:
+    """The tiny model served by the real server (``train_deploy.serving.app``) in its own process."""
+    model = downloaded(model_store, tiny_model.model_uri, tmp_path_factory.mktemp("metrics_model"))
+    served_app = AppServer(model, model_store, tmp_path_factory.mktemp("metrics") / "empty")
+    served_app.start()
+    try:
+        yield served_app
+    finally:
+        served_app.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not prometheus.installed(), reason=prometheus.MISSING)
+def test_a_real_prometheus_scrapes_the_servers_completions_and_tokens(server, tmp_path):
+    status, _, answer = post(server, "/v1/completions", {"model": "train_deploy_lm", "prompt": "中国",
+                                                         "max_tokens": 5, "temperature": 0})
+    assert status == 200, answer
+    target = f"{server.host}:{server.port}"
+    with prometheus.scraping(target, tmp_path / "prometheus") as scraper:
+        requests = scraper.wait_for('train_deploy_requests_total{route="/v1/completions"}')
+        tokens = scraper.wait_for("train_deploy_generated_tokens_total")
+    labels = {"instance": target, "job": "train_deploy", "model": "train_deploy_lm", "version": "1"}
+    assert [(item["metric"], item["value"][1]) for item in requests] == [(
+        {"__name__": "train_deploy_requests_total", **labels, "route": "/v1/completions", "status": "200"}, "1")]
+    assert [(item["metric"], item["value"][1]) for item in tokens] == [(
+        {"__name__": "train_deploy_generated_tokens_total", **labels}, str(answer["usage"]["completion_tokens"]))]

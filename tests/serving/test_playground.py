@@ -8,7 +8,7 @@ import io
 import json
 import re
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from PIL import Image
@@ -19,6 +19,8 @@ from starlette.routing import Route
 
 from tests.helpers import browser
 from tests.helpers.asgi import served
+from tests.helpers.serving import AppServer, downloaded
+from train_deploy.export.runtime import LanguageModel
 from train_deploy.serving import completions
 from train_deploy.serving.playground import page
 
@@ -84,9 +86,44 @@ def test_chromium_types_a_prompt_and_sees_the_completion_stream_in(tmp_path):
         shot = tab.screenshot()
     assert server.requests == [{"model": "train_deploy_lm", "prompt": "今天", "max_tokens": 64, "temperature": 0,
                                 "top_p": 1, "seed": 0, "stream": True}]
+    _assert_screenshot(shot)
+
+
+def _assert_screenshot(shot: bytes) -> None:
+    """``shot`` is a valid PNG of the page's size with something drawn on it."""
     image = Image.open(io.BytesIO(shot))
     image.verify()
     image = Image.open(io.BytesIO(shot))
     assert (image.format, image.size) == ("PNG", browser.VIEWPORT)
     low, high = image.convert("L").getextrema()
     assert high - low > 100, "the screenshot is blank"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_store, tiny_model) -> Iterator[AppServer]:
+    """The tiny model served by the real server (``train_deploy.serving.app``) in its own process."""
+    model = downloaded(model_store, tiny_model.model_uri, tmp_path_factory.mktemp("playground_model"))
+    served_app = AppServer(model, model_store, tmp_path_factory.mktemp("playground") / "empty")
+    served_app.start()
+    try:
+        yield served_app
+    finally:
+        served_app.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not browser.installed(), reason=browser.MISSING)
+def test_the_servers_playground_streams_the_models_greedy_continuation_into_chromium(server, tiny_bundle,
+                                                                                    tmp_path):
+    with browser.chromium(tmp_path / "chromium") as tab:
+        tab.open(f"{server.url}/")
+        assert (tab.text("#model"), tab.text("#version")) == ("train_deploy_lm", "version 1")
+        assert tab.text("#card").strip() != ""
+        tab.type_into("#prompt", "中国")
+        tab.click("#generate")
+        tab.wait_until("document.getElementById('status').textContent.startsWith('done in ')", timeout=60)
+        streamed = tab.text("#output")
+        shot = tab.screenshot()
+    assert streamed == LanguageModel.load(tiny_bundle).generate("中国", max_new_tokens=64, temperature=0)
+    assert streamed != ""
+    _assert_screenshot(shot)
