@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response, StreamingResponse
+from starlette.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from tests.helpers import browser
@@ -87,6 +87,26 @@ def test_chromium_types_a_prompt_and_sees_the_completion_stream_in(tmp_path):
     assert server.requests == [{"model": "train_deploy_lm", "prompt": "今天", "max_tokens": 64, "temperature": 0,
                                 "top_p": 1, "seed": 0, "stream": True}]
     _assert_screenshot(shot)
+
+
+@pytest.mark.skipif(not browser.installed(), reason=browser.MISSING)
+def test_a_refused_completion_shows_the_servers_message_and_no_output(tmp_path):
+    async def refuse(request: Request) -> Response:
+        return JSONResponse({"error": {"message": "max_tokens: 5000 is over the limit of 256", "type":
+                                       "invalid_request_error", "param": "max_tokens", "code": None}}, 400)
+
+    async def index(request: Request) -> Response:
+        return HTMLResponse(page("train_deploy_lm", "4", CARD))
+
+    app = Starlette(routes=[Route("/", index), Route("/v1/completions", refuse, methods=["POST"])])
+    with served(app) as url, browser.chromium(tmp_path / "chromium") as tab:
+        tab.open(f"{url}/")
+        tab.type_into("#prompt", "今天")
+        tab.click("#generate")
+        tab.wait_until("document.getElementById('status').className === 'error'")
+        assert tab.text("#status") == "max_tokens: 5000 is over the limit of 256"
+        assert tab.text("#output") == ""
+        assert tab.evaluate("document.getElementById('generate').disabled") is False
 
 
 def _assert_screenshot(shot: bytes) -> None:
