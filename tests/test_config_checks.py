@@ -128,6 +128,7 @@ ACCEPTED: dict[str, tuple] = {
     "validation.max_nats_per_char_increase": (0.0, 1.0, float(HUGE)),  # issue 39: relative, 0 or more
     "validation.max_character_distance": (0.0, 1.0),  # a Jensen–Shannon distance
     "validation.max_document_nats_factor": (1.0, float(HUGE)),
+    "validation.max_flagged_share": (0.0, 1.0),  # a share of the sampled documents
     "registry.serving_check.timeout_seconds": (1.0, float(HUGE)),  # seconds, more than 0
     # retention: 0 keeps all; a grace period of 0 days removes at once; sizes in bytes, 0 or more
     **dict.fromkeys(("retention.checkpoints.keep_runs", "retention.training_logs.keep_runs",

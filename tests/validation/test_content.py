@@ -95,7 +95,8 @@ def _scores(per_char: list[float]) -> SampleScores:
 
 
 def test_screening_flags_documents_past_the_factor_and_shows_the_three_worst():
-    screened = screen(_scores([2.0, 3.0, 3.001, 9.0, 1.0]), _statistics(nats_per_char=2.0), ValidationConfig())
+    screened = screen(_scores([2.0, 3.0, 3.001, 9.0, 1.0]), _statistics(nats_per_char=2.0),
+                      ValidationConfig(max_document_nats_factor=1.5))
     assert (screened.scored, screened.flagged, screened.share, screened.limit) == (5, 2, 0.4, 3.0)  # 3.0 is not past
     assert screened.worst == [{"nats_per_char": 9.0, "text": "文本3"}, {"nats_per_char": 3.001, "text": "文本2"},
                               {"nats_per_char": 3.0, "text": "文本1"}]
@@ -111,7 +112,7 @@ def test_a_stopped_report_shows_the_worst_sample_lines_and_a_passed_one_does_not
     stopped = decide(_statistics(nats_per_char=9.0), ("3", champion), ValidationConfig(), "lm",
                      scores=_scores([9.0, 2.0]))
     assert stopped.block().splitlines()[-2:] == ["    9.00  文本0", "    2.00  文本1"]
-    passed = decide(_statistics(nats_per_char=2.0), ("3", champion), ValidationConfig(), "lm",
+    passed = decide(_statistics(nats_per_char=2.0), ("3", champion), ValidationConfig(max_flagged_share=None), "lm",
                     scores=_scores([9.0, 2.0]))
     assert passed.block().splitlines()[-1].startswith("  screening: 1 of 2")
 
@@ -124,3 +125,42 @@ def test_a_shown_line_is_one_line_of_80_characters_without_secrets_or_paths():
     assert "12345678" in line and "shop.cn" in line
     for leaked in ("pw", "token=abc", "sk1234", "/home/alice"):
         assert leaked not in line, line
+
+
+# --- the share of flagged documents (issue 39: spam mixed into good text) ------------------------------------------
+
+@pytest.mark.parametrize(("per_char", "outcome"), [
+    ([2.5] * 6 + [2.0] * 19, "passed"),  # 6 of 25 = 0.24 flagged: not past the bound
+    ([2.5] * 7 + [2.0] * 18, "stopped"),  # 7 of 25 = 0.28
+    ([2.4] * 7 + [2.0] * 18, "passed"),  # 2.4 = 1.2 x 2.0 is not past the factor
+])
+def test_the_share_of_flagged_documents_is_stopped_only_past_its_bound(per_char, outcome):
+    champion = _statistics(nats_per_char=2.0)
+    report = decide(_statistics(nats_per_char=2.0), ("3", champion), ValidationConfig(), "lm", scores=_scores(per_char))
+    assert report.outcome == outcome, report.block()
+    if outcome == "stopped":
+        (finding,) = report.failures
+        assert finding.line() == ("screening.flagged_share: tonight 0.28; bound: at most 0.24 of the sampled documents "
+                                  "above 1.2x the champion's own nats/char (validation.max_flagged_share); tonight 7 "
+                                  "of 25")
+        assert "(screening.flagged_share 0.28)" in str(ValidationStopped(report))
+        assert report.block().splitlines()[-3:] == ["    2.50  文本0", "    2.50  文本1", "    2.50  文本2"]
+
+
+def test_the_flagged_share_is_not_checked_without_screening_or_with_its_bound_null():
+    champion, flagged = _statistics(nats_per_char=2.0), _scores([9.0] * 4)
+    assert decide(_statistics(), ("3", champion), ValidationConfig(max_flagged_share=None), "lm",
+                  scores=flagged).outcome == "passed"
+    assert decide(_statistics(), ("3", champion), ValidationConfig(max_document_nats_factor=None), "lm",
+                  scores=flagged).outcome == "passed"
+    older = _statistics()  # a champion without its own loss: nothing to flag against
+    assert decide(_statistics(), ("3", older), ValidationConfig(), "lm", scores=flagged).outcome == "passed"
+    assert decide(_statistics(), None, ValidationConfig(), "lm", scores=flagged).outcome == "not_compared"
+    assert decide(_statistics(), ("3", champion), ValidationConfig(mode="warn"), "lm",
+                  scores=flagged).failures[0].statistic == "screening.flagged_share"
+
+
+def test_the_default_screening_bounds_are_the_calibrated_ones():
+    config = ValidationConfig()
+    assert (config.max_document_nats_factor, config.max_flagged_share) == (1.2, 0.24)
+

@@ -54,9 +54,15 @@ class ValidationConfig:
     """Largest Jensen–Shannon distance (0: the same, 1: disjoint) between tonight's character distribution and the
     champion's top characters and ``other``, recorded on its version (another script or alphabet). Calibrated:
     good nights 0.049 to 0.080 (1 MB; up to 0.092 at 400 kB), Traditional 0.30, 30% spam 0.11 to 0.12."""
-    max_document_nats_factor: float | None = 1.5
+    max_document_nats_factor: float | None = 1.2
     """A sampled document whose nats per character under the champion exceed this factor times the champion's own
-    figure is flagged: the report gives their share (screening is reported, never dropped; null: no screening)."""
+    figure is flagged; the report gives their share (null: no screening). Calibrated with
+    ``max_flagged_share``: 1.2 separates 20% spam from good nights best (1.5 flagged 0-3% of both)."""
+    max_flagged_share: float | None = 0.24
+    """Largest share of the sampled documents flagged by ``max_document_nats_factor`` (a night where many documents
+    are far worse than the champion's own text: spam mixed into good text, which moves the average loss too little).
+    Calibrated (``benchmarks/calibrate_data_gate.py``, docs/benchmarks.md): good nights 0.10 to 0.20 (1 MB and
+    400 kB), 20% Chinese advertising 0.27 to 0.33, 20% URL/QQ spam 0.32 to 0.37."""
 
     def __post_init__(self) -> None:
         for name in ("max_documents_decrease", "max_characters_decrease"):
@@ -70,6 +76,7 @@ class ValidationConfig:
         check_range("validation.max_nats_per_char_increase", self.max_nats_per_char_increase, 0)
         check_range("validation.max_character_distance", self.max_character_distance, 0, 1)
         check_range("validation.max_document_nats_factor", self.max_document_nats_factor, 1)
+        check_range("validation.max_flagged_share", self.max_flagged_share, 0, 1)
 
     @classmethod
     def from_params(cls, params: dict[str, Any] | None) -> ValidationConfig:

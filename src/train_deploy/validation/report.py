@@ -24,7 +24,8 @@ class Finding:
 
     statistic: str
     """Its name in :class:`~train_deploy.validation.statistics.CorpusStatistics` (``drop_shares.<reason>``,
-    ``length_quantiles.<p>`` for an entry of a mapping)."""
+    ``length_quantiles.<p>`` for an entry of a mapping), or ``screening.flagged_share`` (:class:`Screening`'s
+    ``share``)."""
     champion: float | None
     """The champion's value (None for a bound on tonight's value alone)."""
     tonight: float
@@ -127,13 +128,15 @@ def decide(tonight: CorpusStatistics, champion: tuple[str, CorpusStatistics | No
     """The report on ``tonight`` against ``champion`` (its version and statistics; None: no champion yet): past a
     bound, ``stopped``, or ``warned`` when ``config.mode`` is warn or ``force`` (``retrain.force``) is set;
     ``scores``: the champion's score of each of tonight's sampled documents, screened one by one."""
-    report = _decided(tonight, champion, config, model_name, force)
-    report.screening = screen(scores, champion[1] if champion else None, config)
+    screening = screen(scores, champion[1] if champion else None, config)
+    report = _decided(tonight, champion, config, model_name, force, screening)
+    report.screening = screening
     return report
 
 
 def _decided(tonight: CorpusStatistics, champion: tuple[str, CorpusStatistics | None] | None,
-             config: ValidationConfig, model_name: str, force: bool) -> ValidationReport:
+             config: ValidationConfig, model_name: str, force: bool, screening: Screening | None
+             ) -> ValidationReport:
     record = tonight.to_json()
     if champion is None:
         return ValidationReport("not_compared", model_name, None, f"Corpus statistics recorded; nothing compared: "
@@ -143,7 +146,7 @@ def _decided(tonight: CorpusStatistics, champion: tuple[str, CorpusStatistics | 
         return ValidationReport("not_compared", model_name, version, f"Corpus statistics recorded; nothing compared: "
                                 f"{model_name} version {version} (champion) records none (registered before the data "
                                 "gate)", tonight=record)
-    failures = compare(tonight, statistics, config)
+    failures = compare(tonight, statistics, config) + _flagged(screening, config)
     against = f"{model_name} version {version} (champion)"
     if not failures:
         return ValidationReport("passed", model_name, version, f"Corpus statistics within the data gate's bounds "
@@ -198,6 +201,16 @@ def _findings(now: CorpusStatistics, then: CorpusStatistics, c: ValidationConfig
             if after - before > c.max_drop_share_increase:
                 yield Finding(f"drop_shares.{reason}", before, after, f"increase of at most "
                               f"{c.max_drop_share_increase:g} (validation.max_drop_share_increase)")
+
+
+def _flagged(screening: Screening | None, config: ValidationConfig) -> list[Finding]:
+    """The screening's share of flagged documents past ``validation.max_flagged_share`` (none without screening)."""
+    limit = config.max_flagged_share
+    if screening is None or screening.limit is None or limit is None or screening.share <= limit:
+        return []
+    return [Finding("screening.flagged_share", None, screening.share, f"at most {limit:g} of the sampled documents "
+                    f"above {config.max_document_nats_factor:g}x the champion's own nats/char "
+                    f"(validation.max_flagged_share); tonight {screening.flagged} of {screening.scored}")]
 
 
 def _relative(now: int | None, then: int | None, statistic: str, c: ValidationConfig, key: str) -> Finding | None:
