@@ -13,7 +13,9 @@ measures them: good nights, the held-back slices of ``--night-bytes`` after the 
 them the bad kinds of issue 39 (``tests/validation/nights.py``): Traditional characters (OpenCC s2t), characters
 shuffled within each document, Chinese-only advertising at 20% and 30% of the documents, spam with URLs and QQ
 numbers at 20% and 30%. One table row per night: the figures, the checks the default bounds fail, and the seconds
-the content figures took (sample, decode, score); then the margins of each bound. Work files go to a temporary
+the content figures took (sample, decode, score); then the margins of each bound. The L∞ column (the largest
+difference of one character's share, TFX's other distance, over both sides' top characters) is measured, not
+bounded: a good night's enumeration commas move it as far as 20% spam does. Work files go to a temporary
 folder, removed afterwards.
 """
 
@@ -34,6 +36,7 @@ from tests.validation import nights  # noqa: E402
 
 from train_deploy.handoffs import BundleMeta, TokenizerInfo, from_json  # noqa: E402
 from train_deploy.validation.config import ValidationConfig  # noqa: E402
+from train_deploy.validation.content import OTHER  # noqa: E402
 from train_deploy.validation.report import decide, screen  # noqa: E402
 from train_deploy.validation.statistics import CorpusStatistics, measure_corpus  # noqa: E402
 
@@ -61,6 +64,12 @@ def measured(folder: Path, texts: list[str] | None, tokenizer: TokenizerInfo, bu
     started = time.perf_counter()
     statistics, scores = measure_corpus(manifest, tokenizer, bundle, champion)
     return statistics, scores, time.perf_counter() - started
+
+
+def largest_share_difference(tonight: dict[str, float], champion: dict[str, float]) -> float:
+    """L∞ between two ``character_shares`` records over their top characters (a character missing from one: 0)."""
+    keys = (tonight.keys() | champion.keys()) - {OTHER}
+    return max(abs(tonight.get(key, 0.0) - champion.get(key, 0.0)) for key in keys)
 
 
 def the_nights(champion_bytes: int, night_bytes: int) -> dict[str, list[str]]:
@@ -97,18 +106,22 @@ def main(argv: list[str] | None = None) -> int:
             report = decide(tonight, ("1", own), config, "champion", scores=scores)
             screened = screen(scores, own, config)
             rows.append((name, tonight, screened, report, seconds))
-    print("| night | characters | nats/char (change) | character distance | flagged | default bounds | s |")  # noqa: T201
-    print("|---|---|---|---|---|---|---|")  # noqa: T201
+    print("| night | characters | nats/char (change) | character distance | L∞ | flagged | default bounds | s |")  # noqa: T201
+    print("|---|---|---|---|---|---|---|---|")  # noqa: T201
     for name, tonight, screened, report, seconds in rows:
         failed = ", ".join(f.statistic for f in report.failures) or "passed"
+        linf = largest_share_difference(tonight.character_shares, own.character_shares)
         print(f"| {name} | {tonight.characters:,} | {tonight.nats_per_char:.3f} "  # noqa: T201
               f"({tonight.nats_per_char / own.nats_per_char - 1:+.1%}) | {tonight.character_distance:.3f} | "
-              f"{screened.share:.0%} | {failed} | {seconds:.2f} |")
+              f"{linf:.4f} | {screened.share:.0%} | {failed} | {seconds:.2f} |")
     good = [row for row in rows if row[0].startswith("good")]
     bad = [row for row in rows if not row[0].startswith("good")]
     change = {row[0]: row[1].nats_per_char / own.nats_per_char - 1 for row in rows}
     print(f"\nnats/char change: good nights at most {max(change[r[0]] for r in good):+.1%}; bad nights from "  # noqa: T201
           f"{min(change[r[0]] for r in bad):+.1%} (bound {config.max_nats_per_char_increase:+.0%})")
+    print(f"flagged share: good nights at most {max(r[2].share for r in good):.2f}; spam nights from "  # noqa: T201
+          f"{min(r[2].share for r in bad if 'spam' in r[0] or 'advertising' in r[0]):.2f} "
+          f"(bound {config.max_flagged_share:g} past {config.max_document_nats_factor:g}x)")
     print(f"character distance: good nights at most {max(r[1].character_distance for r in good):.3f}; Traditional "  # noqa: T201
           f"{rows[len(good)][1].character_distance:.3f} (bound {config.max_character_distance:g})")
     return 0
