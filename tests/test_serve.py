@@ -15,7 +15,8 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.helpers.registry import ModelStore
-from train_deploy.serve import ServeError, absolute_uri, cached_model, check_servable, find_project, store_uris
+from train_deploy.conf import NoProject, absolute_uri, find_project, store_uris
+from train_deploy.serve import ServeError, cached_model, check_servable
 
 TRAIN_DEPLOY = Path(sys.executable).parent / "train-deploy"
 
@@ -46,7 +47,7 @@ def test_relative_local_stores_are_made_absolute_against_the_project(uri, expect
 
 
 def test_a_folder_that_is_no_project_is_named(tmp_path):
-    with pytest.raises(ServeError, match=f"^--project {tmp_path}: no conf/base/mlflow.yml and pyproject.toml there$"):
+    with pytest.raises(NoProject, match=f"^--project {tmp_path}: no conf/base/mlflow.yml and pyproject.toml there$"):
         find_project(tmp_path)
 
 

@@ -5,16 +5,16 @@ ways: ``mlflow`` (and the ``uvicorn`` it starts by name) is not on ``PATH`` outs
 then reads its own default store (a new ``mlflow.db`` in the current folder), not the project's; and the
 project's SQLite store records artifact locations relative to the project folder
 (``hooks.tracking.record_relative_location``, so a moved project keeps working), which only resolve from there.
-And it would serve the model without the checks MLflow's scoring server makes impossible inside a model
-(a misspelled parameter is dropped before the model sees it: ``train_deploy.registry.server``).
+And MLflow's scoring server cannot stream, speak OpenAI's API or bound its queues, and drops a misspelled parameter
+before the model sees it.
 
 :func:`serve` therefore downloads the model in the project folder, with the tracking and registry URIs of the
 project's ``mlflow.yml`` (``MLFLOW_TRACKING_URI`` wins, as in a run; local paths made absolute), into one folder
 per model version in this machine's cache (:func:`cached_model`: a restart under a supervisor reuses it once every
 file still has the size and xxh3-128 hash recorded at its download, a damaged copy is downloaded again, and
-nothing else is left behind), and becomes this
-environment's ``uvicorn`` running ``train_deploy.registry.server`` from the package logged with the model (MLflow's
-scoring server behind a guard); a version logged before that module existed is served by ``mlflow models serve``.
+nothing else is left behind), and becomes this environment's ``uvicorn`` running ``train_deploy.serving.app`` (the
+project's own server, docs/serving.md) from the package logged with the model; a version logged before that module
+existed is served by the server its package holds (:func:`server_command`).
 It replaces the current process, so Ctrl-C and SIGTERM reach the server. :func:`serve_line` is the command the end
 of a run prints.
 
@@ -35,63 +35,21 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
-from urllib.parse import urlsplit
 
 from train_deploy.atomic import atomic_folder, remove_leftovers
 from train_deploy.cache import cache_dir
-from train_deploy.conf import project_config
+from train_deploy.conf import NoProject, find_project, project_config, store_uris
 from train_deploy.hashing import digest, file_record
 from train_deploy.registry.config import RegistryConfig
 
 logger = logging.getLogger(__name__)
 
-CONF_MARKER = Path("conf") / "base" / "mlflow.yml"
-"""What makes a folder this project's: the configuration its runs read."""
 DOWNLOAD_RECORD = "download.json"
 """In a cached model's folder: where the model lies in it, and every file's size and xxh3-128 hash at download."""
 
 
 class ServeError(RuntimeError):
     """The model cannot be served as asked; the message names the project, store, model or alias."""
-
-
-def _is_project(folder: Path) -> bool:
-    return (folder / CONF_MARKER).is_file() and (folder / "pyproject.toml").is_file()
-
-
-def find_project(project: Path | None = None) -> Path:
-    """The project folder: ``project`` when given, else the current folder when it is one, else the checkout this
-    package is installed from (an editable install)."""
-    if project is not None:
-        if not _is_project(project.resolve()):
-            raise ServeError(f"--project {project}: no {CONF_MARKER} and pyproject.toml there")
-        return project.resolve()
-    for candidate in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        if _is_project(candidate):
-            return candidate
-    raise ServeError(f"{Path.cwd()} is not the project folder and this installation is not a checkout: pass "
-                     "--project with the folder holding conf/base/mlflow.yml")
-
-
-def absolute_uri(uri: str, project: Path) -> str:
-    """``uri`` with a relative local path (``sqlite:///mlruns.db``, ``file:mlruns``, ``mlruns``) made absolute
-    against ``project``, where the runs resolve it; other URIs as they are."""
-    if uri.startswith("sqlite:///"):
-        path = Path(uri.removeprefix("sqlite:///"))
-        return uri if path.is_absolute() else f"sqlite:///{(project / path).as_posix()}"
-    scheme = urlsplit(uri).scheme
-    if scheme in ("", "file") and not Path(uri.removeprefix("file:")).is_absolute():
-        return (project / uri.removeprefix("file:")).as_uri()
-    return uri
-
-
-def store_uris(project: Path, env: str | None = None) -> tuple[str, str]:
-    """The tracking and registry URIs the project's runs use (``conf/<env>/mlflow.yml``; ``MLFLOW_TRACKING_URI``
-    wins through its ``oc.env`` resolver), local paths absolute."""
-    server = project_config(project, env)["mlflow"]["server"]
-    tracking = absolute_uri(str(server["mlflow_tracking_uri"]), project)
-    registry = server.get("mlflow_registry_uri")
-    return tracking, absolute_uri(str(registry), project) if registry else tracking
 
 
 def default_model_name(project: Path, env: str | None = None) -> str:
@@ -125,18 +83,24 @@ def _shown(uri: str) -> str:
     return redact_uri(uri)
 
 
-SERVER_MODULE = Path("train_deploy") / "registry" / "server.py"
-"""The guarded server's module, as the package logged with the model holds it (from this change on)."""
+SERVER_MODULE = Path("train_deploy") / "serving" / "app.py"
+"""The server's module, as the package logged with the model holds it (from issue 38 on)."""
+GUARDED_MODULE = Path("train_deploy") / "registry" / "server.py"
+"""The server before it: MLflow's scoring server behind a guard, in the package of versions logged before."""
 
 
 def server_command(model: Path, host: str, port: int, workers: int) -> list[str]:
     """The server of the downloaded ``model`` in this Python environment: uvicorn running
-    ``train_deploy.registry.server`` from the package logged with the model (its ``code`` folder first on
-    ``sys.path``), or ``mlflow models serve`` for a model logged without that module."""
+    ``train_deploy.serving.app`` from the package logged with the model (its ``code`` folder first on
+    ``sys.path``); for a version logged before that module, the server its own package holds (MLflow's scoring
+    server behind a guard), or ``mlflow models serve`` for one older still."""
     bin_folder = Path(sys.executable).parent
+    uvicorn = [str(bin_folder / "uvicorn"), "--factory", "--app-dir", str(model / "code"), "--host", host, "--port",
+               str(port), "--workers", str(workers)]
     if (model / "code" / SERVER_MODULE).is_file():
-        return [str(bin_folder / "uvicorn"), "--factory", "--app-dir", str(model / "code"), "--host", host,
-                "--port", str(port), "--workers", str(workers), "train_deploy.registry.server:create_app"]
+        return [*uvicorn, "train_deploy.serving.app:create_app"]
+    if (model / "code" / GUARDED_MODULE).is_file():
+        return [*uvicorn, "train_deploy.registry.server:create_app"]
     return [str(bin_folder / "mlflow"), "models", "serve", "-m", str(model), "--env-manager", "local", "-h", host,
             "-p", str(port), "--workers", str(workers)]
 
@@ -224,24 +188,27 @@ def server_environment(tracking: str, registry: str) -> dict[str, str]:
 def serve(*, project: Path | None = None, env: str | None = None, model_name: str | None = None,
           alias: str = "champion", host: str = "127.0.0.1", port: int = 5001, workers: int = 1) -> NoReturn:
     """Check the model is there, download it, then become its server in the project folder (see the module)."""
-    folder = find_project(project)
+    try:
+        folder = find_project(project)
+    except NoProject as missing:
+        raise ServeError(str(missing)) from None
     tracking, registry = store_uris(folder, env)
     name = model_name or default_model_name(folder, env)
     found = check_servable(tracking, registry, name, alias)
     version = str(found.version)
     model_uri = f"models:/{name}/{alias}" if alias.isdigit() else f"models:/{name}@{alias}"
-    from train_deploy.registry.server import MODEL_PATH
-
     os.chdir(folder)  # the store's relative artifact locations resolve from the project folder
     model = cached_model(found, tracking, registry)
     command = server_command(model, host, port, workers)
     sys.stderr.write(f"Serving {model_uri} (version {version}) of {_shown(tracking)} on http://{host}:{port} "
-                     f"(POST /invocations); Ctrl-C stops it\n")
-    if command[0].endswith("mlflow"):
-        sys.stderr.write(f"  version {version} was logged before train_deploy's guarded server: MLflow's serves it, "
-                         "which drops misspelled parameters instead of refusing them\n")
+                     f"(POST /invocations, POST /v1/completions, the playground at /); Ctrl-C stops it\n")
+    if not command[-1].startswith("train_deploy.serving"):
+        sys.stderr.write(f"  version {version} was logged before train_deploy's server: the server its package "
+                         "holds serves it, without OpenAI's API, the playground or admission control\n")
     sys.stderr.flush()
-    os.execve(command[0], command, {**server_environment(tracking, registry), MODEL_PATH: str(model)})
+    served = {"TRAIN_DEPLOY_SERVED_MODEL": str(model), "TRAIN_DEPLOY_SERVED_NAME": name,
+              "TRAIN_DEPLOY_SERVED_VERSION": version}
+    os.execve(command[0], command, {**server_environment(tracking, registry), **served})
 
 
 def serve_line(model_name: str, project: Path) -> str:

@@ -1,11 +1,12 @@
 """The serving check before promotion, in the manner of TFX's InfraValidator.
 
-The gate scores a candidate in the training run's own process. Production starts it differently: this
-environment's ``mlflow models serve`` of the registered version, in a fresh process, from an empty folder,
-with only the model's own copy of the code. Before the aliases move, :func:`check_serving` starts the
-candidate exactly that way and asks it for one score and one greedy generation. A server that does not
-start, does not answer within ``registry.serving_check.timeout_seconds``, or answers either request with an
-error fails the check: the gate rejects the candidate, with the reason on the version, and the champion stays.
+The gate scores a candidate in the training run's own process. Production starts it differently: ``train-deploy
+serve`` downloads the registered version and runs the project's server (``train_deploy.serving.app`` under this
+environment's uvicorn) from the model's own copy of the code, in a fresh process. Before the aliases move,
+:func:`check_serving` starts the candidate exactly that way, from an empty folder, and asks it for one score and
+one greedy generation. A server that does not start, does not answer within
+``registry.serving_check.timeout_seconds``, or answers either request with an error fails the check: the gate
+rejects the candidate, with the reason on the version, and the champion stays.
 """
 
 from __future__ import annotations
@@ -37,11 +38,24 @@ class ServingCheckFailed(RuntimeError):
     """The candidate's served form did not start or did not answer; the message says which, in one line."""
 
 
-def serving_command(model_uri: str, host: str, port: int, workers: int = 1) -> list[str]:
-    """This environment's ``mlflow models serve`` of ``model_uri``, in this Python environment."""
-    mlflow = Path(sys.executable).parent / "mlflow"
-    return [str(mlflow), "models", "serve", "-m", model_uri, "--env-manager", "local", "-h", host, "-p", str(port),
-            "--workers", str(workers)]
+# The server as train-deploy serve starts it: the version downloaded, then uvicorn with the model's own code first
+# on sys.path (one process, so the check's process tree is the server's).
+_LAUNCH = """
+import os, sys
+import mlflow
+uri, target, uvicorn, host, port = sys.argv[1:]
+model = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=target)
+os.environ["TRAIN_DEPLOY_SERVED_MODEL"] = model
+os.execv(uvicorn, [uvicorn, "--factory", "--app-dir", os.path.join(model, "code"), "--host", host, "--port", port,
+                   "train_deploy.serving.app:create_app"])
+"""
+
+
+def serving_command(model_uri: str, target: Path, host: str, port: int) -> list[str]:
+    """This environment's Python downloading ``model_uri`` into ``target``, then becoming uvicorn running the
+    project's server from the package logged with the model."""
+    uvicorn = Path(sys.executable).parent / "uvicorn"
+    return [sys.executable, "-c", _LAUNCH, model_uri, str(target), str(uvicorn), host, str(port)]
 
 
 def serving_environment(tracking: str, registry: str) -> dict[str, str]:
@@ -60,9 +74,12 @@ def check_serving(model_uri: str, tracking: str, registry: str, config: ServingC
     with tempfile.TemporaryDirectory(prefix="train_deploy-serving-check-") as scratch:
         port = _free_port()
         env = {key: value for key, value in serving_environment(tracking, registry).items() if key != "PYTHONPATH"}
+        name, _, version = model_uri.removeprefix("models:/").partition("/")
+        env.update(TRAIN_DEPLOY_SERVED_NAME=name, TRAIN_DEPLOY_SERVED_VERSION=version or "unregistered")
         log = Path(scratch) / "server.log"
+        command = serving_command(model_uri, Path(scratch) / "model", HOST, port)
         with log.open("wb") as out:
-            process = subprocess.Popen(serving_command(model_uri, HOST, port), cwd=folder or scratch, env=env,
+            process = subprocess.Popen(command, cwd=folder or scratch, env=env,
                                        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                        start_new_session=True)
         try:
