@@ -103,3 +103,42 @@ def test_a_client_that_goes_away_has_its_generation_stopped(server):
     assert status == 200 and seconds < 0.5  # not BUDGET_S: the abandoned generation was stopped
     time.sleep(0.1)
     assert "POST /invocations: the client went away; its work was stopped" in server.log_text()
+
+
+LONGEST_COMPLETION = {"model": "train_deploy_lm", "prompt": "中国", "max_tokens": 100_000, "temperature": 1.0}
+
+
+def test_openais_route_answers_a_full_lane_with_429_in_its_shape(server):
+    answers: list = [None] * 4
+
+    def one(i: int) -> None:
+        answers[i] = post(server, "/v1/completions", LONGEST_COMPLETION)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.05)
+    for thread in threads:
+        thread.join(timeout=30)
+    for status, headers, body in answers[2:]:
+        assert status == 429 and int(headers["retry-after"]) >= 1
+        assert body["error"]["type"] == "rate_limit_error" and body["error"]["code"] == "queue_full"
+    status, _, body = answers[0]
+    assert status == 503 and re.fullmatch(rf"generate: stopped at the time budget of {BUDGET_S} s \(time_budget_s\) "
+                                          r"after \d+ new tokens; .*", body["error"]["message"])
+
+
+def test_a_stream_that_reaches_the_time_budget_ends_with_an_error_event(server):
+    payload = json.dumps({**LONGEST_COMPLETION, "stream": True}).encode()
+    with socket.create_connection((server.host, server.port), timeout=10) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    events = [line for line in data.decode().replace("\r\n", "\n").split("\n") if line.startswith("data: ")]
+    assert data.startswith(b"HTTP/1.1 200") and len(events) > 10
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert re.fullmatch(rf"generate: stopped at the time budget of {BUDGET_S} s \(time_budget_s\) after \d+ new "
+                        r"tokens; .*", error["message"])
