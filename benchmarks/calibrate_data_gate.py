@@ -92,9 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--champion-bytes", type=int, default=6_000_000,
                         help="bytes of People's Daily the champion was trained on (its corpus.reader.max_bytes)")
     parser.add_argument("--night-bytes", type=int, default=1_000_000, help="bytes of People's Daily per night")
+    parser.add_argument("--max-flagged-share", type=float, default=ValidationConfig().max_flagged_share,
+                        help="validation.max_flagged_share for the 'default bounds' column (default: the default)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    config, tokenizer = ValidationConfig(), bundle_tokenizer(args.bundle)
+    config, tokenizer = ValidationConfig(max_flagged_share=args.max_flagged_share), bundle_tokenizer(args.bundle)
     rows = []
     with tempfile.TemporaryDirectory(prefix="calibrate-data-gate-") as work:
         own, _, seconds = measured(Path(work) / "champion", None, tokenizer, args.bundle, None, args.champion_bytes)
@@ -121,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{min(change[r[0]] for r in bad):+.1%} (bound {config.max_nats_per_char_increase:+.0%})")
     print(f"flagged share: good nights at most {max(r[2].share for r in good):.2f}; spam nights from "  # noqa: T201
           f"{min(r[2].share for r in bad if 'spam' in r[0] or 'advertising' in r[0]):.2f} "
-          f"(bound {config.max_flagged_share:g} past {config.max_document_nats_factor:g}x)")
+          f"(past {config.max_document_nats_factor:g}x; bound {config.max_flagged_share})")
     print(f"character distance: good nights at most {max(r[1].character_distance for r in good):.3f}; Traditional "  # noqa: T201
           f"{rows[len(good)][1].character_distance:.3f} (bound {config.max_character_distance:g})")
     return 0

@@ -21,6 +21,7 @@ from train_deploy.validation.statistics import CorpusStatistics, corpus_statisti
 pytestmark = pytest.mark.slow  # the champion trains for about a minute, once per session
 NIGHT_BYTES = 400_000
 SMALLER = {"max_documents_decrease": None, "max_characters_decrease": None}  # a night is a fifth of its corpus
+WEAK = {"max_flagged_share": 0.24}  # calibrated for this weak champion (off by default: docs/benchmarks.md)
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +69,8 @@ def test_a_later_slice_of_the_same_corpus_passes(measured, own):
 @pytest.mark.parametrize(("night", "expected"), [
     # the champion's tokenizer spells Traditional characters in bytes: its counts move too (not so with a
     # tokenizer trained on the night, init_from: scratch, as in the issue's review)
-    ("traditional", {"nats_per_char", "character_distance", "byte_fallback_rate", "tokens_per_character",
-                     "screening.flagged_share"}),
-    ("shuffled", {"nats_per_char", "screening.flagged_share"}),  # each character count kept: only the model sees it
+    ("traditional", {"nats_per_char", "character_distance", "byte_fallback_rate", "tokens_per_character"}),
+    ("shuffled", {"nats_per_char"}),  # every character's count is kept: only the model sees it
 ])
 def test_another_script_and_shuffled_characters_are_stopped_naming_the_content_check(measured, own, night,
                                                                                      expected):
@@ -86,13 +86,14 @@ def test_another_script_and_shuffled_characters_are_stopped_naming_the_content_c
 
 @pytest.mark.parametrize("night", ["advertising", "url_spam"])
 def test_a_fifth_of_the_documents_replaced_by_spam_is_stopped_by_the_share_of_flagged_documents(measured, own, night):
-    """The champion's average loss moves too little (+6% to +13%, under the 0.15 bound): the spam documents are
-    among the sample's worst, and their share is what stops the night."""
+    """This champion's average loss moves too little (+6% to +13%, under the 0.15 bound: the default bounds pass
+    the night): the spam documents are among the sample's worst, and their share is what stops the night."""
     tonight, scores = measured[night]
-    report = decide(tonight, ("1", own), ValidationConfig(**SMALLER), "lm", scores=scores)
+    assert decide(tonight, ("1", own), ValidationConfig(**SMALLER), "lm", scores=scores).outcome == "passed"
+    report = decide(tonight, ("1", own), ValidationConfig(**SMALLER, **WEAK), "lm", scores=scores)
     assert report.outcome == "stopped"
     assert [finding.statistic for finding in report.failures] == ["screening.flagged_share"], report.block()
-    assert report.screening.share > ValidationConfig().max_flagged_share
+    assert report.screening.share > WEAK["max_flagged_share"]
     stopped = str(ValidationStopped(report))
     assert "\n" not in stopped and f"(screening.flagged_share {report.screening.share:.4g})" in stopped
     limit = report.screening.limit
