@@ -221,7 +221,7 @@ class LanguageModel:
         shown = [""] * len(prompts)
         start = time.perf_counter()
         for row, token in self.stream_ids(prompts, max_new_tokens,
-                                       lambda row, logits: _sample(logits, temperature, top_k, rngs[row], top_p)):
+                                       lambda row, logits: sample_token(logits, temperature, top_k, rngs[row], top_p)):
             new[row].append(token)
             text = self.tokenizer.decode(new[row])
             piece = text[len(shown[row]):] if text.startswith(shown[row]) else text
@@ -306,7 +306,8 @@ def _keep_rows(mask: np.ndarray, step: Step, rows: list[int]) -> tuple[np.ndarra
     return mask[:, lead:], *([cache[rows][:, :, lead:] for cache in caches] for caches in (step.keys, step.values))
 
 
-def _sample(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Generator, top_p: float = 1.0) -> int:
+def sample_token(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Generator,
+                 top_p: float = 1.0) -> int:
     """The next token from one position's ``logits``: greedy, or sampled (:meth:`LanguageModel.generate`)."""
     _check_finite(logits)
     if temperature <= 0 or top_k == 1:

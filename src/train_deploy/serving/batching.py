@@ -1,0 +1,323 @@
+"""Batching across requests with iteration-level scheduling, as TGI and vLLM do it.
+
+One decode thread owns the engine. Between two decode steps it drops the sequences that finished, were cancelled
+or passed their deadline, prefills the waiting ones (together, left-padded) and joins their caches to the running
+batch, then feeds one token per running sequence. A sequence's greedy tokens are the ones
+``LanguageModel.generate(prompt, temperature=0)`` gives alone: positions count each row's own tokens
+(``cumsum(mask) - 1``, ``graph.py``) and padded keys are masked, so the other rows never change a row's logits.
+
+>>> batcher = Batcher(model, max_running=16)
+>>> job = batcher.submit([model.eos_id, *ids], 32, Sampling(temperature=0), time.monotonic() + 30)
+>>> async for token in job.stream(): ...
+
+The batcher is the only user of ``model``'s engine while it runs (Paddle predictors are not thread-safe).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from train_deploy.export.runtime import LanguageModel, sample_token
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How a job picks its tokens (as :meth:`LanguageModel.generate`)."""
+
+    temperature: float = 1.0
+    """<= 0: greedy."""
+    top_k: int = 50
+    """Sample among the ``top_k`` likeliest tokens (0: all)."""
+    top_p: float = 1.0
+    """... whose probabilities add up to ``top_p``."""
+    seed: int | None = 0
+    """The job's own generator's seed: the same seed gives ``generate(prompt, seed=seed)``'s tokens."""
+
+
+class Job:
+    """One prompt's sequence in the running batch: its tokens as they are decoded, and why it ended."""
+
+    def __init__(self, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling, deadline: float) -> None:
+        self.prompt_ids, self.max_new_tokens = prompt_ids, max_new_tokens
+        self.sampling, self.deadline = sampling, deadline
+        self.finish_reason: str | None = None
+        """``stop`` (eos) | ``length`` | ``cancelled`` | ``deadline`` | ``error``; None while running."""
+        self.first_token_s: float | None = None
+        """Seconds from submit to the first token."""
+        self.tokens: list[int] = []
+        """The new tokens so far (eos not included)."""
+        self._submitted = time.monotonic()
+        self._rng = np.random.default_rng(sampling.seed)
+        self._cancelled = False
+        self._lock = threading.Lock()
+        self._pending: deque[int] = deque()
+        self._done = threading.Event()
+        self._wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+
+    def cancel(self) -> None:
+        """Leave the batch at the next step; the stream ends with reason ``cancelled``."""
+        self._cancelled = True
+
+    async def stream(self) -> AsyncIterator[int]:
+        """Token ids as they are decoded (not eos); ends when the job is done."""
+        event = asyncio.Event()
+        with self._lock:
+            self._wake = (asyncio.get_running_loop(), event)
+        while True:
+            event.clear()
+            with self._lock:
+                ready, done = list(self._pending), self._done.is_set()
+                self._pending.clear()
+            for token in ready:
+                yield token
+            if done and not ready:
+                return
+            if not ready:
+                await event.wait()
+
+    def wait(self, timeout: float | None = None) -> list[int]:
+        """Block until the job is done (or ``timeout`` seconds pass); its new tokens."""
+        self._done.wait(timeout)
+        return list(self.tokens)
+
+    def _stop_reason(self, now: float) -> str | None:
+        """Why the job leaves before its next step (None: it stays)."""
+        return "cancelled" if self._cancelled else "deadline" if now >= self.deadline else None
+
+    def _pick(self, logits: np.ndarray) -> int:
+        s = self.sampling
+        return sample_token(logits, s.temperature, s.top_k, self._rng, s.top_p)
+
+    def _push(self, token: int) -> None:
+        if self.first_token_s is None:
+            self.first_token_s = time.monotonic() - self._submitted
+        self.tokens.append(token)
+        with self._lock:
+            self._pending.append(token)
+        self._notify()
+
+    def _finish(self, reason: str) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+            self._done.set()
+            self._notify()
+
+    def _notify(self) -> None:
+        with self._lock:
+            wake = self._wake
+        if wake is not None:
+            try:
+                wake[0].call_soon_threadsafe(wake[1].set)
+            except RuntimeError:  # the reader's loop is closed: it went away
+                pass
+
+
+class _Batch:
+    """The running rows: their jobs, the token each feeds next, the attention mask and the caches."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.next_ids: list[int] = []
+        self.mask = np.zeros((0, 0), np.int64)
+        self.keys: list[Any] = []
+        self.values: list[Any] = []
+
+    def keep(self, rows: list[int]) -> None:
+        """Only ``rows``, without the leading columns that are padding in all of them."""
+        if len(rows) == len(self.jobs):
+            return
+        self.jobs, self.next_ids = [self.jobs[r] for r in rows], [self.next_ids[r] for r in rows]
+        if not rows:
+            self.mask, self.keys, self.values = np.zeros((0, 0), np.int64), [], []
+            return
+        mask = self.mask[rows]
+        lead = int((np.cumsum(mask, axis=1) == 0).sum(axis=1).min())
+        self.mask = mask[:, lead:]
+        self.keys = [_take(cache, rows, lead) for cache in self.keys]
+        self.values = [_take(cache, rows, lead) for cache in self.values]
+
+    def join(self, jobs: list[Job], next_ids: list[int], mask: np.ndarray, keys: list[Any], values: list[Any]) -> None:
+        """Add rows prefilled apart: both sides left-padded to the wider cache, then stacked."""
+        if not self.jobs:
+            self.jobs, self.next_ids, self.mask, self.keys, self.values = jobs, next_ids, mask, keys, values
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        self.mask = np.concatenate([_pad_mask(self.mask, width), _pad_mask(mask, width)], axis=0)
+        self.keys = [_concat([_pad(a, width), _pad(b, width)], 0) for a, b in zip(self.keys, keys, strict=True)]
+        self.values = [_concat([_pad(a, width), _pad(b, width)], 0) for a, b in zip(self.values, values, strict=True)]
+        self.jobs, self.next_ids = self.jobs + jobs, self.next_ids + next_ids
+
+
+class Batcher:
+    """One decode thread over ``model``; sequences join and leave between decode steps (module docstring).
+    ``on_step(batch size)`` is called after every decode step with the number of sequences it ran (metrics)."""
+
+    def __init__(self, model: LanguageModel, max_running: int = 16,
+                 on_step: Callable[[int], None] | None = None) -> None:
+        self._model, self._max_running, self._on_step = model, max_running, on_step
+        self._waiting: deque[Job] = deque()
+        self._batch = _Batch()
+        self._closed = False
+        self._wake = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling, deadline: float) -> Job:
+        """Queue ``prompt_ids`` (``[eos_id, *ids]`` fitted to the context, as LanguageModel builds them) to be
+        decoded up to ``max_new_tokens`` tokens until ``deadline`` (``time.monotonic()``)."""
+        job = Job(list(prompt_ids), max_new_tokens, sampling, deadline)
+        with self._wake:
+            if self._closed:
+                job._finish("cancelled")
+                return job
+            self._waiting.append(job)
+            self._wake.notify()
+        return job
+
+    @property
+    def running(self) -> int:
+        return len(self._batch.jobs)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def close(self) -> None:
+        """Stop the thread; every job not done ends as ``cancelled``."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join()
+        for job in [*self._batch.jobs, *self._waiting]:
+            job._finish("cancelled")
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._closed and not self._waiting and not self._batch.jobs:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                admitted = self._admit()
+            try:
+                self._iterate(admitted)
+            except Exception:  # one failed pass ends its jobs, never the thread
+                logger.exception("Batched generation failed; its %d sequences end with an error",
+                                 len(self._batch.jobs) + len(admitted))
+                for job in [*self._batch.jobs, *admitted]:
+                    job._finish("error")
+                self._batch = _Batch()
+
+    def _admit(self) -> list[Job]:
+        """Waiting jobs that fit in the batch now (those already cancelled or past their deadline end)."""
+        admitted: list[Job] = []
+        now = time.monotonic()
+        while self._waiting and len(self._batch.jobs) + len(admitted) < self._max_running:
+            job = self._waiting.popleft()
+            reason = job._stop_reason(now)
+            if reason or job.max_new_tokens <= 0:
+                job._finish(reason or "length")
+            else:
+                admitted.append(job)
+        return admitted
+
+    def _iterate(self, admitted: list[Job]) -> None:
+        """Drop the rows that must leave, prefill and join ``admitted``, then one decode step."""
+        now = time.monotonic()
+        stay = []
+        for row, job in enumerate(self._batch.jobs):
+            reason = job._stop_reason(now)
+            if reason:
+                job._finish(reason)
+            else:
+                stay.append(row)
+        self._batch.keep(stay)
+        if admitted:
+            self._prefill(admitted)
+        if self._batch.jobs:
+            size = len(self._batch.jobs)
+            self._decode()
+            if self._on_step is not None:
+                self._on_step(size)
+
+    def _prefill(self, jobs: list[Job]) -> None:
+        mask, step = self._model._prefill([job.prompt_ids for job in jobs])
+        picked = self._picks(jobs, step.logits)
+        rows = [row for row, token in enumerate(picked) if token is not None]
+        if rows:
+            self._batch.join([jobs[r] for r in rows], [picked[r] for r in rows], mask[rows],  # type: ignore[misc]
+                             [_take(cache, rows, 0) for cache in step.keys],
+                             [_take(cache, rows, 0) for cache in step.values])
+
+    def _decode(self) -> None:
+        batch, model = self._batch, self._model
+        ids = np.asarray([[token] for token in batch.next_ids], dtype=np.int64)
+        if batch.mask.shape[1] + 1 > model.context:  # the window slides: recompute it without the oldest token
+            mask, step = model._prefill([(job.prompt_ids + job.tokens)[-model.context:] for job in batch.jobs])
+        else:
+            mask = np.concatenate([batch.mask, np.ones((len(ids), 1), np.int64)], axis=1)
+            step = model._form.decode(ids, mask, batch.keys, batch.values)
+        batch.mask, batch.keys, batch.values = mask, step.keys, step.values
+        picked = self._picks(batch.jobs, step.logits)
+        batch.next_ids = [token if token is not None else 0 for token in picked]
+        batch.keep([row for row, token in enumerate(picked) if token is not None])
+
+    def _picks(self, jobs: list[Job], logits: np.ndarray) -> list[int | None]:
+        """Each job's next token from its last logits, pushed to its stream; None where the job ends here."""
+        picked: list[int | None] = []
+        for row, job in enumerate(jobs):
+            token = job._pick(logits[row, -1].astype(np.float64))
+            if token == self._model.eos_id:
+                job._finish("stop")
+                picked.append(None)
+                continue
+            job._push(token)
+            if len(job.tokens) >= job.max_new_tokens:
+                job._finish("length")
+                picked.append(None)
+            else:
+                picked.append(token)
+        return picked
+
+
+def _take(cache: Any, rows: list[int], lead: int) -> Any:
+    """``rows`` of a cache ``[batch, heads, positions, dim]`` from position ``lead`` (numpy or Paddle)."""
+    if len(rows) == cache.shape[0] and lead == 0:
+        return cache
+    return cache[rows][:, :, lead:]
+
+
+def _pad_mask(mask: np.ndarray, width: int) -> np.ndarray:
+    return np.pad(mask, ((0, 0), (width - mask.shape[1], 0)))
+
+
+def _pad(cache: Any, width: int) -> Any:
+    """``cache`` left-padded with zeros to ``width`` positions (masked keys: their values never count)."""
+    missing = width - cache.shape[2]
+    if missing == 0:
+        return cache
+    if isinstance(cache, np.ndarray):
+        return np.pad(cache, ((0, 0), (0, 0), (missing, 0), (0, 0)))
+    import paddle
+
+    zeros = paddle.zeros([cache.shape[0], cache.shape[1], missing, cache.shape[3]], dtype=cache.dtype)
+    return paddle.concat([zeros, cache], axis=2)
+
+
+def _concat(parts: list[Any], axis: int) -> Any:
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts, axis=axis)
+    import paddle
+
+    return paddle.concat(parts, axis=axis)

@@ -1,0 +1,163 @@
+"""The Batcher: sequences join and leave the running batch between decode steps, and each keeps the tokens it gets
+alone from LanguageModel.generate (greedy, or sampled with its seed), on ONNX Runtime and on Paddle Inference (the
+graph this CPU runs: the portable one where the fused kernels cannot run)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from train_deploy.export import LanguageModel
+from train_deploy.serving.batching import Batcher, Job, Sampling
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = ["今天天气很好，我们去公园", "中国", "中国的经济发展很快，人民的生活"]
+GREEDY = Sampling(temperature=0)
+
+
+@pytest.fixture(scope="module", params=["onnx", "paddle"])
+def model(request, tiny_bundle) -> LanguageModel:
+    return LanguageModel.load(tiny_bundle, backend=request.param)
+
+
+def _ids(model: LanguageModel, text: str) -> list[int]:
+    return [model.eos_id, *model.tokenizer.encode([model.normalize(text)])[0]]
+
+
+def _alone(model: LanguageModel, text: str, steps: int) -> list[int]:
+    greedy = lambda _, logits: int(np.argmax(logits))  # noqa: E731
+    return [token for _, token in model.stream_ids([_ids(model, text)], steps, greedy)]
+
+
+def _later(deadline: float = 60.0) -> float:
+    return time.monotonic() + deadline
+
+
+class StepHooks:
+    """``on_step`` that records batch sizes and runs ``actions[step]`` after that decode step (in the decode thread,
+    so a join or a cancel lands at a known step)."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.actions: dict[int, object] = {}
+
+    def __call__(self, size: int) -> None:
+        self.sizes.append(size)
+        action = self.actions.get(len(self.sizes))
+        if action is not None:
+            action()
+
+
+def test_greedy_jobs_joining_at_different_steps_equal_each_prompt_alone(model):
+    hooks = StepHooks()
+    batcher = Batcher(model, max_running=4, on_step=hooks)
+    jobs: list[Job] = []
+
+    def submit(text: str, steps: int) -> None:
+        jobs.append(batcher.submit(_ids(model, text), steps, GREEDY, _later()))
+
+    hooks.actions = {2: lambda: submit(PROMPTS[1], 6), 4: lambda: submit(PROMPTS[2], 9)}
+    submit(PROMPTS[0], 12)
+    try:
+        first = jobs[0].wait(60)  # the others were submitted before the first ends
+        outputs = [first, *(job.wait(60) for job in jobs[1:])]
+    finally:
+        batcher.close()
+    assert outputs == [_alone(model, PROMPTS[0], 12), _alone(model, PROMPTS[1], 6), _alone(model, PROMPTS[2], 9)]
+    assert [job.finish_reason for job in jobs] == ["length"] * 3
+    # the second joins after step 2 and leaves after its 5th step (its 1st token comes from its prefill), the third
+    # joins after step 4, the first leaves after step 11
+    assert hooks.sizes == [1, 1, 2, 2, 3, 3, 3, 2, 2, 2, 2, 1]
+    assert model.tokenizer.decode(outputs[2]) == model.generate(PROMPTS[2], max_new_tokens=9, temperature=0)
+
+
+def test_a_cancelled_job_leaves_at_the_next_step_and_the_others_keep_their_tokens(model):
+    hooks = StepHooks()
+    batcher = Batcher(model, on_step=hooks)
+    try:
+        first = batcher.submit(_ids(model, PROMPTS[0]), 10, GREEDY, _later())
+        second = batcher.submit(_ids(model, PROMPTS[1]), 10, GREEDY, _later())
+        hooks.actions = {2: first.cancel}
+        assert second.wait(60) == _alone(model, PROMPTS[1], 10)
+        assert first.wait(60) == _alone(model, PROMPTS[0], 3)  # one from the prefill, one per step
+    finally:
+        batcher.close()
+    assert (first.finish_reason, second.finish_reason) == ("cancelled", "length")
+
+
+def test_a_job_past_its_deadline_ends_before_or_during_decoding(model):
+    hooks = StepHooks()
+    batcher = Batcher(model, on_step=hooks)
+    try:
+        late = batcher.submit(_ids(model, PROMPTS[0]), 10, GREEDY, time.monotonic() - 1)
+        running = batcher.submit(_ids(model, PROMPTS[1]), 10, GREEDY, _later())
+        hooks.actions = {1: lambda: setattr(running, "deadline", 0.0)}
+        assert late.wait(60) == [] and running.wait(60) == _alone(model, PROMPTS[1], 2)
+    finally:
+        batcher.close()
+    assert (late.finish_reason, running.finish_reason) == ("deadline", "deadline")
+    assert late.first_token_s is None and running.first_token_s > 0
+
+
+def test_end_of_document_stops_a_job_without_being_streamed(model):
+    """A model whose end-of-document id is the third greedy token: the job stops there, reason ``stop``."""
+    alone = _alone(model, PROMPTS[0], 8)
+    stops_early = LanguageModel(model._form, model.tokenizer, context=model.context, eos_id=alone[2])
+    batcher = Batcher(stops_early)
+    try:
+        job = batcher.submit(_ids(model, PROMPTS[0]), 8, GREEDY, _later())
+        assert job.wait(60) == alone[:alone.index(alone[2])]
+    finally:
+        batcher.close()
+    assert job.finish_reason == "stop"
+
+
+def test_max_new_tokens_ends_a_job_with_reason_length(model):
+    batcher = Batcher(model)
+    try:
+        jobs = [batcher.submit(_ids(model, PROMPTS[0]), n, GREEDY, _later()) for n in (0, 1, 3)]
+        assert [job.wait(60) for job in jobs] == [[], _alone(model, PROMPTS[0], 1), _alone(model, PROMPTS[0], 3)]
+    finally:
+        batcher.close()
+    assert [job.finish_reason for job in jobs] == ["length"] * 3
+
+
+def test_a_sampled_job_is_reproducible_by_its_seed_whatever_runs_beside_it(model):
+    sampling = Sampling(temperature=0.9, top_k=0, top_p=0.9, seed=11)
+    batcher = Batcher(model)
+    try:
+        beside = batcher.submit(_ids(model, PROMPTS[2]), 8, GREEDY, _later())
+        sampled = batcher.submit(_ids(model, PROMPTS[0]), 8, sampling, _later())
+        again = batcher.submit(_ids(model, PROMPTS[0]), 8, sampling, _later())
+        tokens, _ = sampled.wait(60), beside.wait(60)
+    finally:
+        batcher.close()
+    assert tokens == again.wait(0)
+    assert model.tokenizer.decode(tokens) == model.generate(PROMPTS[0], max_new_tokens=8, temperature=0.9, top_k=0,
+                                                            top_p=0.9, seed=11)
+
+
+def test_the_async_stream_yields_every_token_then_ends(model):
+    async def collect() -> tuple[list[int], Job]:
+        batcher = Batcher(model)
+        try:
+            job = batcher.submit(_ids(model, PROMPTS[1]), 7, GREEDY, _later())
+            return [token async for token in job.stream()], job
+        finally:
+            batcher.close()
+
+    tokens, job = asyncio.run(collect())
+    assert tokens == _alone(model, PROMPTS[1], 7) == job.tokens
+    assert job.finish_reason == "length" and job.first_token_s is not None
+
+
+def test_close_cancels_the_jobs_still_waiting(model):
+    batcher = Batcher(model, max_running=1)
+    batcher.close()
+    job = batcher.submit(_ids(model, PROMPTS[1]), 4, GREEDY, _later())
+    assert job.wait(1) == [] and job.finish_reason == "cancelled"
+    assert (batcher.running, batcher.waiting) == (0, 0)
