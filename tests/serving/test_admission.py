@@ -27,11 +27,12 @@ SCORE = {"inputs": ["今天天气很好。"]}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_store, tiny_model) -> Iterator[AppServer]:
-    """The tiny model with a 2 s budget and room for one waiting request per lane."""
+    """The tiny model with a 2 s budget, one generate request in the batch and room for one waiting per lane."""
     model = downloaded(model_store, tiny_model.model_uri, tmp_path_factory.mktemp("admission_model"))
     config = {"time_budget_s": BUDGET_S, "max_new_tokens": 100_000, "max_tokens": 200_000}
     served = AppServer(model, model_store, tmp_path_factory.mktemp("admission") / "empty",
-                       {"TRAIN_DEPLOY_SERVE_QUEUE": str(QUEUE), "SERVING_MODEL_CONFIG": json.dumps(config)})
+                       {"TRAIN_DEPLOY_SERVE_QUEUE": str(QUEUE), "TRAIN_DEPLOY_SERVE_BATCH": "1",
+                        "SERVING_MODEL_CONFIG": json.dumps(config)})
     served.start()
     try:
         yield served

@@ -5,6 +5,7 @@ and the time to the first token in the log."""
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Iterator
 
 import openai
@@ -101,3 +102,19 @@ def test_errors_come_in_openais_shape(client, kwargs, status, param, message):
         client.completions.create(**arguments)
     assert raised.value.status_code == status
     assert raised.value.body == {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+
+
+def test_concurrent_greedy_completions_share_the_batch_and_each_is_the_text_alone(client, alone):
+    prompts = ["中国", "今天", "人民日报", "经济发展", "北京", "世界"]
+    answers: dict[str, str] = {}
+
+    def one(prompt: str) -> None:
+        answers[prompt] = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24,
+                                                    temperature=0).choices[0].text
+
+    threads = [threading.Thread(target=one, args=(prompt,)) for prompt in prompts]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert answers == {prompt: alone.generate(prompt, max_new_tokens=24, temperature=0) for prompt in prompts}

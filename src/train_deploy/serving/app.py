@@ -20,25 +20,28 @@ import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 from mlflow.exceptions import MlflowException
 
+from train_deploy.export.errors import TooLongError
 from train_deploy.handoffs import CARD_FILE
 from train_deploy.registry.model import (
     TASKS,
     BundleModel,
     bad_request,
     busy,
+    check_tokens,
     input_texts,
     out_of_time,
     request_params,
     unavailable,
 )
+from train_deploy.serving import batched
 from train_deploy.serving import completions as openai
 from train_deploy.serving.admission import Cancelled, Expired, Lane, QueueFull, Ticket
+from train_deploy.serving.batching import Batcher, Sampling
 from train_deploy.serving.metrics import ServerMetrics
 from train_deploy.serving.playground import page
 from train_deploy.serving.requests import ClientGone, HttpRefusal, RequestHead, parse_json, read_body
@@ -69,13 +72,17 @@ class ServerSettings:
     body_timeout_s: float = 10.0
     """Seconds a request's body may take to arrive (``TRAIN_DEPLOY_SERVE_BODY_TIMEOUT_S``, over 0 to 600); then
     408 and the connection is closed. A request's time budget bounds it too."""
+    batch: int = 16
+    """Generate requests decoded together in the running batch (``TRAIN_DEPLOY_SERVE_BATCH``, 1 to 256); more
+    wait in the lane's queue."""
 
     @classmethod
     def from_environment(cls, environ: dict[str, str] | None = None) -> ServerSettings:
         environ = dict(os.environ if environ is None else environ)
         queue = _setting(environ, "TRAIN_DEPLOY_SERVE_QUEUE", cls.queue, int, 0, 10_000)
         body = _setting(environ, "TRAIN_DEPLOY_SERVE_BODY_TIMEOUT_S", cls.body_timeout_s, float, 0.001, 600)
-        return cls(queue=int(queue), body_timeout_s=float(body))
+        batch = _setting(environ, "TRAIN_DEPLOY_SERVE_BATCH", cls.batch, int, 1, 256)
+        return cls(queue=int(queue), body_timeout_s=float(body), batch=int(batch))
 
 
 def _setting(environ: dict[str, str], name: str, default: float, kind: type, low: float, high: float) -> float:
@@ -173,7 +180,11 @@ class ServingApp:
         self.model, self.served, self.settings, self.metrics = model, served, settings, metrics
         self.limits = model.limits
         on_depth = metrics.queue_depth if metrics is not None else None
-        self.lanes = {task: Lane(task, 1, settings.queue, on_depth) for task in TASKS}
+        self.lanes = {task: Lane(task, settings.batch if task == "generate" else 1, settings.queue, on_depth)
+                      for task in TASKS}
+        # the engine the host runs best generates for every request in one batch; a pinned backend runs alone
+        self.generator, _ = model.engine("generate")
+        self.batcher = Batcher(self.generator, settings.batch, metrics.batch_size if metrics is not None else None)
         self.routes: dict[tuple[str, str], Callable[[Exchange], Awaitable[None]]] = {
             ("GET", "/"): self._playground, ("GET", "/metrics"): self._metrics,
             ("GET", "/ping"): self._ping, ("GET", "/health"): self._ping, ("GET", "/version"): self._version,
@@ -227,6 +238,7 @@ class ServingApp:
             elif message["type"] == "lifespan.shutdown":
                 for lane in self.lanes.values():
                     lane.close()
+                self.batcher.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -268,6 +280,9 @@ class ServingApp:
     async def _invocations(self, exchange: Exchange) -> None:
         ticket = Ticket(exchange.arrival, self.limits.serving.time_budget_s)
         texts, settings = self._invocation(await self._json_body(exchange, ticket))
+        if settings["task"] == "generate" and settings["backend"] == "auto" and not settings["int8"]:
+            await self._generate_batched(exchange, ticket, texts, settings)
+            return
         future = self.lanes[settings["task"]].submit(
             ticket, lambda ticket: self.model.answer(texts, settings, ticket.deadline, ticket.stopped))
         frame = await self._outcome(exchange, ticket, future, settings["task"])
@@ -314,13 +329,11 @@ class ServingApp:
         limits = self.limits
         request = openai.parse_completion(await self._json_body(exchange, ticket), self.served.name,
                                           limits.max_batch, limits.serving.max_chars, limits.serving.max_new_tokens)
-        model, lock = self.model.engine("generate")
-        prompt_tokens = self._prompt_tokens(model, request)
-        queue: asyncio.Queue = asyncio.Queue()
-        loop = asyncio.get_running_loop()
-        emit = partial(loop.call_soon_threadsafe, queue.put_nowait)
-        future = self.lanes["generate"].submit(ticket, partial(_generate, model, lock, request, emit))
-        future.add_done_callback(lambda _: queue.put_nowait(None))
+        prompt_ids = self._prompt_ids(request)
+        prompt_tokens = sum(map(len, prompt_ids))
+        sampling = Sampling(request.temperature, 0, request.top_p, request.seed)
+        queue, future, _ = batched.start(self.batcher, self.lanes["generate"], ticket, prompt_ids,
+                                         request.max_tokens, sampling, self.generator.tokenizer)
         stream = CompletionStream(exchange, ticket, request, self.served.name, prompt_tokens, self.metrics)
         try:
             await stream.run(queue, future)
@@ -329,9 +342,10 @@ class ServingApp:
                 raise
             await stream.error(error.get_http_status_code(), error.message)
 
-    def _prompt_tokens(self, model: Any, request: openai.CompletionRequest) -> int:
-        """The prompts' tokens (with the end-of-document id before each); a 400 for a prompt longer than the
-        context or a request over ``max_tokens``."""
+    def _prompt_ids(self, request: openai.CompletionRequest) -> list[list[int]]:
+        """The prompts as the batcher takes them (``[eos_id, *ids]`` fitted to the context); a 400 for a prompt
+        longer than the context or a request over ``max_tokens``."""
+        model = self.generator
         encoded = model.tokenizer.encode([model.normalize(text) for text in request.prompts])
         for i, ids in enumerate(encoded):
             if len(ids) + 1 > model.context and model.too_long == "raise":
@@ -342,7 +356,31 @@ class ServingApp:
         if tokens + len(encoded) * request.max_tokens > most:
             raise HttpRefusal(400, f"prompt: {tokens} tokens, with {request.max_tokens} new per prompt, exceed the "
                                    f"limit of {most} per request (max_tokens); send less", param="prompt")
-        return tokens
+        return [_fitted(model, ids) for ids in encoded]
+
+    async def _generate_batched(self, exchange: Exchange, ticket: Ticket, texts: list[str],
+                                settings: dict[str, Any]) -> None:
+        """An /invocations generation through the batcher: the same rows as ``generate_frame`` alone."""
+        model, budget = self.generator, self.limits.serving.time_budget_s
+        try:
+            check_tokens(model, texts, settings, self.limits)
+            prompt_ids = [model._fit([model.eos_id, *ids], what=f"text {i}") for i, ids in
+                          enumerate(model.tokenizer.encode([model.normalize(text) for text in texts]))]
+        except TooLongError as exc:
+            raise bad_request(f"{exc.what}: {exc.tokens} tokens exceed the model's context of {exc.context}; "
+                              "send a shorter text") from None
+        sampling = Sampling(settings["temperature"], settings["top_k"], settings["top_p"], settings["seed"])
+        _, future, jobs = batched.start(self.batcher, self.lanes["generate"], ticket, prompt_ids,
+                                        settings["max_new_tokens"], sampling, None)
+        await self._outcome(exchange, ticket, future, "generate")
+        reasons = {job.finish_reason for job in jobs}
+        if "deadline" in reasons:
+            tokens = sum(len(job.tokens) for job in jobs)
+            raise busy("generate", budget) if not tokens else out_of_time(budget, tokens)
+        if "error" in reasons:
+            raise unavailable("generate: the model failed on this request (the server's log says why)")
+        await exchange.json(200, {"predictions": [{"prompt": text, "generated": model.tokenizer.decode(job.tokens)}
+                                                  for text, job in zip(texts, jobs, strict=True)]})
 
 
 def input_values(key: str, value: Any) -> list[Any]:
@@ -374,23 +412,9 @@ async def _disconnect(receive: Receive) -> None:
         pass
 
 
-def _generate(model: Any, lock: Any, request: openai.CompletionRequest, emit: Callable[[Any], Any],
-              ticket: Ticket) -> list[int]:
-    """The lane's work for a completion: every token as it comes to ``emit``; the new tokens per prompt. Ends at
-    the next token once the ticket is stopped (deadline, client gone, every prompt at a stop sequence)."""
-    counts = [0] * len(request.prompts)
-    with lock:
-        stream = model.generate_stream(request.prompts, request.max_tokens, request.temperature, 0, request.seed,
-                                       top_p=request.top_p)
-        try:
-            for event in stream:
-                counts[event.sequence] += 1
-                emit(event)
-                if ticket.stopped():
-                    break
-        finally:
-            stream.close()
-    return counts
+def _fitted(model: Any, ids: list[int]) -> list[int]:
+    """``[eos_id, *ids]`` within the context (a prompt longer than it keeps its end, when the bundle truncates)."""
+    return model._fit([model.eos_id, *ids], what="prompt")
 
 
 class CompletionStream:

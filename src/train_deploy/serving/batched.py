@@ -1,0 +1,76 @@
+"""Generation through the :class:`~train_deploy.serving.batching.Batcher`: each prompt of a request is a job in
+the running batch, so concurrent requests share forward passes; the request is one admission in the generate lane.
+
+:func:`start` submits the jobs and returns a queue of :class:`GeneratedToken` (text pieces decoded per prompt, as
+``LanguageModel.generate_stream`` gives them, then None at the end) and a future of the new tokens per prompt. The
+jobs leave the batch at their deadline (the request's, counted from arrival), and when the request's ticket is
+cancelled (its client went away, or every prompt reached a stop sequence).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from train_deploy.export.runtime import GeneratedToken
+from train_deploy.serving.admission import Lane, Ticket
+from train_deploy.serving.batching import Batcher, Job, Sampling
+
+
+def start(batcher: Batcher, lane: Lane, ticket: Ticket, prompt_ids: list[list[int]], max_new_tokens: int,
+          sampling: Sampling, tokenizer: Any | None) -> tuple[asyncio.Queue, asyncio.Future, list[Job]]:
+    """Admit the request to ``lane`` (raises ``QueueFull``) and submit one job per prompt; ``tokenizer`` None sends
+    no text pieces (the caller decodes at the end)."""
+    lane.admit()
+    jobs = [batcher.submit(ids, max_new_tokens, sampling, ticket.deadline) for ids in prompt_ids]
+    queue: asyncio.Queue = asyncio.Queue()
+    pieces = _Pieces(tokenizer, len(jobs), lane)
+    future = asyncio.ensure_future(_follow_all(jobs, queue, ticket, pieces))
+
+    def ended(_: asyncio.Future) -> None:
+        for job in jobs:
+            job.cancel()
+        if pieces.running_since is not None:
+            lane.finished(time.monotonic() - pieces.running_since)
+        lane.release()
+        queue.put_nowait(None)
+
+    future.add_done_callback(ended)
+    return queue, future, jobs
+
+
+async def _follow_all(jobs: list[Job], queue: asyncio.Queue, ticket: Ticket, pieces: _Pieces) -> list[int]:
+    await asyncio.gather(*(_follow(i, job, jobs, queue, ticket, pieces) for i, job in enumerate(jobs)))
+    return [len(job.tokens) for job in jobs]
+
+
+async def _follow(i: int, job: Job, jobs: list[Job], queue: asyncio.Queue, ticket: Ticket, pieces: _Pieces) -> None:
+    async for token in job.stream():
+        queue.put_nowait(GeneratedToken(i, token, pieces.add(i, token)))
+        if ticket.cancelled:
+            for each in jobs:
+                each.cancel()
+
+
+class _Pieces:
+    """The text each new token adds to its prompt's output (empty while a character's bytes are incomplete)."""
+
+    def __init__(self, tokenizer: Any | None, prompts: int, lane: Lane) -> None:
+        self.tokenizer, self.lane = tokenizer, lane
+        self.running_since: float | None = None
+        """When the request's first token came: from then on it runs in the batch, no longer waits in the lane."""
+        self.ids: list[list[int]] = [[] for _ in range(prompts)]
+        self.shown = [""] * prompts
+
+    def add(self, i: int, token: int) -> str:
+        if self.running_since is None:
+            self.running_since = time.monotonic()
+            self.lane.started()
+        if self.tokenizer is None:
+            return ""
+        self.ids[i].append(token)
+        text = self.tokenizer.decode(self.ids[i])
+        piece = text[len(self.shown[i]):] if text.startswith(self.shown[i]) else text
+        self.shown[i] = text
+        return piece
