@@ -2,7 +2,8 @@
 
 A request is timed from its arrival (:class:`Ticket`), not from when a worker picks it up. A lane admits at most
 ``workers + queue`` requests; one more is refused at once (:class:`QueueFull`: HTTP 429 with ``Retry-After``),
-never queued. Each lane runs its work on its own threads, so scoring never waits behind generation and no lane
+never queued. Each lane runs its work on its own threads (generation on the engine the host runs best: the
+batcher's, ``batched.py``, admitted here all the same), so scoring never waits behind generation and no lane
 shares asyncio's default pool with the other. A request whose deadline passes, or whose client goes away, is
 cancelled where it stands: still queued, it is dropped when a worker reaches it; running, the work sees
 :meth:`Ticket.stopped` between steps (after every generated token) and ends.

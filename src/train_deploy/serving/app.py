@@ -5,7 +5,8 @@ train_deploy.serving.app:create_app``, as ``train-deploy serve`` and the serving
 Every request is timed from its arrival. Its headers are read once (``requests.py``: duplicates are a 400, a body
 that is not JSON a 415), its body within the byte limit and a read deadline, its JSON within a nesting depth; then
 it is admitted to its task's lane (``admission.py``: a full queue is a 429 with ``Retry-After`` at once) and runs
-on that lane's own thread. At its deadline (``time_budget_s`` after arrival) it is answered 503 and its work is
+on that lane's own thread, or, generating on the engine the host runs best, in the batcher's running batch
+(``batched.py``). At its deadline (``time_budget_s`` after arrival) it is answered 503 and its work is
 stopped; a client that goes away stops its work too. ``/invocations`` answers as MLflow's scoring server does
 (``{"predictions": [...]}``, errors as ``{"error_code", "message"}``); the OpenAI routes answer in OpenAI's shapes,
 streamed as server-sent events when asked, with the time to the first token logged.
