@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -141,10 +142,15 @@ def _described(figures: dict[str, float]) -> str:
     return ", ".join(f"{form} {ms:.3g} ms/token" for form, ms in figures.items())
 
 
-def test_the_first_unpinned_load_times_each_engine_here_and_a_second_reads_the_cache(tiny_bundle, speed_cache,
-                                                                                      monkeypatch, caplog):
+def test_the_first_unpinned_load_times_each_engine_in_its_own_process_and_a_second_reads_the_cache(
+        tiny_bundle, speed_cache, monkeypatch, caplog):
+    def no_child(*args, **kwargs):
+        raise AssertionError("a child process was started")  # a child costs seconds per bundle (host_speed.py)
+
     caplog.set_level(logging.INFO, logger="train_deploy.export")
-    model = LanguageModel.load(tiny_bundle)
+    with monkeypatch.context() as patch:
+        patch.setattr(subprocess, "Popen", no_child)
+        model = LanguageModel.load(tiny_bundle)
     (entry,) = json.loads(speed_cache.read_text()).values()
     figures = entry["ms_per_token"]
     fused = probe.fused_kernels("cpu").runs
@@ -173,9 +179,9 @@ def test_the_first_unpinned_load_times_each_engine_here_and_a_second_reads_the_c
 def test_a_changed_bundle_is_timed_again_and_its_figures_decide(tiny_bundle, speed_cache, monkeypatch, tmp_path):
     timed: list[Path] = []
 
-    def measure(folder: Path, forms: list[str], launcher: list[str]) -> dict[str, float]:
+    def measure(folder: Path, meta: BundleMeta, candidates: dict[str, str | None]) -> dict[str, float]:
         timed.append(folder)
-        return {form: 9.0 if form != "onnx_fp32" else 2.0 for form in forms}  # ONNX Runtime the fastest here
+        return {form: 9.0 if form != "onnx_fp32" else 2.0 for form in candidates}  # ONNX Runtime the fastest here
 
     monkeypatch.setattr(host_speed, "measure_forms", measure)
     first = choose_engine(tiny_bundle, BundleMeta.read(tiny_bundle), None, "cpu")
@@ -195,9 +201,11 @@ def test_a_failed_timing_leaves_the_choice_to_the_exports_figures_and_caches_not
     folder, meta = bundle_folder(tmp_path / "b", BOTH, generation={"paddle_inference": 4.0, "paddle_portable": 3.0,
                                                                     "onnx_fp32": 5.0})
     caplog.set_level(logging.WARNING, logger="train_deploy.export.host_speed")
-    choice = choose_engine(folder, meta, None, "cpu")  # its model.onnx is not a model: the child fails
+    choice = choose_engine(folder, meta, None, "cpu")  # it has no Paddle graphs and its model.onnx is not a model
     assert choice.form == "paddle_portable" and "at export's figures (" in choice.why
     (warning,) = [record.getMessage() for record in caplog.records if record.name == host_speed.__name__]
-    assert warning.startswith("Engine speed not measured on this host: the child exited 1 (")
-    assert warning.endswith("); the export's figures decide")
+    form, graph = ("paddle_inference", "server") if probe.fused_kernels("cpu").runs else ("paddle_portable",
+                                                                                          "server_portable")
+    assert warning == (f"Engine speed not measured on this host: {form} failed (BundleError: {folder / graph}: no "
+                       "Paddle Inference model (model.json, model.pdiparams)); the export's figures decide")
     assert not speed_cache.exists()

@@ -93,7 +93,7 @@ def choose_engine(folder: Path, meta: BundleMeta, backend: str | None, device: s
         candidates["onnx_fp32"] = None
     if not candidates:
         return Choice("paddle", "", None, "", refusal=_refusal(folder, meta, probe))
-    figures, basis = _figures(folder, list(candidates), measure)
+    figures, basis = _figures(folder, meta, candidates, measure)
     form = min(candidates, key=lambda name: figures.get(name, float("inf")))
     if form not in figures:  # no figures: Paddle Inference when it can run, as before
         form = next(iter(candidates))
@@ -104,12 +104,13 @@ def choose_engine(folder: Path, meta: BundleMeta, backend: str | None, device: s
                   f"{engine}: the fastest this host runs {basis}" + (unrunnable if form == "onnx_fp32" else ""))
 
 
-def _figures(folder: Path, forms: list[str], measure: bool) -> tuple[dict[str, float], str]:
-    """The figures ``forms`` are compared by, and a phrase naming them: this host's (``host_speed.py``) when
+def _figures(folder: Path, meta: BundleMeta, candidates: dict[str, str | None],
+             measure: bool) -> tuple[dict[str, float], str]:
+    """The figures the candidates are compared by, and a phrase naming them: this host's (``host_speed.py``) when
     ``measure`` and there is a choice to make, else (or when measuring failed) the export's."""
-    if measure and len(forms) > 1 and (speed := host_figures(folder, forms)) is not None:
+    if measure and len(candidates) > 1 and (speed := host_figures(folder, meta, candidates)) is not None:
         return speed.ms_per_token, f"by its own figures ({speed.describe()})"
-    figures, unit = speed_figures(folder, forms)
+    figures, unit = speed_figures(folder, list(candidates))
     measured = ", ".join(f"{name} {value:.3g} {unit}" for name, value in figures.items()) or "no figures"
     return figures, f"at export's figures ({measured})"
 
