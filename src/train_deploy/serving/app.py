@@ -375,6 +375,11 @@ class ServingApp:
                                         settings["max_new_tokens"], sampling, None)
         await self._outcome(exchange, ticket, future, "generate")
         reasons = {job.finish_reason for job in jobs}
+        firsts = [job.first_token_s for job in jobs if job.first_token_s is not None]
+        if self.metrics is not None:
+            self.metrics.tokens(sum(len(job.tokens) for job in jobs))
+            if firsts:
+                self.metrics.first_token(min(firsts))
         if "deadline" in reasons:
             tokens = sum(len(job.tokens) for job in jobs)
             raise busy("generate", budget) if not tokens else out_of_time(budget, tokens)
