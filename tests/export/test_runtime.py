@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 
@@ -63,16 +62,19 @@ def test_every_backend_scores_alike_and_greedy_generation_is_identical(models):
     assert greedy["paddle"] == greedy["portable"] == greedy["onnx"] and len(greedy["paddle"]) > 0
 
 
-def test_unpinned_the_load_takes_the_fastest_engine_of_the_exports_figures_and_says_so(tiny_bundle, caplog):
-    generation = json.loads((tiny_bundle / "latency.json").read_text(encoding="utf-8"))["generation"]["forms"]
+def test_unpinned_the_load_takes_the_fastest_engine_by_this_hosts_figures_and_says_so(tiny_bundle, caplog):
     runnable = ("paddle_inference", "paddle_portable", "onnx_fp32") if fused_here() else ("paddle_portable",
                                                                                            "onnx_fp32")
-    fastest = min(runnable, key=lambda name: generation[name]["ms_per_token"])
-    with caplog.at_level(logging.INFO, logger="train_deploy.export.runtime"):
+    with caplog.at_level(logging.INFO, logger="train_deploy.export"):
         model = LanguageModel.load(tiny_bundle)
-    assert model.engine == fastest
-    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Loaded")]
-    assert line.startswith(f"Loaded {tiny_bundle}: ") and "the fastest this host runs at export's figures" in line
+    # timed here now, or earlier in this session (then from the cache): "<form> <ms> ms/token, ...; measured ..."
+    (speed,) = [line for line in caplog.messages if line.startswith(f"Engine speed of {tiny_bundle} ")]
+    described = speed.rsplit(": ", 1)[1]
+    figures = {form: float(ms) for form, ms, _ in (part.split(" ") for part in described.split("; ")[0].split(", "))}
+    assert list(figures) == list(runnable) and figures[model.engine] == min(figures.values())
+    (line,) = [line for line in caplog.messages if line.startswith("Loaded")]
+    assert line.startswith(f"Loaded {tiny_bundle}: ") and line.endswith(f"the fastest this host runs by its own "
+                                                                        f"figures ({described})")
 
 
 def test_a_format_7_bundle_where_the_fused_kernels_cannot_run_is_refused_in_one_line(tmp_path, tiny_bundle,
