@@ -145,3 +145,45 @@ def test_gpu_only_server_settings_on_cpu_are_refused(tiny_bundle):
     for server in (ServerConfig(precision="fp16"), ServerConfig(tensorrt=True)):
         with pytest.raises(BundleError, match=r"^export.server: tensorrt and precision fp16 need device: gpu$"):
             LanguageModel.load(tiny_bundle, "paddle", server=server)
+
+
+def test_sampling_with_top_k_sorts_only_its_candidates(models, monkeypatch):
+    """top_k 50 of a vocabulary of thousands: the sampler sorts 50 values per token, not the vocabulary."""
+    model = models["onnx"]
+    vocabulary = model.logits(np.asarray([[model.eos_id]])).shape[-1]
+    sorted_sizes: list[int] = []
+    for name in ("sort", "argsort"):
+        real = getattr(np, name)
+        monkeypatch.setattr(np, name, lambda a, *args, _real=real, **kwargs: sorted_sizes.append(np.size(a))
+                            or _real(a, *args, **kwargs))
+    model.generate("中国", max_new_tokens=4, temperature=0.9, top_k=50, top_p=0.9, seed=3)
+    assert vocabulary > 1000 and sorted_sizes and max(sorted_sizes) == 50
+    sorted_sizes.clear()
+    model.generate("中国", max_new_tokens=4, temperature=0.9, top_k=0, top_p=0.9, seed=3)
+    assert max(sorted_sizes) == vocabulary  # top_p over the whole vocabulary does need it sorted
+
+
+def test_streaming_decodes_a_few_tokens_per_step_and_the_pieces_make_the_text(models, monkeypatch):
+    model = models["onnx"]
+    text = model.generate(TEXTS[1], max_new_tokens=40, temperature=0)
+    decoded: list[int] = []
+    decode = model.tokenizer.decode
+    monkeypatch.setattr(model.tokenizer, "decode", lambda ids: decoded.append(len(ids)) or decode(ids))
+    pieces = [event.text for event in model.generate_stream(TEXTS[1], max_new_tokens=40, temperature=0)]
+    assert "".join(pieces) == text and len(pieces) == 40
+    assert max(decoded) <= 4  # the whole output (up to 40 ids) was decoded per token before
+
+
+def test_a_character_split_across_tokens_is_streamed_once_whole():
+    from train_deploy.export.runtime import Detokenizer
+
+    detokenizer = Detokenizer(lambda ids: bytes(ids).decode("utf-8", errors="replace"))
+    assert [detokenizer.add(byte) for byte in "中a国".encode()] == ["", "", "中", "a", "", "", "国"]
+
+
+def test_a_stream_cut_inside_a_character_ends_with_the_text_generate_gives():
+    from train_deploy.export.runtime import Detokenizer
+
+    detokenizer = Detokenizer(lambda ids: bytes(ids).decode("utf-8", errors="replace"))
+    assert [detokenizer.add(byte) for byte in "a中".encode()[:3]] == ["a", "", ""] and detokenizer.pending
+    assert detokenizer.flush() == "\ufffd" and not detokenizer.pending

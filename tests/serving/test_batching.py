@@ -29,8 +29,11 @@ def _ids(model: LanguageModel, text: str) -> list[int]:
 
 
 def _alone(model: LanguageModel, text: str, steps: int) -> list[int]:
-    greedy = lambda _, logits: int(np.argmax(logits))  # noqa: E731
-    return [token for _, token in model.stream_ids([_ids(model, text)], steps, greedy)]
+    return [token for _, token in model.stream_ids([_ids(model, text)], steps, _greedy)]
+
+
+def _greedy(_: int, logits: np.ndarray) -> int:
+    return int(np.argmax(logits))
 
 
 def _later(deadline: float = 60.0) -> float:

@@ -74,7 +74,8 @@ class GeneratedToken:
     """Index of the prompt it continues."""
     token: int
     text: str
-    """The text it adds to the sequence's output (empty while a character's bytes are incomplete)."""
+    """The text it adds to the sequence's output (empty while a character's bytes are incomplete: a character
+    is shown once whole, so an output cut inside one ends without it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +209,9 @@ class LanguageModel:
     def generate_stream(self, prompt: str | Sequence[str], max_new_tokens: int = 32, temperature: float = 1.0,
                         top_k: int = 50, seed: int | None = None, *, top_p: float = 1.0) -> Iterator[GeneratedToken]:
         """:meth:`generate` one token at a time: a :class:`GeneratedToken` per new token of each sequence, in
-        step order. :attr:`last_stats` is set when the iterator is exhausted."""
+        step order, except that a token which leaves a character incomplete comes with the one that completes
+        it (or at the end, with the text :meth:`generate` gives). :attr:`last_stats` is set when the iterator is
+        exhausted."""
         if max_new_tokens < 0:
             raise BundleError(f"max_new_tokens: {max_new_tokens} is negative")
         if not 0 < top_p <= 1:
@@ -217,17 +220,23 @@ class LanguageModel:
         prompts = [self._fit([self.eos_id, *ids], what="prompt" if isinstance(prompt, str) else f"prompt {i}")
                    for i, ids in enumerate(self.tokenizer.encode([self.normalize(text) for text in texts]))]
         rngs = [np.random.default_rng(seed) for _ in prompts]
-        new: list[list[int]] = [[] for _ in prompts]
-        shown = [""] * len(prompts)
+        texts_out = [Detokenizer(self.tokenizer.decode) for _ in prompts]
         start = time.perf_counter()
+        held: list[list[GeneratedToken]] = [[] for _ in prompts]  # tokens of a character not yet whole
         for row, token in self.stream_ids(prompts, max_new_tokens,
                                        lambda row, logits: sample_token(logits, temperature, top_k, rngs[row], top_p)):
-            new[row].append(token)
-            text = self.tokenizer.decode(new[row])
-            piece = text[len(shown[row]):] if text.startswith(shown[row]) else text
-            shown[row] = text
-            yield GeneratedToken(row, token, piece)
-        self.last_stats = GenerationStats(len(prompts), sum(map(len, prompts)), sum(map(len, new)),
+            event = GeneratedToken(row, token, texts_out[row].add(token))
+            if texts_out[row].pending:
+                held[row].append(event)
+                continue
+            yield from held[row]
+            held[row].clear()
+            yield event
+        for row, events in enumerate(held):  # an output that ends inside a character ends as decode() has it
+            if events:
+                yield from events[:-1]
+                yield dataclasses.replace(events[-1], text=texts_out[row].flush())
+        self.last_stats = GenerationStats(len(prompts), sum(map(len, prompts)), sum(len(d.ids) for d in texts_out),
                                           time.perf_counter() - start)
         logger.debug("Generated %d tokens for %d prompts at %.1f tokens/s", self.last_stats.new_tokens,
                      len(prompts), self.last_stats.tokens_per_second)
@@ -308,14 +317,14 @@ def _keep_rows(mask: np.ndarray, step: Step, rows: list[int]) -> tuple[np.ndarra
 
 def sample_token(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Generator,
                  top_p: float = 1.0) -> int:
-    """The next token from one position's ``logits``: greedy, or sampled (:meth:`LanguageModel.generate`)."""
+    """The next token from one position's ``logits``: greedy, or sampled (:meth:`LanguageModel.generate`).
+    With ``top_k``, only its candidates are exponentiated and sorted (in id order, so a seed draws as over the
+    whole vocabulary); the whole vocabulary is sorted only for ``top_p`` with ``top_k == 0``."""
     _check_finite(logits)
     if temperature <= 0 or top_k == 1:
         return int(np.argmax(logits))
-    scaled = logits / temperature
-    if 0 < top_k < len(scaled):
-        cutoff = np.partition(scaled, -top_k)[-top_k]
-        scaled = np.where(scaled >= cutoff, scaled, -np.inf)
+    candidates = np.sort(np.argpartition(logits, -top_k)[-top_k:]) if 0 < top_k < len(logits) else None
+    scaled = (logits if candidates is None else logits[candidates]) / temperature
     probs = np.exp(scaled - scaled.max())
     probs /= probs.sum()
     if top_p < 1:  # the smallest set of likeliest tokens whose probabilities reach top_p (the likeliest always)
@@ -323,7 +332,41 @@ def sample_token(logits: np.ndarray, temperature: float, top_k: int, rng: np.ran
         outside = order[np.searchsorted(np.cumsum(probs[order]), top_p) + 1:]
         probs[outside] = 0
         probs /= probs.sum()
-    return int(rng.choice(len(probs), p=probs))
+    picked = int(rng.choice(len(probs), p=probs))
+    return picked if candidates is None else int(candidates[picked])
+
+
+class Detokenizer:
+    """The text each new token of one sequence adds, decoding a few tokens per step rather than the whole output
+    (TGI's prefix and read offsets): the window starts at the last token before the text shown so far, so a
+    tokenizer that drops a leading space or joins bytes into a character decodes it as in the whole text."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode = decode
+        self.ids: list[int] = []
+        self._prefix = self._read = 0
+
+    def add(self, token: int) -> str:
+        """``token``'s text (empty while a character's bytes are incomplete; then the whole character)."""
+        self.ids.append(token)
+        return self._advance(final=False)
+
+    @property
+    def pending(self) -> bool:
+        """Whether tokens wait for the rest of their character."""
+        return self._read < len(self.ids)
+
+    def flush(self) -> str:
+        """The text of the tokens still pending, as decoding them gives it (an incomplete character included)."""
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        before = self._decode(self.ids[self._prefix:self._read])
+        after = self._decode(self.ids[self._prefix:])
+        if not final and (len(after) <= len(before) or after.endswith("\ufffd")):
+            return ""
+        self._prefix, self._read = self._read, len(self.ids)
+        return after[len(before):]
 
 
 def _check_finite(logits: np.ndarray) -> None:
