@@ -150,3 +150,34 @@ def test_train_deploy_serve_started_twice_downloads_once_and_leaves_no_temporary
     assert inodes[0] == inodes[1]  # the second start reused the first one's copy
     assert sorted(path.name for path in (cache / "serve").iterdir()) == [f".{folder.name}.lock", folder.name]
     assert list(temporary.iterdir()) == []
+
+
+def test_the_admission_options_reach_the_server_and_out_of_range_ones_are_refused_in_one_line(
+        project, tmp_path, monkeypatch):
+    """`--queue`, `--batch` and `--body-timeout` become the server's TRAIN_DEPLOY_SERVE_* settings
+    (serving.app.ServerSettings); a value outside its range is click's one-line refusal before anything starts."""
+    import train_deploy.serve as serve_module
+    from train_deploy.commands import main
+
+    store = ModelStore(tmp_path / "store")
+    _registered(store, _model_files(tmp_path))
+    for name, value in {**store.environment(), "TRAIN_DEPLOY_CACHE_DIR": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(name, value)
+    started: dict[str, str] = {}
+
+    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        started.update(env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(serve_module.os, "execve", execve)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["serve", "--project", str(project), "--model", MODEL, "--alias", "1", "--queue", "3", "--batch", "2",
+              "--body-timeout", "2.5"])
+    assert {name: started.get(name) for name in ("TRAIN_DEPLOY_SERVE_QUEUE", "TRAIN_DEPLOY_SERVE_BATCH",
+                                                  "TRAIN_DEPLOY_SERVE_BODY_TIMEOUT_S")} == {
+        "TRAIN_DEPLOY_SERVE_QUEUE": "3", "TRAIN_DEPLOY_SERVE_BATCH": "2", "TRAIN_DEPLOY_SERVE_BODY_TIMEOUT_S": "2.5"}
+    done = subprocess.run([str(TRAIN_DEPLOY), "serve", "--project", str(project), "--batch", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stderr.endswith(
+        "Error: Invalid value for '--batch' (env var: 'TRAIN_DEPLOY_SERVE_BATCH'): 0 is not in the range 1<=x<=256.\n")

@@ -66,27 +66,38 @@ def _schedule_command(context: click.Context) -> None:
     sys.exit(schedule(["schedule", *context.args]))
 
 
-@main.command("serve", short_help="Serve the registered champion with mlflow models serve.")
+@main.command("serve", short_help="Serve the registered champion: MLflow's /invocations, OpenAI's API, metrics.")
 @click.option("--model", "-m", "model_name", help="registered model (default: registry.model_name of the project)")
 @click.option("--alias", default="champion", show_default=True, help="the alias (or version number) to serve")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", "-p", default=5001, show_default=True, type=int, envvar="TRAIN_DEPLOY_SERVE_PORT",
               show_envvar=True)
 @click.option("--workers", "-w", default=1, show_default=True, type=int)
+@click.option("--queue", type=click.IntRange(0, 10_000), envvar="TRAIN_DEPLOY_SERVE_QUEUE", show_envvar=True,
+              help="requests that may wait in each lane beyond those running; one more is a 429 [default: 16]")
+@click.option("--batch", type=click.IntRange(1, 256), envvar="TRAIN_DEPLOY_SERVE_BATCH", show_envvar=True,
+              help="generations decoded together in the running batch [default: 16]")
+@click.option("--body-timeout", type=click.FloatRange(0.001, 600), envvar="TRAIN_DEPLOY_SERVE_BODY_TIMEOUT_S",
+              show_envvar=True, help="seconds a request's body may take to arrive; then 408 [default: 10]")
 @click.option("--project", type=click.Path(file_okay=False, path_type=Path),
               help="the project folder (default: the checkout this command is installed from, else here)")
 @click.option("--env", "-e", help="Kedro environment whose mlflow.yml and parameters to read (default: local)")
-def _serve_command(model_name: str | None, alias: str, host: str, port: int, workers: int, project: Path | None,
-                   env: str | None) -> None:
-    """Serve a registered model of the project's MLflow store with `mlflow models serve --env-manager local`.
+def _serve_command(model_name: str | None, alias: str, host: str, port: int, workers: int, queue: int | None,
+                   batch: int | None, body_timeout: float | None, project: Path | None, env: str | None) -> None:
+    """Serve a registered model of the project's MLflow store with train_deploy's server (docs/serving.md):
+    MLflow's POST /invocations, OpenAI's POST /v1/completions and GET /v1/models, GET /metrics, a playground at /.
 
     Works from any folder: the store and its artifacts are the project's (conf/<env>/mlflow.yml, or
-    MLFLOW_TRACKING_URI), the server runs in the project folder with this environment's mlflow and uvicorn.
+    MLFLOW_TRACKING_URI), the server runs in the project folder with this environment's uvicorn.
     """
     from train_deploy.serve import ServeError, serve
 
+    admission = {name: str(value) for name, value in (("TRAIN_DEPLOY_SERVE_QUEUE", queue),
+                 ("TRAIN_DEPLOY_SERVE_BATCH", batch), ("TRAIN_DEPLOY_SERVE_BODY_TIMEOUT_S", body_timeout))
+                 if value is not None}
     try:
-        serve(project=project, env=env, model_name=model_name, alias=alias, host=host, port=port, workers=workers)
+        serve(project=project, env=env, model_name=model_name, alias=alias, host=host, port=port, workers=workers,
+              admission=admission)
     except ServeError as error:
         raise click.ClickException(str(error)) from None
 

@@ -186,8 +186,10 @@ def server_environment(tracking: str, registry: str) -> dict[str, str]:
 
 
 def serve(*, project: Path | None = None, env: str | None = None, model_name: str | None = None,
-          alias: str = "champion", host: str = "127.0.0.1", port: int = 5001, workers: int = 1) -> NoReturn:
-    """Check the model is there, download it, then become its server in the project folder (see the module)."""
+          alias: str = "champion", host: str = "127.0.0.1", port: int = 5001, workers: int = 1,
+          admission: dict[str, str] | None = None) -> NoReturn:
+    """Check the model is there, download it, then become its server in the project folder (see the module);
+    ``admission``: the server's ``TRAIN_DEPLOY_SERVE_*`` settings (``serving.app.ServerSettings``)."""
     try:
         folder = find_project(project)
     except NoProject as missing:
@@ -208,7 +210,7 @@ def serve(*, project: Path | None = None, env: str | None = None, model_name: st
     sys.stderr.flush()
     served = {"TRAIN_DEPLOY_SERVED_MODEL": str(model), "TRAIN_DEPLOY_SERVED_NAME": name,
               "TRAIN_DEPLOY_SERVED_VERSION": version}
-    os.execve(command[0], command, {**server_environment(tracking, registry), **served})
+    os.execve(command[0], command, {**server_environment(tracking, registry), **(admission or {}), **served})
 
 
 def serve_line(model_name: str, project: Path) -> str:
