@@ -19,9 +19,11 @@ engine that fails to open or run ends the timing with one warning and the export
 
 Measured with the tests' tiny bundle (2 layers, hidden size 64, context 128; the portable graph and ONNX Runtime)
 on this shared 2-core CPU without AVX-512: the child took 2.7-3.1 s, timing in-process takes 0.56-0.64 s (Paddle
-and ONNX Runtime already imported, as in the test suite's processes). No default-sized bundle was at hand;
-its engines open in about the same time and each of its tokens costs more, so a candidate costs its opening, the
-warm-up and about :data:`BUDGET_S` seconds (:data:`ROUNDS` generations when those take longer).
+and ONNX Runtime already imported, as in the test suite's processes); on the emulated CPU of ``test_emulated.py``
+(``qemu-x86_64 -cpu max``) 7.2 s where the child under qemu took 45.7 s (started from a native process; from an
+emulated one it ran under qemu twice over). No default-sized bundle was at hand; its engines open in about the same
+time and each of its tokens costs more, so a candidate costs its opening, the warm-up and about :data:`BUDGET_S`
+seconds (:data:`ROUNDS` generations when those take longer).
 
 The figures are kept in ``engine_speed.json`` in :func:`train_deploy.cache.cache_dir` (written atomically), filed
 under the CPU's model name, a digest of its flags (:func:`train_deploy.environment.cpu_identity`), the Paddle and
