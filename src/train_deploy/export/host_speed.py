@@ -129,7 +129,7 @@ def measure_forms(folder: Path, meta: BundleMeta, candidates: dict[str, str | No
     for form, graph in candidates.items():
         try:
             figures[form] = _timed(_open(Path(folder), meta, graph), meta)
-        except Exception as exc:  # noqa: BLE001 - any engine's failure (Paddle's, ONNX Runtime's) means no figures
+        except Exception as exc:  # any engine's failure (Paddle's, ONNX Runtime's own errors) means no figures
             first = (str(exc).strip().splitlines() or [""])[0][:200]
             logger.warning("Engine speed not measured on this host: %s failed (%s: %s); the export's figures "
                            "decide", form, type(exc).__name__, first)
