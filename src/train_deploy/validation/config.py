@@ -8,6 +8,7 @@ from typing import Any, Literal
 from train_deploy.config import check_range, from_mapping
 
 Mode = Literal["stop", "warn"]
+Screening = Literal["report", "drop"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -66,6 +67,14 @@ class ValidationConfig:
     ``tiny``) flagged 0.09-0.20 of good nights and 0.27-0.37 of 20% spam nights (0.24 separates them), the default
     run's champion 0.25-0.34 of good 1 MB nights (0.24 would stop them all) and 0.42-0.43 of 20% spam, which its
     average loss already stops (``max_nats_per_char_increase``)."""
+
+    screening: Screening = "report"
+    """report: the screening's flagged share is reported (and bounded by ``max_flagged_share``); drop: once the gate
+    lets the night through, every training document is scored by the champion (its first 100 characters, as the
+    sample) and those above ``max_document_nats_factor`` times the champion's own figure are left out of the token
+    files training reads (``train_deploy.validation.screening``; the validation split is kept whole). Nothing is
+    dropped without a champion that records its own figure, or with ``max_document_nats_factor`` null; a drop that
+    would leave the training split shorter than one window of ``training.batch.seq_length`` is refused."""
 
     def __post_init__(self) -> None:
         for name in ("max_documents_decrease", "max_characters_decrease"):

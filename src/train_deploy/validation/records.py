@@ -75,11 +75,15 @@ def statistics_tags(statistics: CorpusStatistics) -> dict[str, str]:
 
 
 def record_on_run(report: ValidationReport) -> None:
-    """Tonight's statistics and the report as artifacts of the active MLflow run, the outcome as its tags (no
-    active run: nothing)."""
+    """Tonight's statistics and the report as artifacts of the active MLflow run, the outcome as its tags, and what
+    ``validation.screening: drop`` dropped as its ``validation.screening.*`` metrics (no active run: nothing)."""
     if mlflow.active_run() is None:
         return
     mlflow.set_tags({OUTCOME_TAG: report.outcome, CHAMPION_TAG: report.champion_version or "none",
                      FAILED_TAG: ",".join(finding.statistic for finding in report.failures)[:5000] or "none"})
     mlflow.log_dict(report.tonight, f"{ARTIFACTS}/corpus_statistics.json")
     mlflow.log_dict(report.to_json(), f"{ARTIFACTS}/report.json")
+    if report.dropped is not None:
+        mlflow.log_metrics({"validation.screening.scored": report.dropped.scored,
+                            "validation.screening.dropped": report.dropped.dropped,
+                            "validation.screening.dropped_share": report.dropped.share})

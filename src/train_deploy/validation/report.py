@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from train_deploy.validation.config import ValidationConfig
 from train_deploy.validation.content import SampleScores
+from train_deploy.validation.screening import Dropped
 from train_deploy.validation.statistics import CorpusStatistics
 
 Outcome = Literal["passed", "stopped", "warned", "not_compared"]
@@ -55,6 +56,8 @@ class ValidationReport:
     """The champion's statistics (JSON), when it records them."""
     screening: Screening | None = None
     """The champion's verdict on each scored document of tonight's sample (None: nothing scored)."""
+    dropped: Dropped | None = None
+    """What ``validation.screening: drop`` left out of the training split (None: nothing screened)."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -67,6 +70,8 @@ class ValidationReport:
             lines.append(f"  {self.screening.line()}")
             if self.failures:
                 lines += [f"    {worst['nats_per_char']:.2f}  {worst['text']}" for worst in self.screening.worst]
+        if self.dropped is not None:
+            lines.append(f"  {self.dropped.line()}")
         return "\n".join(lines)
 
 
