@@ -164,3 +164,33 @@ def test_close_cancels_the_jobs_still_waiting(model):
     job = batcher.submit(_ids(model, PROMPTS[1]), 4, GREEDY, _later())
     assert job.wait(1) == [] and job.finish_reason == "cancelled"
     assert (batcher.running, batcher.waiting) == (0, 0)
+
+
+class FailsOnce:
+    """An engine whose first decode step raises, then works: the batch of that step ends, the thread goes on."""
+
+    def __init__(self, form) -> None:
+        self.form, self.failed = form, False
+
+    def prefill(self, ids, mask):
+        return self.form.prefill(ids, mask)
+
+    def decode(self, *args):
+        if not self.failed:
+            self.failed = True
+            raise RuntimeError("engine failure")
+        return self.form.decode(*args)
+
+
+def test_a_failed_step_ends_its_jobs_with_an_error_and_later_jobs_are_served(model, caplog):
+    failing = LanguageModel(FailsOnce(model._form), model.tokenizer, context=model.context, eos_id=model.eos_id)
+    batcher = Batcher(failing)
+    try:
+        broken = batcher.submit(_ids(model, PROMPTS[0]), 5, GREEDY, _later())
+        assert broken.wait(60) == _alone(model, PROMPTS[0], 1)  # the prefill's token, then the failed step
+        later = batcher.submit(_ids(model, PROMPTS[1]), 5, GREEDY, _later())
+        assert later.wait(60) == _alone(model, PROMPTS[1], 5)
+    finally:
+        batcher.close()
+    assert (broken.finish_reason, later.finish_reason) == ("error", "length")
+    assert "Batched generation failed; its 1 sequences end with an error" in caplog.text

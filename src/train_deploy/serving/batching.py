@@ -213,9 +213,9 @@ class Batcher:
             try:
                 self._iterate(admitted)
             except Exception:  # one failed pass ends its jobs, never the thread
-                logger.exception("Batched generation failed; its %d sequences end with an error",
-                                 len(self._batch.jobs) + len(admitted))
-                for job in [*self._batch.jobs, *admitted]:
+                failed = list(dict.fromkeys([*self._batch.jobs, *admitted]))  # admitted ones may have joined
+                logger.exception("Batched generation failed; its %d sequences end with an error", len(failed))
+                for job in failed:
                     job._finish("error")
                 self._batch = _Batch()
 
