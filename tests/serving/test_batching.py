@@ -194,3 +194,21 @@ def test_a_failed_step_ends_its_jobs_with_an_error_and_later_jobs_are_served(mod
         batcher.close()
     assert (broken.finish_reason, later.finish_reason) == ("error", "length")
     assert "Batched generation failed; its 1 sequences end with an error" in caplog.text
+
+
+def test_a_waiting_job_cancelled_or_past_its_deadline_ends_while_the_batch_is_full(model):
+    hooks = StepHooks()
+    batcher = Batcher(model, max_running=1, on_step=hooks)
+    seen: dict[str, object] = {}
+    try:
+        running = batcher.submit(_ids(model, PROMPTS[0]), 8, GREEDY, _later())
+        late = batcher.submit(_ids(model, PROMPTS[1]), 8, GREEDY, _later())
+        gone = batcher.submit(_ids(model, PROMPTS[2]), 8, GREEDY, _later())
+        hooks.actions = {2: lambda: (setattr(late, "deadline", 0.0), gone.cancel()),
+                         4: lambda: seen.update(reasons=(late.finish_reason, gone.finish_reason),
+                                                waiting=batcher.waiting, running=running.finish_reason)}
+        assert running.wait(60) == _alone(model, PROMPTS[0], 8)
+    finally:
+        batcher.close()
+    assert seen == {"reasons": ("deadline", "cancelled"), "waiting": 0, "running": None}
+    assert late.tokens == gone.tokens == []

@@ -220,9 +220,13 @@ class Batcher:
                 self._batch = _Batch()
 
     def _admit(self) -> list[Job]:
-        """Waiting jobs that fit in the batch now (those already cancelled or past their deadline end)."""
+        """Waiting jobs that fit in the batch now; waiting ones cancelled or past their deadline end, whether or
+        not there is room."""
         admitted: list[Job] = []
         now = time.monotonic()
+        for job in [job for job in self._waiting if job._stop_reason(now)]:
+            self._waiting.remove(job)
+            job._finish(job._stop_reason(now) or "cancelled")
         while self._waiting and len(self._batch.jobs) + len(admitted) < self._max_running:
             job = self._waiting.popleft()
             reason = job._stop_reason(now)
