@@ -9,17 +9,20 @@ import re
 from pathlib import Path
 
 import mlflow
+import numpy as np
 import pytest
 from mlflow import MlflowClient
 
 from tests.helpers.project import NO_SERVING_CHECK, cli_params, tiny_train_deploy_params
 from tests.http_receiver import Receiver
 from train_deploy.cli import VALIDATION_STOPPED, run
+from train_deploy.export.runtime import LanguageModel
 from train_deploy.handoffs import Bundle, TokenizerInfo, TokenManifest
 from train_deploy.pipelines.registry.nodes import register_bundle
 from train_deploy.pipelines.validation.nodes import validate_corpus
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.validation.records import STATISTICS_TAG, champion_statistics
+from train_deploy.validation.screening import document_scores
 from train_deploy.validation.statistics import CorpusStatistics, corpus_statistics
 
 pytestmark = pytest.mark.slow
@@ -87,6 +90,23 @@ def test_a_truncated_night_stops_before_training_with_its_report_and_warn_or_for
     assert validate_corpus({}, {"force": True}, REGISTRY, tokens, tokenizer) is tokens
     warnings = _logged(caplog, logging.WARNING)
     assert "training anyway (validation.mode: warn)" in warnings[0] and "(retrain.force: true)" in warnings[1]
+
+    # validation.screening: drop through `kedro run --pipelines validation`: the champion (downloaded) scores every
+    # training document; those above the factor times its own figure (here: the quarter it scores worst) are left
+    # out of the copy in the catalog's screened_token_files, and the shares go on the run
+    scores = document_scores(LanguageModel.load(tiny_bundle), tokens, tokenizer)
+    factor = round(float(np.quantile(scores, 0.75)) / recorded.nats_per_char, 4)
+    dropped = int((scores > factor * recorded.nats_per_char).sum())
+    assert 0 < dropped < len(scores)
+    params["validation"] = {"mode": "warn", "screening": "drop", "max_document_nats_factor": factor}
+    run.main(["--pipelines", "validation", "--params", ",".join(cli_params(params))], standalone_mode=False)
+    (screened,) = (project / "data/04_feature/screened_tokens").iterdir()
+    kept = TokenManifest.read_folder(screened)
+    assert kept.splits["train"].documents == len(scores) - dropped and kept.splits["valid"] == tokens.splits["valid"]
+    latest = client.search_runs([mlflow.get_experiment_by_name("train_deploy").experiment_id],
+                                order_by=["attribute.start_time DESC"], max_results=1)[0]
+    assert latest.data.metrics["validation.screening.scored"] == len(scores)
+    assert latest.data.metrics["validation.screening.dropped"] == dropped
 
 
 def _logged(caplog, level: int) -> list[str]:
