@@ -102,6 +102,11 @@ test: check-paddle
 test-quick: check-paddle
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not team and not emulated"
 
+# Mutation testing of the modules that decide something for the user ([tool.mutmut], docs/development.md).
+.PHONY: mutation
+mutation: check-paddle
+	rm -rf mutants && $(BIN)/mutmut run --max-children 2 && $(BIN)/mutmut results
+
 # The pipeline picture: a static Kedro-Viz site in build/; the last lines say how to serve and open it.
 # `kedro viz build` exits 0 even when the project fails to load, and draws a dataset it cannot build as a
 # MemoryDataset, so every dataset of the pipeline is built first and the pipeline's page is checked after.
