@@ -370,6 +370,18 @@ def test_the_interval_is_paired_and_deterministic():
         paired_improvement(scores([1.0, 2.0]), theirs, 0.95)
 
 
+def test_the_paired_comparison_says_worse_equal_and_refuses_other_texts():
+    worse = paired_improvement(scores([11.0]), scores([10.0]), 0.95)  # one text: every draw is that text
+    assert (worse.improvement, worse.low, worse.high, worse.texts) == (-0.1, -0.1, -0.1, 1)
+    assert worse.describe().startswith("10.00% more nats/char (95% interval")
+    assert paired_improvement(scores([10.0]), scores([10.0]), 0.95).describe().startswith("0.00% fewer nats/char")
+    with pytest.raises(ValueError, match=r"^the candidate scored 2 texts and the champion 2 \(or other characters\): "
+                                         r"a paired comparison needs the same texts$"):
+        paired_improvement(scores([1.0, 2.0], chars=4), scores([1.0, 2.0]), 0.95)
+    with pytest.raises(ValueError, match="^no texts to compare on$"):
+        paired_improvement(scores([]), scores([]), 0.95)
+
+
 PASSED = BaselineCheck(val_loss=5.0, baseline="unigram", baseline_loss=6.0)
 
 
