@@ -197,7 +197,7 @@ class TrackingServer:
             time.sleep(0.5)
 
     def stop(self) -> None:
-        from train_deploy.processes import stop_process_tree
+        from train_deploy.run_control.processes import stop_process_tree
 
         if self.process is not None:
             stop_process_tree(self.process, 15.0)
@@ -437,7 +437,7 @@ def fill_to_budget(project: Path, budget: int) -> Path:
 
 def probe_champion(project: Path, env: dict[str, str], log: Path) -> dict[str, Any]:
     """``train-deploy serve`` of the champion: answers /ping and a score request within 240 s, then stopped."""
-    from train_deploy.processes import stop_process_tree
+    from train_deploy.run_control.processes import stop_process_tree
 
     port = free_port()
     started = time.monotonic()
@@ -491,7 +491,7 @@ def probe_orphans(project: Path, wait: float = 20.0) -> list[str]:
 
 def run_lock_holder(project: Path) -> str | None:
     """Who holds the project's run lock now (None: free)."""
-    from train_deploy.run_lock import RunLock
+    from train_deploy.run_control.lock import RunLock
 
     return RunLock(project / "data").held_by()
 

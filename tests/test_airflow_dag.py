@@ -20,7 +20,7 @@ import yaml
 
 from tests.helpers.project import REPO, copy_project
 from train_deploy.pipeline_registry import register_pipelines
-from train_deploy.schedule import TRIGGER_VARIABLE
+from train_deploy.run_control.schedule import TRIGGER_VARIABLE
 
 DAG_NAME = "train_deploy_train_deploy_dag.py"
 COMMITTED_DAG = REPO / "deploy" / "airflow" / DAG_NAME

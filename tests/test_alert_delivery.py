@@ -20,7 +20,7 @@ import pytest
 from tests.helpers.project import cli_params, tiny_runtime_params
 from tests.http_receiver import Receiver, StallingReceiver
 from tests.mlflow_server import mlflow_server  # noqa: F401
-from train_deploy.run_lock import HOLDER_FILE, LOCK_FILE
+from train_deploy.run_control.lock import HOLDER_FILE, LOCK_FILE
 
 KEDRO = Path(sys.executable).parent / "kedro"
 SECRET = "S3cretPW"
@@ -57,7 +57,7 @@ def _lock_is_free(project: Path) -> bool:
 def _delivery_processes(project: Path) -> list[psutil.Process]:
     found = []
     for process in psutil.process_iter(["cmdline", "cwd"]):
-        if process.info["cmdline"] and process.info["cmdline"][-2:] == ["-m", "train_deploy.notify"] \
+        if process.info["cmdline"] and process.info["cmdline"][-2:] == ["-m", "train_deploy.run_control.notify"] \
                 and process.info["cwd"] == str(project):
             found.append(process)
     return found

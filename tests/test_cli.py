@@ -25,10 +25,10 @@ from tests.helpers.project import (
     tiny_train_deploy_params,
 )
 from train_deploy.cli import NoResumeHint
-from train_deploy.conf import project_config
 from train_deploy.config import ConfigError
 from train_deploy.corpus.errors import CorpusError
-from train_deploy.retrain import CORPUS_TAG, TRAINING_TAG, compare
+from train_deploy.project import project_config
+from train_deploy.run_control.retrain import CORPUS_TAG, TRAINING_TAG, compare
 
 pytest_plugins = ["tests.mlflow_server"]
 

@@ -43,16 +43,17 @@ FLOORS = {
     # the stages: Kedro's pipelines and their registry
     **dict.fromkeys(("pipelines", "pipeline_registry"), STAGE),
     # what runs around the stages and over every domain: the skip decision, the preflight checks, the scheduler
-    **dict.fromkeys(("retrain", "preflight", "schedule"), CONTROL),
+    **dict.fromkeys(("run_control.retrain", "run_control.preflight", "run_control.schedule"), CONTROL),
     # serving the champion
     **dict.fromkeys(("serve", "serving"), CONTROL),
     # what the stages do, one package each
     **dict.fromkeys(("corpus", "training", "export", "averaging", "registry", "retention", "validation"), DOMAIN),
     # the ground every floor stands on
-    **dict.fromkeys(("__init__", "handoffs", "atomic", "conf", "config", "environment", "cache", "console",
+    **dict.fromkeys(("__init__", "handoffs", "atomic", "project", "config", "environment", "cache", "console",
                      "datasets", "baselines", "hashing", "params", "redaction"), GROUND),
     # run control every floor may use: the run lock, signal handling, alerts, stopping a process tree
-    **dict.fromkeys(("run_lock", "signals", "notify", "processes"), GROUND),
+    **dict.fromkeys(("run_control", "run_control.lock", "run_control.signals", "run_control.notify",
+                     "run_control.processes"), GROUND),
 }
 """The floor of each module: a top-level module or package, or a dotted module inside a package whose modules
 stand on different floors (the longest name that matches wins)."""

@@ -19,7 +19,7 @@ from kedro.framework.session import KedroSession
 
 from tests.helpers.project import tiny_runtime_params
 from train_deploy.config import ConfigError
-from train_deploy.preflight import STAGE_CONFIGS, check_run, check_validation_split
+from train_deploy.run_control.preflight import STAGE_CONFIGS, check_run, check_validation_split
 
 HUGE = 10**9
 INT_PROBES = (0, -1, HUGE)

@@ -13,7 +13,7 @@ import pytest
 
 from tests.http_receiver import Receiver, StallingReceiver
 from train_deploy.config import ConfigError
-from train_deploy.notify import NotifyConfig, deadline, notify, receiver_name, verify
+from train_deploy.run_control.notify import NotifyConfig, deadline, notify, receiver_name, verify
 
 
 @pytest.fixture
@@ -65,7 +65,7 @@ def test_down_erroring_and_slow_receivers_are_logged_without_the_url_path(caplog
     down.close()  # nothing listens on its port any more
     erroring, slow = Receiver(status=500), Receiver(delay=1.5)
     config = NotifyConfig(webhooks=[down.url, erroring.url, slow.url], timeout_seconds=0.5, attempts=2)
-    with caplog.at_level(logging.WARNING, logger="train_deploy.notify"):
+    with caplog.at_level(logging.WARNING, logger="train_deploy.run_control.notify"):
         start = time.monotonic()
         failures = notify(config, "failed", reason="boom")
         took = time.monotonic() - start
@@ -86,7 +86,7 @@ def test_a_receiver_that_trickles_or_never_answers_is_given_up_by_the_delivery_d
     config = NotifyConfig(webhooks=[stalling.url], timeout_seconds=2.0, attempts=2)
     assert deadline(config) == 5.0  # 2 tries of 2 s and the second between them
     outcome: list[list[str]] = []
-    with caplog.at_level(logging.WARNING, logger="train_deploy.notify"):
+    with caplog.at_level(logging.WARNING, logger="train_deploy.run_control.notify"):
         start = time.monotonic()
         sender = threading.Thread(target=lambda: outcome.append(notify(config, "failed", reason="boom")),
                                   daemon=True)  # daemon: on a delivery without a deadline the test fails, not hangs

@@ -10,7 +10,7 @@ import time
 
 import psutil
 
-from train_deploy.processes import stop_process_tree
+from train_deploy.run_control.processes import stop_process_tree
 
 
 def test_stop_process_tree_kills_what_ignores_sigterm_after_the_grace(tmp_path):
@@ -34,7 +34,7 @@ def test_exit_now_runs_what_a_normal_exit_runs_and_keeps_the_code(tmp_path):
     child = textwrap.dedent(f"""
         import atexit, logging, logging.handlers, sys, threading, time
         from pathlib import Path
-        from train_deploy.processes import exit_now
+        from train_deploy.run_control.processes import exit_now
         folder = Path({str(tmp_path)!r})
         target = logging.FileHandler(folder / "run.log")
         logging.getLogger().addHandler(logging.handlers.MemoryHandler(1000, target=target))  # written on close only

@@ -16,9 +16,9 @@ from mlflow.entities import Param, RunTag
 
 from tests.http_receiver import Receiver
 from tests.mlflow_server import free_port
-from train_deploy.notify import NotifyConfig, message
 from train_deploy.redaction import HIDDEN, one_line, redact, redact_mlflow, redact_value, treat_as_secret
 from train_deploy.registry.gate import one_line as gate_one_line
+from train_deploy.run_control.notify import NotifyConfig, message
 
 SECRET = "S3cretPW"
 

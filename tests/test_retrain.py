@@ -18,7 +18,7 @@ from tests.helpers.registry import GateProcess
 from tests.helpers.retrain import _params, _write_corpus
 from train_deploy.handoffs import Bundle
 from train_deploy.registry.config import RegistryConfig
-from train_deploy.retrain import (
+from train_deploy.run_control.retrain import (
     CORPUS_TAG,
     TRAINING_TAG,
     NothingToRetrain,

@@ -18,13 +18,13 @@ from kedro.framework.session import KedroSession
 
 from tests.helpers.project import TINY_SLICE, cli_params, tiny_runtime_params
 from train_deploy.config import ConfigError
-from train_deploy.run_lock import HOLDER_FILE, RunConfig, RunLock, RunLockHeld
+from train_deploy.run_control.lock import HOLDER_FILE, RunConfig, RunLock, RunLockHeld
 
 KEDRO = Path(sys.executable).parent / "kedro"
 _HOLD = """
 import sys, time
 from pathlib import Path
-from train_deploy.run_lock import RunConfig, RunLock
+from train_deploy.run_control.lock import RunConfig, RunLock
 lock = RunLock(Path(sys.argv[1]))  # held as long as this object lives
 lock.acquire(RunConfig(), "holder-pipeline")
 print("held", flush=True)
@@ -35,7 +35,7 @@ time.sleep(600)
 _DIE_HOLDING = """
 import json, os, socket, sys
 from pathlib import Path
-from train_deploy.run_lock import RunConfig, RunLock
+from train_deploy.run_control.lock import RunConfig, RunLock
 socket.sethostname("shared-host")  # another container with the same host name (--network host)
 lock = RunLock(Path(sys.argv[1]))
 lock.acquire(RunConfig(), sys.argv[2])
@@ -100,7 +100,7 @@ def test_a_run_that_died_in_another_pid_namespace_with_this_pid_is_reported_not_
 _ADOPT = """
 import json, sys
 from pathlib import Path
-from train_deploy.run_lock import RunConfig, RunLock, RunLockHeld
+from train_deploy.run_control.lock import RunConfig, RunLock, RunLockHeld
 lock = RunLock(Path(sys.argv[1]))
 lock.acquire(RunConfig(lock="fail"), "child")  # adopts the lock its parent handed over
 try:

@@ -20,7 +20,7 @@ from kedro.framework.session import KedroSession
 
 from tests.helpers.project import cli_params, tiny_runtime_params
 from tests.http_receiver import Receiver
-from train_deploy.run_lock import HOLDER_FILE, RunConfig, RunLock
+from train_deploy.run_control.lock import HOLDER_FILE, RunConfig, RunLock
 
 TRAIN_DEPLOY = Path(sys.executable).parent / "train-deploy"
 
@@ -39,7 +39,7 @@ if mode == "stopped":  # kedro run's exit status when the data gate stopped the 
 if mode == "long_first" and len(log.read_text().splitlines()) == 1:
     time.sleep(3.3)
 if mode in ("hold", "late_hold"):  # like kedro run: takes the project's run lock (after its start-up) and works
-    from train_deploy.run_lock import RunConfig, RunLock
+    from train_deploy.run_control.lock import RunConfig, RunLock
     time.sleep(2 if mode == "late_hold" else 0)
     lock = RunLock(Path("data"))
     lock.acquire(RunConfig(), "stand-in")
@@ -50,13 +50,13 @@ if mode in ("hold", "late_hold"):  # like kedro run: takes the project's run loc
     lock.release()
 if mode == "die":  # a run that dies of a signal in a node, holding the lock handed to it
     import signal
-    from train_deploy.run_lock import RunConfig, RunLock
+    from train_deploy.run_control.lock import RunConfig, RunLock
     lock = RunLock(Path("data"))
     lock.acquire(RunConfig(), "stand-in")
     lock.record(node="export_bundle", stage="export")
     os.kill(os.getpid(), signal.SIGILL)
 if mode == "hang":  # a run that hangs in a node, holding the lock handed to it
-    from train_deploy.run_lock import RunConfig, RunLock
+    from train_deploy.run_control.lock import RunConfig, RunLock
     lock = RunLock(Path("data"))
     lock.acquire(RunConfig(), "stand-in")
     lock.record(node="train_model", stage="training")
@@ -208,7 +208,7 @@ def test_a_run_past_max_hours_is_stopped_alerted_as_timed_out_and_the_next_slot_
     assert rc == 0, err
     first = _runs(project)[0]["pid"]
     assert not psutil.pid_exists(first) or psutil.Process(first).status() == psutil.STATUS_ZOMBIE
-    assert ("ERROR train_deploy.schedule: timed out: the run took more than 0.0005 h (--max-hours); "
+    assert ("ERROR train_deploy.run_control.schedule: timed out: the run took more than 0.0005 h (--max-hours); "
             "stopping it") in err
     assert re.search(r"INFO .*finished: killed by SIGTERM after \d+\.\d s \(timed out\)$", err, re.M)
     assert "retry" not in err

@@ -15,7 +15,7 @@ import pytest
 from mlflow import MlflowClient
 
 from tests.helpers.registry import ModelStore
-from train_deploy.conf import NoProject, absolute_uri, find_project, store_uris
+from train_deploy.project import NoProject, absolute_uri, find_project, store_uris
 from train_deploy.serve import ServeError, cached_model, check_servable
 
 TRAIN_DEPLOY = Path(sys.executable).parent / "train-deploy"

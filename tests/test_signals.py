@@ -17,8 +17,8 @@ from kedro.framework.session import KedroSession
 from mlflow import MlflowClient
 
 from tests.helpers.project import cli_params, tiny_runtime_params, tiny_train_deploy_params
-from train_deploy.run_lock import HOLDER_FILE
-from train_deploy.signals import fatal_signal_in_log
+from train_deploy.run_control.lock import HOLDER_FILE
+from train_deploy.run_control.signals import fatal_signal_in_log
 
 KEDRO = Path(sys.executable).parent / "kedro"
 
@@ -28,7 +28,7 @@ _AFTER_PADDLE = """
 import atexit, ctypes, os, signal, sys
 from pathlib import Path
 mode, log, end = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-from train_deploy.signals import install_termination_handler, log_fatal_signals
+from train_deploy.run_control.signals import install_termination_handler, log_fatal_signals
 log_fatal_signals(log)
 signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 atexit.register(lambda: print("exit handlers ran", flush=True))
@@ -149,7 +149,8 @@ def test_the_next_run_reports_a_run_that_died_with_its_watch_and_ends_its_run_fa
     run = _kedro_run(project, store, "corpus", tiny_runtime_params(), output)
     try:
         about = _wait_in_stage(project, run, output, "corpus", "prepare_tokenizer")
-        watch = [p for p in psutil.Process(run.pid).children() if "train_deploy.signals" in " ".join(p.cmdline())]
+        watch = [p for p in psutil.Process(run.pid).children() if "train_deploy.run_control.signals" in
+                 " ".join(p.cmdline())]
         for process in (*watch, psutil.Process(run.pid)):  # the machine went down: nobody said anything
             process.kill()
         assert len(watch) == 1 and run.wait(60) == -signal.SIGKILL

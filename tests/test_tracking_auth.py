@@ -15,7 +15,7 @@ from kedro.framework.session import KedroSession
 
 from tests.helpers.project import tiny_runtime_params
 from tests.mlflow_server import MlflowAuthServer, MlflowServer, User, free_port
-from train_deploy.preflight import CREDENTIAL_VARIABLES, TrackingServerError, check_tracking_server
+from train_deploy.run_control.preflight import CREDENTIAL_VARIABLES, TrackingServerError, check_tracking_server
 
 pytest_plugins = ["tests.mlflow_server"]
 pytestmark = pytest.mark.slow

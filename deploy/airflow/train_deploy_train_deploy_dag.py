@@ -7,7 +7,7 @@ venv (`@task.external_python`): TRAIN_DEPLOY_PROJECT (the project folder, defaul
 optionally TRAIN_DEPLOY_PYTHON (default its .venv/bin/python) must be set where Airflow parses DAGs and on
 its workers, with data/ on a disk every worker shares. Each task is its own KedroSession in the project
 folder. The first task compares the corpus and the training configuration with the champion's
-(train_deploy.retrain): unchanged, it records the MLflow run as skipped and the DAG run's tasks are skipped;
+(train_deploy.run_control.retrain): unchanged, it records the MLflow run as skipped and the DAG run's tasks are skipped;
 otherwise all tasks log into the MLflow run it opened (its id handed on by XCom).
 """
 
@@ -65,7 +65,7 @@ def train_deploy():
         from kedro.framework.session import KedroSession
         from kedro.framework.startup import bootstrap_project
 
-        from train_deploy import retrain
+        from train_deploy.run_control import retrain
 
         os.chdir(project)
         bootstrap_project(Path(project))

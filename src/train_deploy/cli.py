@@ -3,7 +3,8 @@
 Kedro loads this module's ``cli`` group over its own commands and takes its ``run`` for ``python -m train_deploy``
 (Kedro's way to run a packaged project). ``run`` is ``kedro run``, except that
 
-- a run stopped because there is nothing to retrain (``train_deploy.retrain``) says so in one line and exits 0;
+- a run stopped because there is nothing to retrain (``train_deploy.run_control.retrain``) says so in one line and exits
+  0;
 - a run the data gate stopped before training (``train_deploy.validation``) prints its one line after the report
   and exits 3 (:data:`VALIDATION_STOPPED`): a night not worth retrying until the corpus changes;
 - a run failing with one of the project's own errors (configuration, corpus, checkpoint, bundle, training, …)
@@ -33,8 +34,8 @@ quiet_third_party()  # Kedro's CLI imports this module before the project's sett
 from train_deploy.config import ConfigError  # noqa: E402
 from train_deploy.corpus.errors import CorpusError  # noqa: E402
 from train_deploy.params import with_project_params  # noqa: E402
-from train_deploy.processes import exit_now  # noqa: E402
-from train_deploy.retrain import NothingToRetrain  # noqa: E402
+from train_deploy.run_control.processes import exit_now  # noqa: E402
+from train_deploy.run_control.retrain import NothingToRetrain  # noqa: E402
 from train_deploy.validation import STOPPED_EXIT_STATUS  # noqa: E402
 from train_deploy.validation.report import ValidationStopped  # noqa: E402
 

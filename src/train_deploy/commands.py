@@ -2,7 +2,7 @@
 
 - ``train-deploy run …``: ``kedro run`` with the project's one-line errors (``train_deploy.cli.run``, which
   ``python -m train_deploy`` runs too);
-- ``train-deploy schedule …``: retrain on a cron schedule, or once (``train_deploy.schedule``);
+- ``train-deploy schedule …``: retrain on a cron schedule, or once (``train_deploy.run_control.schedule``);
 - ``train-deploy serve``: the registered champion over HTTP, from any folder (``train_deploy.serve``);
 - ``train-deploy gc [--dry-run]``: remove what retention no longer keeps (``train_deploy.retention``).
 
@@ -61,7 +61,7 @@ def _run_command(context: click.Context) -> None:
               short_help="Run a pipeline on a cron schedule, or once (--once).")
 @click.pass_context
 def _schedule_command(context: click.Context) -> None:
-    from train_deploy.schedule import main as schedule
+    from train_deploy.run_control.schedule import main as schedule
 
     sys.exit(schedule(["schedule", *context.args]))
 

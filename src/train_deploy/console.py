@@ -16,7 +16,7 @@ Kedro configures logging (its rich handler on the root logger) before any projec
   terminal, records are written above the progress bars (:class:`AboveProgressBars`), not into them.
 
 ``train_deploy.cli`` prints the project's own errors as one line that points at the log file; a fatal signal's
-Python traceback goes into the log file too (``faulthandler``, set up by ``train_deploy.signals``).
+Python traceback goes into the log file too (``faulthandler``, set up by ``train_deploy.run_control.signals``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ The process's exits go through it once installed: :func:`redact_logging` (every 
 included, before any handler sees it: the console's rich handler, the plain one, the log file),
 :func:`redact_streams` (``sys.stdout``/``sys.stderr`` writes, such as MLflow's "View run … at: <uri>", and the
 traceback of an uncaught exception, which Kedro has rich print) and :func:`redact_mlflow` (the tags and parameters
-the MLflow client sends). Alerts redact their message (``train_deploy.notify``) and the model card its text.
+the MLflow client sends). Alerts redact their message (``train_deploy.run_control.notify``) and the model card its text.
 
 Ground floor (imports nothing of the project): training's metrics forwarder and launcher, the registry's retries
 and command line, the preflight checks and the server all show tracking URIs through :func:`redact_uri`.

@@ -38,8 +38,8 @@ from typing import Any, NoReturn
 
 from train_deploy.atomic import atomic_folder, remove_leftovers
 from train_deploy.cache import cache_dir
-from train_deploy.conf import NoProject, find_project, project_config, store_uris
 from train_deploy.hashing import digest, file_record
+from train_deploy.project import NoProject, find_project, project_config, store_uris
 from train_deploy.registry.config import RegistryConfig
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from typing import Any
 
 from websockets.sync.client import ClientConnection, connect
 
-from train_deploy.processes import stop_process_tree
+from train_deploy.run_control.processes import stop_process_tree
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 MISSING = "Debian's chromium is not installed (apt-get install chromium; .ci/run does so as root)"

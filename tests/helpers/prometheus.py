@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.mlflow_server import HOST, free_port
-from train_deploy.processes import stop_process_tree
+from train_deploy.run_control.processes import stop_process_tree
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 MISSING = "Debian's prometheus is not installed (apt-get install prometheus; .ci/run does so as root)"

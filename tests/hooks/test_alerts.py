@@ -21,9 +21,9 @@ from tests.http_receiver import Receiver
 from tests.mlflow_server import free_port
 from train_deploy.hooks.alerts import RunAlerts
 from train_deploy.hooks.runs import RunAbandoned
-from train_deploy.notify import NotifyConfig
 from train_deploy.registry.gate import RegistryDecision
-from train_deploy.retrain import NothingToRetrain
+from train_deploy.run_control.notify import NotifyConfig
+from train_deploy.run_control.retrain import NothingToRetrain
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from mlflow import MlflowClient
 
 from tests.helpers.project import tiny_runtime_params
 from train_deploy import settings
-from train_deploy.run_lock import RunLock
+from train_deploy.run_control.lock import RunLock
 
 
 class LockCheckingReceiver:

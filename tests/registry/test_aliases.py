@@ -34,7 +34,7 @@ from train_deploy.registry.aliases import (
 from train_deploy.registry.config import RetryConfig
 from train_deploy.registry.history import read_history
 from train_deploy.registry.retry import Retrying
-from train_deploy.run_lock import holder_identity
+from train_deploy.run_control.lock import holder_identity
 
 MODEL = "aliases_test_lm"
 # A mover that takes the lock, makes the first `steps` calls of a gate's move champion 1 → 2 (previous → 1), and is

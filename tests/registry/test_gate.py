@@ -38,7 +38,7 @@ from train_deploy.registry.history import read_history
 from train_deploy.registry.paired import TextScores, paired_improvement
 from train_deploy.registry.retry import RegistryUnreachable, Retrying
 from train_deploy.registry.rules import BaselineCheck, check_baselines, decide
-from train_deploy.retrain import CORPUS_TAG, TRAINING_TAG, trained_alike
+from train_deploy.run_control.retrain import CORPUS_TAG, TRAINING_TAG, trained_alike
 
 MODEL = "gate_test_lm"
 # A small, quick evaluation set that fits the tiny model's context of 128 tokens, large enough to decide on here.

@@ -10,7 +10,7 @@ from mlflow import MlflowClient
 
 from tests.http_receiver import Receiver
 from tests.mlflow_server import MlflowServer, free_port
-from train_deploy.notify import verify_mlflow
+from train_deploy.run_control.notify import verify_mlflow
 
 # MLflow delivers only to public https addresses unless the server is told otherwise: a receiver on the loopback
 # interface, over http, needs both (a team's receiver behind https on its network needs neither or the first).

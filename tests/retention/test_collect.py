@@ -99,7 +99,7 @@ def test_the_scheduler_collects_after_a_successful_run_under_its_own_lock(projec
     import sys
 
     from train_deploy.retention.collect import after_scheduled_run
-    from train_deploy.run_lock import RunConfig, RunLock
+    from train_deploy.run_control.lock import RunConfig, RunLock
 
     logs = project / "data" / "08_reporting" / "training_logs"
     for run in range(12):  # keep_runs 10: the two oldest go

@@ -393,7 +393,7 @@ def test_postgresql_stopped_mid_training_and_restarted_mid_gate_loses_nothing(te
 def test_skip_unchanged_sees_the_other_machines_version(team, cycles, monkeypatch):
     """Machine A with B's configuration on the corpus B trained on last: nothing to retrain, naming B's version
     (the change check in process, as A's scheduler runs it before its first node)."""
-    from train_deploy.retrain import check_for_changes
+    from train_deploy.run_control.retrain import check_for_changes
 
     _all_rounds(cycles)
     params = _cycle_params(cycles.corpus, init_from="champion")

@@ -17,7 +17,7 @@ from kedro.framework.session import KedroSession
 from tests.helpers.project import tiny_runtime_params
 from tests.helpers.training import run_spec, training_params
 from tests.mlflow_server import MlflowServer, free_port
-from train_deploy.preflight import TrackingServerError
+from train_deploy.run_control.preflight import TrackingServerError
 from train_deploy.training.launch import run_training
 
 pytest_plugins = ["tests.mlflow_server"]

@@ -1,14 +1,15 @@
-"""One alert per run outcome (the ``notify`` block, ``train_deploy.notify``): failed, skipped, promoted or rejected,
-validation stopped. A run that ends without an outcome worth telling (a corpus-only run that succeeded) sends none.
+"""One alert per run outcome (the ``notify`` block, ``train_deploy.run_control.notify``): failed, skipped, promoted or
+rejected, validation stopped. A run that ends without an outcome worth telling (a corpus-only run that succeeded) sends
+none.
 
 The alert is handed to a delivery process of its own (``notify.hand_off``) after the run lock is given back
 (:class:`train_deploy.hooks.life.RunLife` calls :meth:`RunAlerts.deliver` last as a run ends): the run waits at
 most :data:`HANDOFF_SECONDS` for it, and never on a receiver. Its reason is the real cause: the
 one-line, redacted form of the exception the run died of, with the node it was in; a signal is named only when
-one arrived (``train_deploy.signals.StopSignals``).
+one arrived (``train_deploy.run_control.signals.StopSignals``).
 
 A run killed outright (SIGKILL, a crashing native kernel) cannot say anything itself: its watch process
-(``train_deploy.signals.RunWatch``) sends the ``failed`` alert with the stage and the signal. A run that
+(``train_deploy.run_control.signals.RunWatch``) sends the ``failed`` alert with the stage and the signal. A run that
 ``train-deploy schedule`` stopped at its wall-clock limit is reported timed out by the scheduler.
 """
 
@@ -23,11 +24,11 @@ from typing import Any
 
 from train_deploy.console import project_log_file
 from train_deploy.hooks.runs import RunAbandoned, stages_of_nodes
-from train_deploy.notify import NotifyConfig, hand_off, message
 from train_deploy.redaction import one_line
 from train_deploy.registry.gate import RegistryDecision
-from train_deploy.retrain import NothingToRetrain
-from train_deploy.signals import StopSignals, describe_stop, past_schedule_deadline
+from train_deploy.run_control.notify import NotifyConfig, hand_off, message
+from train_deploy.run_control.retrain import NothingToRetrain
+from train_deploy.run_control.signals import StopSignals, describe_stop, past_schedule_deadline
 from train_deploy.validation.report import ValidationStopped
 
 logger = logging.getLogger(__name__)

@@ -65,11 +65,11 @@ from train_deploy.hooks.tracking import (
     tag_trigger,
     use_wal_mode,
 )
-from train_deploy.notify import NotifyConfig
-from train_deploy.preflight import check_tracking
 from train_deploy.redaction import redact_mlflow, redact_streams
-from train_deploy.run_lock import RunConfig, RunLock
-from train_deploy.signals import RunWatch, install_termination_handler, log_fatal_signals
+from train_deploy.run_control.lock import RunConfig, RunLock
+from train_deploy.run_control.notify import NotifyConfig
+from train_deploy.run_control.preflight import check_tracking
+from train_deploy.run_control.signals import RunWatch, install_termination_handler, log_fatal_signals
 
 logger = logging.getLogger(__name__)
 
@@ -83,10 +83,10 @@ class RunLife:
 
     A refused run (the lock held, a bad setting, another corpus's evaluation set) is refused before kedro-mlflow
     opens its MLflow run, so it leaves none. Once the run has its MLflow run, the lock's holder record names it, and
-    the node being run as each starts; a :class:`~train_deploy.signals.RunWatch` reports this process's death by a
-    signal from that record, and ``faulthandler`` writes the fatal signal's traceback into the log file. A record
-    left by a run that died holding the lock is reported by the next run, which ends that MLflow run ``FAILED`` if
-    nobody did."""
+    the node being run as each starts; a :class:`~train_deploy.run_control.signals.RunWatch` reports this process's
+    death by a signal from that record, and ``faulthandler`` writes the fatal signal's traceback into the log file. A
+    record left by a run that died holding the lock is reported by the next run, which ends that MLflow run ``FAILED``
+    if nobody did."""
 
     def __init__(self) -> None:
         self._lock: RunLock | None = None
@@ -167,7 +167,7 @@ class RunLife:
 
     @contextlib.contextmanager
     def _held(self, run_params: dict[str, Any], catalog: CatalogProtocol) -> Iterator[RunLock]:
-        """One run at a time per project (``run.lock: fail | wait``, see ``train_deploy.run_lock``)."""
+        """One run at a time per project (``run.lock: fail | wait``, see ``train_deploy.run_control.lock``)."""
         lock = self._lock
         if lock is None:
             raise RuntimeError("The run lock is taken after the Kedro context is created")

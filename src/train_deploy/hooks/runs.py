@@ -15,9 +15,9 @@ import mlflow
 
 from train_deploy.atomic import clean_leftovers, remove_leftovers
 from train_deploy.datasets import ArtifactFolderDataset, WorkFolderDataset
-from train_deploy.preflight import check_run, check_writable
-from train_deploy.retrain import CHECKED_NODES, OUTCOME_TAG, REASON_TAG, NothingToRetrain, check_for_changes
-from train_deploy.signals import end_run_failed
+from train_deploy.run_control.preflight import check_run, check_writable
+from train_deploy.run_control.retrain import CHECKED_NODES, OUTCOME_TAG, REASON_TAG, NothingToRetrain, check_for_changes
+from train_deploy.run_control.signals import end_run_failed
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class RunAbandoned(BaseException):
 
 def check_configuration(pipeline, catalog) -> None:
     """Refuse a run whose parameters are invalid, or whose outputs cannot be written, with one line naming the key
-    (``train_deploy.preflight``): every stage block, and what the pipeline's stages need of each other."""
+    (``train_deploy.run_control.preflight``): every stage block, and what the pipeline's stages need of each other."""
     stages = {name.removeprefix("params:") for name in pipeline.inputs() if name.startswith("params:")}
     check_run(catalog.load("parameters"), stages)
     check_writable(catalog, pipeline)
@@ -75,9 +75,9 @@ def check_configuration(pipeline, catalog) -> None:
 
 def skip_if_unchanged(pipeline, catalog) -> None:
     """A run that trains and registers compares its corpus and training configuration with the champion's
-    (``train_deploy.retrain``) and tags its MLflow run with the fingerprints and the reason; when nothing changed it
-    is tagged ``outcome=skipped`` and :class:`NothingToRetrain` stops the session (``kedro run`` exits 0 saying why,
-    see ``train_deploy.cli``)."""
+    (``train_deploy.run_control.retrain``) and tags its MLflow run with the fingerprints and the reason; when nothing
+    changed it is tagged ``outcome=skipped`` and :class:`NothingToRetrain` stops the session (``kedro run`` exits 0
+    saying why, see ``train_deploy.cli``)."""
     if not CHECKED_NODES <= {node.name for node in pipeline.nodes}:
         return
     active = mlflow.active_run() is not None

@@ -12,8 +12,8 @@ import mlflow
 from kedro.framework.hooks import hook_impl
 from mlflow.utils.file_utils import local_file_uri_to_path
 
-from train_deploy.conf import is_local_store
-from train_deploy.schedule import TRIGGER_VARIABLE
+from train_deploy.project import is_local_store
+from train_deploy.run_control.schedule import TRIGGER_VARIABLE
 
 
 def use_wal_mode() -> None:
@@ -64,7 +64,7 @@ def record_relative_location(context) -> None:
 
 def settle_artifact_location(context) -> None:
     """A relative local ``artifact_location`` in the run's mlflow.yml, before kedro-mlflow reads it: none for a
-    tracking server, absolute in the project for a local store (``train_deploy.conf.is_local_store``).
+    tracking server, absolute in the project for a local store (``train_deploy.project.is_local_store``).
 
     conf/base's ``mlartifacts`` is resolved against conf/base's own tracking URI, before conf/<env> names a server
     (``--env team``, a conf/local ``mlflow.yml``): a server then chooses the location (with --serve-artifacts it

@@ -39,7 +39,7 @@ safety; the first free name only makes two movers collide on the one atomic crea
 
 A holder that died leaves its claim and lock model behind: a lock whose holder's process is gone is broken at once,
 any other after :data:`LEASE_S` seconds (its creation time on the server against this machine's clock). A pid is
-judged only by a process in the same pid namespace of the same boot (``train_deploy.run_lock.process_gone``):
+judged only by a process in the same pid namespace of the same boot (``train_deploy.run_control.lock.process_gone``):
 containers sharing a host name each have their own pids. Breaking removes the holder's claim (EDIT on the model is
 enough), then the lock model when this account may delete it; one it may not delete stays, ignored.
 
@@ -104,7 +104,7 @@ from mlflow.exceptions import MlflowException
 
 from train_deploy.registry.history import CHAMPION, PREVIOUS, alias_version, event_key, record_event, who
 from train_deploy.registry.retry import RegistryRefused, Retrying
-from train_deploy.run_lock import holder_identity, process_gone
+from train_deploy.run_control.lock import holder_identity, process_gone
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
     train-deploy-registry history  [--model M] [--project DIR] [--env ENV] [--tracking-uri URI]
     train-deploy-registry rollback [--model M] [--project DIR] [--env ENV] [--tracking-uri URI]
 
-The store is the project's, found as ``train-deploy serve`` finds it (:mod:`train_deploy.conf`): the project is
+The store is the project's, found as ``train-deploy serve`` finds it (:mod:`train_deploy.project`): the project is
 ``--project``, else the current folder, else the checkout this command is installed from; its store is the one its
 runs use (``conf/<env>/mlflow.yml``, where ``MLFLOW_TRACKING_URI`` wins as in a run). ``--tracking-uri`` names
 another; outside any project ``MLFLOW_TRACKING_URI`` does. ``--model`` defaults to the project's
@@ -28,7 +28,7 @@ import click
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
-from train_deploy.conf import CHECKOUT, NoProject, find_project, project_config, store_uris
+from train_deploy.project import CHECKOUT, NoProject, find_project, project_config, store_uris
 from train_deploy.redaction import redact_uri
 from train_deploy.registry.aliases import AliasMoveError, RollbackError, rollback
 from train_deploy.registry.config import RegistryConfig

@@ -30,7 +30,7 @@
 
 A version whose gate failed before step 5 is tagged ``gate.decision: failed`` (best effort: a killed process tags
 nothing), and only versions with a decision (:data:`DECIDED`) count as "trained alike" for scheduled retraining
-(``train_deploy.retrain``), so an ungated version never stops the next run from training and gating.
+(``train_deploy.run_control.retrain``), so an ungated version never stops the next run from training and gating.
 
 Concurrency: MLflow has no compare-and-set on aliases, so re-reading the champion before moving would only narrow
 the race between two gates (or a gate and a rollback) to two calls. Steps 4 to 6 therefore run under a lock made

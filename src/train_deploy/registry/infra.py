@@ -24,8 +24,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from train_deploy.processes import stop_process_tree
 from train_deploy.registry.config import ServingCheckConfig
+from train_deploy.run_control.processes import stop_process_tree
 
 logger = logging.getLogger(__name__)
 

@@ -43,7 +43,7 @@ import train_deploy
 from train_deploy.export.integrity import verify_bundle
 from train_deploy.export.runtime import BundleError, LanguageModel, TooLongError, read_bundle
 from train_deploy.registry.config import ServingConfig
-from train_deploy.signals import install_termination_handler
+from train_deploy.run_control.signals import install_termination_handler
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,8 @@ class BundleModel(mlflow.pyfunc.PythonModel):
     """
 
     def load_context(self, context) -> None:
-        install_termination_handler()  # Paddle's import must not take the server's SIGTERM (train_deploy.signals)
+        # Paddle's import must not take the server's SIGTERM (train_deploy.run_control.signals)
+        install_termination_handler()
         self.limits = Limits.from_model_config(context.model_config)
         bundle = self.bundle = Path(context.artifacts["bundle"])
         threads = max(1, int(read_bundle(bundle).server["cpu_threads"]) // 2)

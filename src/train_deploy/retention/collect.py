@@ -158,14 +158,14 @@ class NothingToCollect(Exception):
 def collect_project(project: Path, env: str | None = None, dry_run: bool = False, after_run: bool = False,
                     params: dict | None = None) -> tuple[Plan, dict | None]:
     """Plan the project's collection (its ``conf/<env>`` parameters, catalog and MLflow store) and, unless
-    ``dry_run``, apply it under the run lock (a run in progress: :class:`~train_deploy.run_lock.RunLockHeld`
+    ``dry_run``, apply it under the run lock (a run in progress: :class:`~train_deploy.run_control.lock.RunLockHeld`
     names it). Return the plan and the record appended (None for a dry run)."""
     import mlflow
     from kedro.framework.session import KedroSession
     from kedro.framework.startup import bootstrap_project
 
     from train_deploy.registry.config import RegistryConfig
-    from train_deploy.run_lock import RunConfig, RunLock
+    from train_deploy.run_control.lock import RunConfig, RunLock
 
     project = project.resolve()
     os.chdir(project)  # as kedro run: the catalog's and the local store's relative paths resolve here

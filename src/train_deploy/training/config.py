@@ -237,7 +237,7 @@ class TrainingConfig:
         Cadences and housekeeping (logging, evaluation, checkpoints, ``stop_after``, ``resume``), recompute, the
         micro-batch, the parallel layout, the launch and the device are left out: a rerun that changes only them,
         such as a time-boxed job continued, resumes where it stopped, on any machine, and is not a change worth
-        retraining for (``train_deploy.retrain``).
+        retraining for (``train_deploy.run_control.retrain``).
         """
         b, p, s = self.batch, self.precision, self.schedule
         return {

@@ -44,8 +44,8 @@ import psutil
 
 from train_deploy.environment import first_cpu, mkl_cpu_type
 from train_deploy.handoffs import DescriptionError, TrainingResult, read_json, write_json
-from train_deploy.processes import stop_process_tree
 from train_deploy.redaction import redact_uri
+from train_deploy.run_control.processes import stop_process_tree
 from train_deploy.training import worker
 from train_deploy.training.config import TrainingConfig
 from train_deploy.training.metrics import MetricsForwarder
@@ -308,7 +308,8 @@ class _Job:
 
     def stop(self) -> None:
         """SIGTERM to every process of the job still alive, SIGKILL to those left after ``STOP_GRACE_S``
-        (:func:`~train_deploy.processes.stop_process_tree`, over the launcher and the workers it started)."""
+        (:func:`~train_deploy.run_control.processes.stop_process_tree`, over the launcher and the workers it
+        started)."""
         if self.launcher.poll() is None:
             self.track()
         stop_process_tree(self.launcher, STOP_GRACE_S, known=self.processes.values())

@@ -470,7 +470,7 @@ def _throughput(job: Job, size: ModelSize) -> Throughput:
 
 
 if __name__ == "__main__":
-    from train_deploy.processes import exit_now
+    from train_deploy.run_control.processes import exit_now
 
     os.environ.setdefault("GLOG_minloglevel", "2")
     main()  # an error or a signal ends the process as before: traceback and status 1, or the signal's death

@@ -88,8 +88,8 @@ def test_the_training_block_is_validated_once_at_the_head_of_the_stage_and_an_in
     # the stage's one configure node validates it; the retrain check validates it the same way, once (importing the
     # node would be an import up into the stages)
     callers = {path.relative_to(SRC).as_posix(): path.read_text(encoding="utf-8").count("TrainingConfig.from_params")
-               for path in (SRC / "pipelines" / "corpus" / "nodes.py", SRC / "retrain.py")}
-    assert callers == {"pipelines/corpus/nodes.py": 1, "retrain.py": 1}
+               for path in (SRC / "pipelines" / "corpus" / "nodes.py", SRC / "run_control" / "retrain.py")}
+    assert callers == {"pipelines/corpus/nodes.py": 1, "run_control/retrain.py": 1}
 
 
 @pytest.mark.slow

@@ -19,7 +19,7 @@ from train_deploy.registry.evalset import validation_texts
 from train_deploy.registry.evalstore import EVAL_SET_ARTIFACT
 from train_deploy.registry.gate import register_and_gate, version_tags
 from train_deploy.registry.history import read_history
-from train_deploy.retrain import CORPUS_TAG, REASON_TAG, TRAINING_TAG, current_fingerprints
+from train_deploy.run_control.retrain import CORPUS_TAG, REASON_TAG, TRAINING_TAG, current_fingerprints
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,7 @@ from train_deploy.corpus.errors import CorpusError
 from train_deploy.corpus.executors.progress import ProgressBar
 from train_deploy.corpus.readers import Chunk, CorpusPlan
 from train_deploy.handoffs import TokenizerInfo
-from train_deploy.processes import stop_process_tree
+from train_deploy.run_control.processes import stop_process_tree
 
 _GRACE = 5.0
 """Seconds a helper has to end after SIGTERM (after an error elsewhere, or once it has sent its statistics)."""

@@ -13,7 +13,7 @@ from train_deploy.registry.config import RegistryConfig
 from train_deploy.registry.evalset import jsonl_texts, validation_texts
 from train_deploy.registry.gate import RegistryDecision, git_commit, promotion_event, register_and_gate, version_tags
 from train_deploy.registry.lineage import warm_start_run_tags
-from train_deploy.retrain import run_fingerprints
+from train_deploy.run_control.retrain import run_fingerprints
 from train_deploy.validation.records import statistics_tags
 from train_deploy.validation.statistics import corpus_statistics
 
@@ -34,7 +34,8 @@ def register_bundle(registry: dict[str, Any], export_bundle: Bundle, export_metr
                    partial(validation_texts, token_files, tokenizer, texts.documents, texts.max_chars))
     tags = version_tags(export_bundle, token_files, training_result, git_commit(Path.cwd()))  # the project
     tags |= export_figures(export_metrics)
-    tags |= _checked_fingerprints()  # what the next scheduled run compares itself with (train_deploy.retrain)
+    # what the next scheduled run compares itself with (train_deploy.run_control.retrain)
+    tags |= _checked_fingerprints()
     tags |= warm_start_run_tags()  # the run's init_from.* tags, init_from.champion_version among them
     tags |= statistics_tags(corpus_statistics(token_files, tokenizer, export_bundle.path))  # the data gate's reference
     decision = register_and_gate(export_bundle, config, tags, build_texts)

@@ -12,7 +12,7 @@ import mlflow
 from train_deploy.export.errors import BundleError
 from train_deploy.handoffs import TokenizerInfo, TokenManifest, WorkFolder
 from train_deploy.registry.config import RegistryConfig
-from train_deploy.retrain import OUTCOME_TAG, RetrainConfig
+from train_deploy.run_control.retrain import OUTCOME_TAG, RetrainConfig
 from train_deploy.training.config import TrainingConfig
 from train_deploy.validation.config import ValidationConfig
 from train_deploy.validation.content import SampleScores

@@ -10,11 +10,11 @@
 - :class:`RunWatch`: a small process beside a Kedro run. When the run's process dies without ending its run (a
   fatal signal, or SIGKILL from the out-of-memory killer), it says on the run's console which stage, which
   signal and where the log is, and ends the MLflow run ``FAILED``: what the dead process cannot do itself.
-  The stage is the one the run lock's holder record names (``train_deploy.run_lock``); the signal is the one
+  The stage is the one the run lock's holder record names (``train_deploy.run_control.lock``); the signal is the one
   ``faulthandler`` wrote into the log, else SIGKILL, the one signal no handler sees.
 
-Stopping a process tree (SIGTERM, grace, SIGKILL) is ``train_deploy.processes``: this module is part of the served
-model's package, which imports no psutil.
+Stopping a process tree (SIGTERM, grace, SIGKILL) is ``train_deploy.run_control.processes``: this module is part of the
+served model's package, which imports no psutil.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-logger = logging.getLogger("train_deploy.signals")  # also when run as __main__ (the watch)
+logger = logging.getLogger("train_deploy.run_control.signals")  # also when run as __main__ (the watch)
 
 NOTIFY_VARIABLE = "TRAIN_DEPLOY_NOTIFY"
 """The watch process's copy of the run's ``notify`` block (JSON)."""
@@ -272,7 +272,8 @@ class RunWatch:
         if notify:  # the run's ``notify`` block: the watch sends the ``failed`` alert of a death
             env[NOTIFY_VARIABLE] = json.dumps(notify)
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "train_deploy.signals", "watch", str(holder), str(log or ""), str(offset),
+            [sys.executable, "-m", "train_deploy.run_control.signals", "watch", str(holder), str(log or ""),
+             str(offset),
              str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env, start_new_session=True)
 
     def ended(self) -> None:
@@ -320,7 +321,7 @@ def _report_death(holder: Path, log: Path | None, offset: int, pid: int) -> None
     if record.get("mlflow_run_id"):  # after the console line: MLflow takes seconds to import
         logger.error("%s", end_run_failed(record["mlflow_run_id"], f"{name} in {record.get('node') or 'the run'}"))
     if os.environ.get(NOTIFY_VARIABLE) and not past_schedule_deadline():  # else the scheduler says it timed out
-        from train_deploy.notify import NotifyConfig, notify
+        from train_deploy.run_control.notify import NotifyConfig, notify
 
         notify(NotifyConfig.from_params(json.loads(os.environ[NOTIFY_VARIABLE])), "failed", holder.parent.parent,
                node=record.get("node"), stage=record.get("stage"), reason=f"killed by {describe_signal(name)}",

@@ -7,7 +7,7 @@ flat JSON object: ``event``, ``time`` (UTC, ISO 8601), ``host``, ``project`` and
 Delivery never decides a run's fate, and never holds a run: a receiver that is down, slow or answers an error is
 logged in one line (the webhook named by scheme and host only: its path often carries a token) and the run goes
 on. Each delivery has one deadline, all attempts and waits together (:func:`deadline`): it happens in a child
-process (``python -m train_deploy.notify``, the message on its standard input) that ends by then whatever a
+process (``python -m train_deploy.run_control.notify``, the message on its standard input) that ends by then whatever a
 receiver does, even one that trickles its answer a byte at a time. A run hands its alert to such a process in a
 session of its own (:func:`hand_off`) and does not wait for it; ``train-deploy schedule`` and a run's watch wait
 for theirs (:func:`send`), never past the deadline. Every text field is redacted (``train_deploy.redaction``). With
@@ -289,13 +289,13 @@ def _wanted(config: NotifyConfig, body: dict[str, Any]) -> bool:
 
 def _start(config: NotifyConfig, body: dict[str, Any], *, report: bool,
            log: Path | None = None) -> subprocess.Popen | None:
-    """The delivery process (``python -m train_deploy.notify``), given the message, the settings and where its
-    failures go (``report``: standard output, else ``log``, if any) on its standard input; in its own session, so
+    """The delivery process (``python -m train_deploy.run_control.notify``), given the message, the settings and where
+    its failures go (``report``: standard output, else ``log``, if any) on its standard input; in its own session, so
     that a signal to the run's process group spares it."""
     job = {"config": dataclasses.asdict(config), "body": body, "report": report,
            "log": str(log) if log is not None else None}
     try:
-        process = subprocess.Popen([sys.executable, "-m", "train_deploy.notify"], stdin=subprocess.PIPE,
+        process = subprocess.Popen([sys.executable, "-m", "train_deploy.run_control.notify"], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE if report else subprocess.DEVNULL,
                                    stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
     except OSError:

@@ -5,8 +5,8 @@ point), the launcher's log folder and the local MLflow store. The lock is ``fcnt
 ``data/.train_deploy.lock``: the kernel releases it when its holder exits or is
 killed, so no stale lock outlives a crash. The holder describes itself (pid, host, pipeline, start time, and
 as the run goes on its MLflow run and the node it is in) in ``data/.train_deploy.lock.json``, so that a second
-run can say who holds it, and so that what a killed run was doing is known after it (``train_deploy.signals``):
-a description left behind is a run that died holding the lock.
+run can say who holds it, and so that what a killed run was doing is known after it
+(``train_deploy.run_control.signals``): a description left behind is a run that died holding the lock.
 
 A parent can take the lock and hand it to a child (``train-deploy schedule``: no other run can start between
 the scheduler's check and its ``kedro run``): :meth:`RunLock.hand_over` gives the open lock file and the

@@ -22,7 +22,7 @@ from train_deploy.export.config import ExportConfig
 from train_deploy.redaction import redact_uri
 from train_deploy.registry.config import RegistryConfig
 from train_deploy.retention import Layout, RetentionConfig, check_budget, last_run_bytes
-from train_deploy.retrain import RetrainConfig
+from train_deploy.run_control.retrain import RetrainConfig
 from train_deploy.training.config import TrainingConfig
 from train_deploy.validation.config import ValidationConfig
 
@@ -34,7 +34,7 @@ STAGE_CONFIGS: dict[str, type] = {
     "averaging": AveragingConfig,
     "export": ExportConfig,
     "registry": RegistryConfig,
-    "retrain": RetrainConfig,  # not a stage: whether a run of the whole chain trains (train_deploy.retrain)
+    "retrain": RetrainConfig,  # not a stage: whether a run of the whole chain trains (train_deploy.run_control.retrain)
     "retention": RetentionConfig,  # not a stage: what train-deploy gc keeps, the disk budget (train_deploy.retention)
 }
 

@@ -2,7 +2,7 @@
 
 Each run is a child process, ``python -m kedro run --pipeline P [--env E] [--params …]`` in the project
 folder, in its own process group, with ``TRAIN_DEPLOY_TRIGGER=schedule``, under the project's run lock
-(``train_deploy.run_lock``), which the scheduler takes and hands to the run: a slot whose project is held by
+(``train_deploy.run_control.lock``), which the scheduler takes and hands to the run: a slot whose project is held by
 another run is skipped and logged, never failed by a race with it. A failed run is retried with
 exponential back-off (``backoff``, 2 × ``backoff``, …) up to ``retries`` times, then the scheduler waits for
 the next slot; a run the data gate stopped (exit 3) is not retried: the same corpus would stop it again.
@@ -35,10 +35,10 @@ from typing import Any
 
 import click
 
-from train_deploy.processes import stop_process_tree
 from train_deploy.redaction import one_line
-from train_deploy.run_lock import RunConfig, RunLock, RunLockHeld
-from train_deploy.signals import DEADLINE_VARIABLE
+from train_deploy.run_control.lock import RunConfig, RunLock, RunLockHeld
+from train_deploy.run_control.processes import stop_process_tree
+from train_deploy.run_control.signals import DEADLINE_VARIABLE
 from train_deploy.validation import STOPPED_EXIT_STATUS as VALIDATION_STOPPED
 
 logger = logging.getLogger(__name__)
@@ -134,9 +134,9 @@ def _hours(schedule: Schedule) -> str:
 def run_with_retries(schedule: Schedule, stop: _Stop) -> int:
     """A run and its retries; the last exit code (0 for a run skipped because the project is held).
 
-    The scheduler takes the project's run lock first and hands it to each run (``train_deploy.run_lock``): a slot
-    is skipped, never failed, when another run holds it, and no run can start between the check and the run. A
-    run that timed out is not retried, and alerted once the lock is given back."""
+    The scheduler takes the project's run lock first and hands it to each run (``train_deploy.run_control.lock``): a
+    slot is skipped, never failed, when another run holds it, and no run can start between the check and the run. A run
+    that timed out is not retried, and alerted once the lock is given back."""
     lock = RunLock(schedule.project / "data")
     try:
         lock.acquire(RunConfig(lock="fail"), f"{schedule.pipeline} (train-deploy schedule)")
@@ -191,8 +191,8 @@ def notify_outcome(schedule: Schedule, event: str, **fields: object) -> None:
     if not (schedule.project / "conf").is_dir():
         return  # no configuration, no receivers (the scheduler's tests run a script in a bare folder)
     try:
-        from train_deploy.conf import project_config
-        from train_deploy.notify import NotifyConfig, notify
+        from train_deploy.project import project_config
+        from train_deploy.run_control.notify import NotifyConfig, notify
 
         params = project_config(schedule.project, schedule.env)["parameters"]
         notify(NotifyConfig.from_params(params.get("notify")), event, schedule.project, pipeline=schedule.pipeline,
