@@ -4,11 +4,10 @@ health and identity routes, and what a request over the time budget gets."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers.serving import AppServer, downloaded, post, raw_request
+from tests.helpers.serving import post, raw_request
 from train_deploy.export.runtime import LanguageModel, read_bundle
 from train_deploy.registry.model import Limits
 
@@ -16,17 +15,6 @@ TEXTS = ["今天天气很好。", "人民日报社论"]
 PROMPTS = ["中国", "今天"]
 LIMITS = Limits()
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, model_store, tiny_model) -> Iterator[AppServer]:
-    """The tiny model (logged with the default limits) served by the app in its own process."""
-    model = downloaded(model_store, tiny_model.model_uri, tmp_path_factory.mktemp("app_model"))
-    served = AppServer(model, model_store, tmp_path_factory.mktemp("app") / "empty")
-    served.start()
-    try:
-        yield served
-    finally:
-        served.stop()
 
 
 def test_score_answers_each_texts_log_probability_as_mlflow_does(server, tiny_bundle):

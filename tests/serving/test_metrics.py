@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -16,7 +15,7 @@ from starlette.routing import Route
 
 from tests.helpers import prometheus
 from tests.helpers.asgi import served
-from tests.helpers.serving import AppServer, downloaded, post
+from tests.helpers.serving import post
 from train_deploy.serving.metrics import ServerMetrics
 
 
@@ -108,17 +107,6 @@ def test_a_real_prometheus_scrapes_the_request_counter_with_the_models_labels(tm
         {"__name__": "train_deploy_requests_total", "instance": url.split("//")[1], "job": "train_deploy",
          "model": "train_deploy_lm", "version": "4", "route": "/work", "status": "200"}, "3")]
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, model_store, tiny_model) -> Iterator[AppServer]:
-    """The tiny model served by the real server (``train_deploy.serving.app``) in its own process."""
-    model = downloaded(model_store, tiny_model.model_uri, tmp_path_factory.mktemp("metrics_model"))
-    served_app = AppServer(model, model_store, tmp_path_factory.mktemp("metrics") / "empty")
-    served_app.start()
-    try:
-        yield served_app
-    finally:
-        served_app.stop()
 
 
 @pytest.mark.slow

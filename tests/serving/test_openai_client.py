@@ -6,26 +6,14 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator
 
 import openai
 import pytest
 
-from tests.helpers.serving import AppServer, downloaded
 from train_deploy.export.runtime import LanguageModel
 
 MODEL = "train_deploy_lm"
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, model_store, tiny_model) -> Iterator[AppServer]:
-    model = downloaded(model_store, tiny_model.model_uri, tmp_path_factory.mktemp("openai_model"))
-    served = AppServer(model, model_store, tmp_path_factory.mktemp("openai") / "empty")
-    served.start()
-    try:
-        yield served
-    finally:
-        served.stop()
 
 
 @pytest.fixture(scope="module")

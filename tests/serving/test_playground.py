@@ -8,7 +8,7 @@ import io
 import json
 import re
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from PIL import Image
@@ -19,7 +19,6 @@ from starlette.routing import Route
 
 from tests.helpers import browser
 from tests.helpers.asgi import served
-from tests.helpers.serving import AppServer, downloaded
 from train_deploy.export.runtime import LanguageModel
 from train_deploy.serving import completions
 from train_deploy.serving.playground import page
@@ -118,17 +117,6 @@ def _assert_screenshot(shot: bytes) -> None:
     low, high = image.convert("L").getextrema()
     assert high - low > 100, "the screenshot is blank"
 
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, model_store, tiny_model) -> Iterator[AppServer]:
-    """The tiny model served by the real server (``train_deploy.serving.app``) in its own process."""
-    model = downloaded(model_store, tiny_model.model_uri, tmp_path_factory.mktemp("playground_model"))
-    served_app = AppServer(model, model_store, tmp_path_factory.mktemp("playground") / "empty")
-    served_app.start()
-    try:
-        yield served_app
-    finally:
-        served_app.stop()
 
 
 @pytest.mark.slow
