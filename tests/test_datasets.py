@@ -224,3 +224,22 @@ def test_description_errors_name_the_file_and_key(tmp_path):
     (tmp_path / "notes.json").write_text(json.dumps({"fingerprint": 3}), encoding="utf-8")
     with pytest.raises(DescriptionError, match=rf"^{tmp_path / 'notes.json'}: fingerprint: expected a string, got 3$"):
         Notes.read_folder(tmp_path)
+
+
+def test_a_folder_pointer_loads_the_folder_it_was_saved_with_and_a_damaged_one_is_one_line(tmp_path,
+                                                                                           tiny_token_files):
+    """validated_token_files: the token files the data gate passed, read again from their folder by a later stage."""
+    from train_deploy.datasets import FolderPointerDataset
+    from train_deploy.handoffs import TokenManifest
+
+    pointer = FolderPointerDataset(filepath=str(tmp_path / "validated.json"),
+                                   description="train_deploy.handoffs.TokenManifest")
+    assert not pointer.exists()
+    pointer.save(tiny_token_files)
+    assert json.loads((tmp_path / "validated.json").read_text()) == {"path": str(Path(tiny_token_files.path).resolve())}
+    loaded = pointer.load()
+    assert isinstance(loaded, TokenManifest) and loaded.fingerprint == tiny_token_files.fingerprint
+    assert Path(loaded.path) == Path(tiny_token_files.path).resolve()
+    (tmp_path / "validated.json").write_text("{not json")
+    with pytest.raises(DatasetError, match=r"validated.json: not a folder record; run the stage that writes it again$"):
+        pointer.load()

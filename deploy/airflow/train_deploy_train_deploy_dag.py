@@ -145,6 +145,25 @@ def train_deploy():
                 "report_corpus_quality",
             ])
 
+    @task.external_python(task_id="validate-corpus", python=PROJECT_PYTHON, expect_airflow=False)
+    def validate_corpus(project: str, trigger: str, mlflow_run_id: str) -> None:
+        """Run the group's nodes (below) in the project's venv, into the DAG run's MLflow run."""
+        import os
+        from pathlib import Path
+
+        from kedro.framework.session import KedroSession
+        from kedro.framework.startup import bootstrap_project
+
+        os.chdir(project)  # the catalog's and MLflow's relative paths are the project's
+        os.environ["TRAIN_DEPLOY_TRIGGER"] = trigger
+        os.environ["MLFLOW_RUN_ID"] = mlflow_run_id  # kedro-mlflow resumes it
+        bootstrap_project(Path(project))
+        conf_source = None
+        with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
+            session.run(pipeline_names=["train_deploy"], node_names=[
+                "validate_corpus",
+            ])
+
     @task.external_python(task_id="train-model", python=PROJECT_PYTHON, expect_airflow=False)
     def train_model(project: str, trigger: str, mlflow_run_id: str) -> None:
         """Run the group's nodes (below) in the project's venv, into the DAG run's MLflow run."""
@@ -161,7 +180,6 @@ def train_deploy():
         conf_source = None
         with KedroSession.create(project_path=Path(project), env="local", conf_source=conf_source) as session:
             session.run(pipeline_names=["train_deploy"], node_names=[
-                "validate_corpus",
                 "configure_training",
                 "train_model",
             ])
@@ -266,6 +284,7 @@ def train_deploy():
         "encode-corpus": encode_corpus(PROJECT, TRIGGER, mlflow_run_id),
         "report-corpus": report_corpus(PROJECT, TRIGGER, mlflow_run_id),
         "report-corpus-quality": report_corpus_quality(PROJECT, TRIGGER, mlflow_run_id),
+        "validate-corpus": validate_corpus(PROJECT, TRIGGER, mlflow_run_id),
         "train-model": train_model(PROJECT, TRIGGER, mlflow_run_id),
         "average-checkpoints": average_checkpoints(PROJECT, TRIGGER, mlflow_run_id),
         "evaluate-checkpoints": evaluate_checkpoints(PROJECT, TRIGGER, mlflow_run_id),
@@ -275,12 +294,15 @@ def train_deploy():
     }
     tasks["encode-corpus"] >> tasks["report-corpus"]
     tasks["encode-corpus"] >> tasks["report-corpus-quality"]
+    tasks["encode-corpus"] >> tasks["validate-corpus"]
     tasks["encode-corpus"] >> tasks["train-model"]
+    tasks["validate-corpus"] >> tasks["train-model"]
     tasks["train-model"] >> tasks["average-checkpoints"]
-    tasks["encode-corpus"] >> tasks["evaluate-checkpoints"]
+    tasks["validate-corpus"] >> tasks["evaluate-checkpoints"]
     tasks["train-model"] >> tasks["evaluate-checkpoints"]
     tasks["average-checkpoints"] >> tasks["evaluate-checkpoints"]
     tasks["encode-corpus"] >> tasks["export-bundle"]
+    tasks["validate-corpus"] >> tasks["export-bundle"]
     tasks["train-model"] >> tasks["export-bundle"]
     tasks["evaluate-checkpoints"] >> tasks["export-bundle"]
     tasks["export-bundle"] >> tasks["report-export"]

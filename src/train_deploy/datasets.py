@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import logging
 import os
 import re
@@ -219,6 +220,41 @@ class DescriptionDataset(AbstractVersionedDataset[Any, Any]):
 
     def _load(self) -> Any:
         return read_json(self._description, Path(self._get_load_path()))
+
+    def _exists(self) -> bool:
+        try:
+            return Path(self._get_load_path()).is_file()
+        except VersionNotFoundError:
+            return False
+
+
+class FolderPointerDataset(AbstractVersionedDataset[Any, Any]):
+    """A record read from a folder (``read_folder``), saved as the folder's path in a small JSON file:
+    ``validated_token_files``, which names the token files the data gate passed (the night's own, or their
+    screened copy) for the stages after it, in this run or in a later run that starts from one of them."""
+
+    def __init__(self, *, filepath: str, description: str, version: Version | None = None,
+                 metadata: dict[str, Any] | None = None) -> None:
+        super().__init__(filepath=PurePosixPath(Path(filepath).as_posix()), version=version)
+        self._description = _import(description)
+        self.metadata = metadata
+
+    def _describe(self) -> dict[str, Any]:
+        return {"filepath": str(self._filepath), "description": self._description.__name__, "version": self._version}
+
+    def _save(self, data: Any) -> None:
+        if not isinstance(data, self._description) or not getattr(data, "path", ""):
+            raise DatasetError(f"{self._filepath}: expected a {self._description.__name__} read from its folder")
+        write_json(Path(self._get_save_path()), {"path": str(Path(data.path).resolve())})
+        self._cached_load_version = None
+
+    def _load(self) -> Any:
+        where = Path(self._get_load_path())
+        try:
+            folder = Path(json.loads(where.read_text(encoding="utf-8"))["path"])
+        except (OSError, ValueError, KeyError, TypeError):
+            raise DatasetError(f"{where}: not a folder record; run the stage that writes it again") from None
+        return self._description.read_folder(folder)
 
     def _exists(self) -> bool:
         try:

@@ -91,15 +91,16 @@ def test_a_truncated_night_stops_before_training_with_its_report_and_warn_or_for
     warnings = _logged(caplog, logging.WARNING)
     assert "training anyway (validation.mode: warn)" in warnings[0] and "(retrain.force: true)" in warnings[1]
 
-    # validation.screening: drop through `kedro run --pipelines validation`: the champion (downloaded) scores every
-    # training document; those above the factor times its own figure (here: the quarter it scores worst) are left
-    # out of the copy in the catalog's screened_token_files, and the shares go on the run
+    # validation.screening: drop through the whole `kedro run --pipelines train_deploy`: the champion (downloaded)
+    # scores every training document; those above the factor times its own figure (here: the quarter it scores
+    # worst) are left out of the copy in the catalog's screened_token_files, which training, averaging and export
+    # read; the shares go on the run, and the night registers its version
     scores = document_scores(LanguageModel.load(tiny_bundle), tokens, tokenizer)
     factor = round(float(np.quantile(scores, 0.75)) / recorded.nats_per_char, 4)
     dropped = int((scores > factor * recorded.nats_per_char).sum())
     assert 0 < dropped < len(scores)
     params["validation"] = {"mode": "warn", "screening": "drop", "max_document_nats_factor": factor}
-    run.main(["--pipelines", "validation", "--params", ",".join(cli_params(params))], standalone_mode=False)
+    run.main(["--pipelines", "train_deploy", "--params", ",".join(cli_params(params))], standalone_mode=False)
     (screened,) = (project / "data/04_feature/screened_tokens").iterdir()
     kept = TokenManifest.read_folder(screened)
     assert kept.splits["train"].documents == len(scores) - dropped and kept.splits["valid"] == tokens.splits["valid"]
@@ -107,6 +108,8 @@ def test_a_truncated_night_stops_before_training_with_its_report_and_warn_or_for
                                 order_by=["attribute.start_time DESC"], max_results=1)[0]
     assert latest.data.metrics["validation.screening.scored"] == len(scores)
     assert latest.data.metrics["validation.screening.dropped"] == dropped
+    assert latest.info.status == "FINISHED"  # averaging and export checked the checkpoints against the copy
+    assert [str(v.version) for v in client.search_model_versions(f"name='{MODEL}'")] == ["2", "1"]
 
 
 def _logged(caplog, level: int) -> list[str]:
