@@ -5,6 +5,7 @@ graph this CPU runs: the portable one where the fused kernels cannot run)."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import numpy as np
@@ -52,14 +53,21 @@ def _later(deadline: float = 60.0) -> float:
 
 class StepHooks:
     """``on_step`` that records batch sizes and runs ``actions[step]`` after that decode step (in the decode thread,
-    so a join or a cancel lands at a known step)."""
+    so a join or a cancel lands at a known step). The first step waits until the test has armed the actions: on a
+    busy host the thread could otherwise run its steps before the test had set them."""
 
     def __init__(self) -> None:
         self.sizes: list[int] = []
         self.actions: dict[int, object] = {}
+        self._armed = threading.Event()
+
+    def arm(self, actions: dict[int, object]) -> None:
+        self.actions = actions
+        self._armed.set()
 
     def __call__(self, size: int) -> None:
         self.sizes.append(size)
+        assert self._armed.wait(60), "the test never armed its step actions"
         action = self.actions.get(len(self.sizes))
         if action is not None:
             action()
@@ -73,7 +81,7 @@ def test_greedy_jobs_joining_at_different_steps_equal_each_prompt_alone(model):
     def submit(text: str, steps: int) -> None:
         jobs.append(batcher.submit(_ids(model, text), steps, GREEDY, _later()))
 
-    hooks.actions = {2: lambda: submit(PROMPTS[1], 6), 4: lambda: submit(PROMPTS[2], 9)}
+    hooks.arm({2: lambda: submit(PROMPTS[1], 6), 4: lambda: submit(PROMPTS[2], 9)})
     submit(PROMPTS[0], 12)
     try:
         first = jobs[0].wait(60)  # the others were submitted before the first ends
@@ -94,7 +102,7 @@ def test_a_cancelled_job_leaves_at_the_next_step_and_the_others_keep_their_token
     try:
         first = batcher.submit(_ids(model, PROMPTS[0]), 10, GREEDY, _later())
         second = batcher.submit(_ids(model, PROMPTS[1]), 10, GREEDY, _later())
-        hooks.actions = {2: first.cancel}
+        hooks.arm({2: first.cancel})
         assert second.wait(60) == _alone(model, PROMPTS[1], 10)
         assert first.wait(60) == _alone(model, PROMPTS[0], 3)  # one from the prefill, one per step
     finally:
@@ -108,7 +116,7 @@ def test_a_job_past_its_deadline_ends_before_or_during_decoding(model):
     try:
         late = batcher.submit(_ids(model, PROMPTS[0]), 10, GREEDY, time.monotonic() - 1)
         running = batcher.submit(_ids(model, PROMPTS[1]), 10, GREEDY, _later())
-        hooks.actions = {1: lambda: setattr(running, "deadline", 0.0)}
+        hooks.arm({1: lambda: setattr(running, "deadline", 0.0)})
         assert late.wait(60) == [] and running.wait(60) == _alone(model, PROMPTS[1], 2)
     finally:
         batcher.close()
@@ -214,9 +222,9 @@ def test_a_waiting_job_cancelled_or_past_its_deadline_ends_while_the_batch_is_fu
         running = batcher.submit(_ids(model, PROMPTS[0]), 8, GREEDY, _later())
         late = batcher.submit(_ids(model, PROMPTS[1]), 8, GREEDY, _later())
         gone = batcher.submit(_ids(model, PROMPTS[2]), 8, GREEDY, _later())
-        hooks.actions = {2: lambda: (setattr(late, "deadline", 0.0), gone.cancel()),
+        hooks.arm({2: lambda: (setattr(late, "deadline", 0.0), gone.cancel()),
                          4: lambda: seen.update(reasons=(late.finish_reason, gone.finish_reason),
-                                                waiting=batcher.waiting, running=running.finish_reason)}
+                                                waiting=batcher.waiting, running=running.finish_reason)})
         assert running.wait(60) == _alone(model, PROMPTS[0], 8)
     finally:
         batcher.close()
