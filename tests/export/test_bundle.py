@@ -44,7 +44,7 @@ def test_bundle_holds_server_edge_tokenizer_proofs_and_card(tiny_bundle):
         assert meta["files"][name] == file_record(tiny_bundle / name) and meta["files"][name]["bytes"] > 0
     assert set(meta["files"]) == {p.relative_to(tiny_bundle).as_posix() for p in tiny_bundle.rglob("*")
                                   if p.is_file()} - {"bundle.json"}  # every other file, the card too
-    assert meta["model"]["context"] == 128 and meta["source"]["step"] == 6 and meta["format"] == 9
+    assert meta["model"]["context"] == 128 and meta["source"]["step"] == 6 and meta["format"] == 10
     assert meta["graphs"] == {"server_portable": {"kernels": [], "needs": []}} | (
         {"server": {"kernels": ["swiglu", "fused_rms_norm"], "needs": ["probe:swiglu", "probe:fused_rms_norm"]}}
         if fused else {})

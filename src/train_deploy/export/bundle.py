@@ -10,10 +10,12 @@ A bundle is one folder (the catalog's versioned ``export_bundle``: ``<path>/<ver
                      (decode.json + decode.pdiparams), see graph.py
     server_portable/ Paddle Inference, the portable graph (the same files): runs on every CPU
     edge/            ONNX fp32 (model.onnx, decode.onnx) and int8 (model.int8.onnx, decode.int8.onnx), converted
-                     from the portable graph
+                     from the portable graph; the int8 pair in ONNX Runtime Mobile's format (model.int8.ort,
+                     decode.int8.ort) with required_operators.config for a reduced ONNX Runtime build (mobile.py)
     tokenizer/       the PaddleNLP tokenizer folder the model was trained with
     pretrained/      PaddleNLP's save_pretrained layout (config.json, float32 model.safetensors, the tokenizer):
                      LlamaForCausalLM.from_pretrained(folder) loads it; training.init_from: champion starts here
+    mobile.json      the .ort graphs against the int8 ONNX graphs: greedy tokens (must be identical), sizes
     parity.json      logits of every form against the trained model on fixed validation windows, and
                      (kv_cache) generation with the cache against full recomputation at every step
     latency.json     p50/p95 of one forward pass per form, and (``generation``) milliseconds per token of a
@@ -64,6 +66,7 @@ from train_deploy.export.graph import (
 )
 from train_deploy.export.hardware import disable_tf32
 from train_deploy.export.integrity import bundle_file_records
+from train_deploy.export.mobile import MOBILE_REPORT, convert_to_ort, mobile_report
 from train_deploy.export.plots import TrainingCurves, write_plots
 from train_deploy.export.pretrained import save_pretrained_folder
 from train_deploy.export.probe import fused_kernels
@@ -99,11 +102,12 @@ logger = logging.getLogger(__name__)
 
 PRETRAINED_DIR = "pretrained"
 
-FORMAT = 9  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json,
+FORMAT = 10  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json,
 # 5: pretrained/, 6: prefill and decode graphs with a KV cache, 7: a cache input and output per layer, Paddle's fused
 # kernels in server/, 8: the portable graph in server_portable/ and bundle.json's graphs, 9: each file's size and
 # xxh3-128 hash in bundle.json's files, checked on load (integrity.py; LanguageModel refuses bundles older than 7:
-# re-export, and loads 7 and 8 with a warning that their contents are not verified)
+# re-export, and loads 7 and 8 with a warning that their contents are not verified), 10: the int8 graphs in ONNX
+# Runtime's mobile format (edge/*.int8.ort, required_operators.config) and their greedy parity in mobile.json
 
 
 def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManifest, config: ExportConfig,
@@ -173,6 +177,8 @@ def _save_edge_models(prefix: Path, edge: Path, config: ExportConfig) -> None:
                                     config.edge.convert_timeout)
         if config.edge.int8:
             quantize_int8(onnx_file, edge / INT8_FILE.replace("model", graph.name, 1), config.edge.per_channel)
+    if config.edge.int8:
+        convert_to_ort(edge)  # ONNX Runtime Mobile's format of the int8 graphs (mobile.py)
 
 
 def check_tokenizer(tokenizer: TokenizerInfo, state: CheckpointState, checkpoint: Path) -> None:
@@ -217,6 +223,11 @@ def _prove(folder: Path, checkpoint: Path, state: CheckpointState, meta: dict[st
     latency = latency_report({"paddle_eager": lambda ids, mask: eager_logits(trained, ids), **forms}, vocab,
                              context, config.latency)
     generation = generation_report(forms, vocab, context, meta["model"]["eos_id"], config.latency)
+    if config.edge.int8:  # the .ort graphs must generate what the int8 ONNX graphs generate (mobile.py)
+        mobile = mobile_report(folder / "edge", windows, config.edge.threads, context, meta["model"]["eos_id"])
+        write_json(folder / MOBILE_REPORT, mobile)
+        failures = parity["failures"] + mobile["failures"]
+        parity = {**parity, "failures": failures, "passed": not failures}
     return parity, latency | ({"generation": generation} if generation else {})
 
 

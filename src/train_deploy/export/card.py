@@ -85,7 +85,7 @@ def model_card(meta: BundleMeta, state: CheckpointState, parity: ParityReport, l
         + ("rejected" if meta.too_long == "raise" else "cut to their last tokens") + " (`too_long`).",
         "- Generation uses a KV cache (a prefill and a one-token decode graph): its cost grows linearly with the "
         "output length; `parity.json` (`kv_cache`) proves every decode step equals full recomputation.",
-    ] + _load_lines()
+    ] + _load_lines() + _mobile_lines(files)
     return "\n".join(line for line in lines if line is not None)
 
 
@@ -100,6 +100,31 @@ def _load_lines() -> list[str]:
         "edge = LanguageModel.load(\"<this folder>\", backend=\"onnx\", int8=True)  # ONNX Runtime int8",
         "print(model.generate(\"中国\", max_new_tokens=20, temperature=0))",
         "```",
+        "",
+    ]
+
+
+def _mobile_lines(files: dict[str, int]) -> list[str]:
+    """The ONNX Runtime Mobile model: its size beside the int8 ONNX graph's, and how a phone app runs it (format 10
+    on; ``mobile.py``)."""
+    if "edge/model.int8.ort" not in files:
+        return []
+    return [
+        "## On Android and iOS (ONNX Runtime Mobile)",
+        f"`edge/model.int8.ort` ({_size(files['edge/model.int8.ort'])}; the int8 ONNX graph it is converted from: "
+        f"{_size(files.get('edge/model.int8.onnx', 0))}) and `edge/decode.int8.ort` "
+        f"({_size(files.get('edge/decode.int8.ort', 0))}) are the int8 graphs in ONNX Runtime's mobile format, "
+        "optimised for ARM at export. The export loaded them with the `onnxruntime` package and generated greedily "
+        "from validation prompts: the tokens equal the int8 ONNX graphs' (`mobile.json`).",
+        "- Android: the `com.microsoft.onnxruntime:onnxruntime-android` package (Gradle); iOS: the "
+        "`onnxruntime-objc` or `onnxruntime-c` pod. Create an `OrtSession` (`ORTSession` on iOS) from the `.ort` "
+        "file, feed `input_ids` and `attention_mask` (int64, `[batch, seq]`); the first output is the logits, the "
+        "rest each layer's key/value cache, fed to `decode.int8.ort` with the next token.",
+        "- Tokenise on the device with the tokenizer in `tokenizer/` (the one the model was trained with); a "
+        "prompt starts with the end-of-document id, as `LanguageModel` feeds it.",
+        "- A smaller app binary: build ONNX Runtime with `--minimal_build --include_ops_by_config "
+        "edge/required_operators.config` (the operators these two graphs use, `com.microsoft.MatMulNBits` "
+        "among them).",
         "",
     ]
 
