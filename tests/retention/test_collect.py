@@ -67,8 +67,9 @@ def test_champion_and_previous_survive_the_most_aggressive_collection(registered
                  for kind in ("checkpoints", "logs", "tokens.by_fingerprint", "tokenizer.by_fingerprint")}
     # keep_runs 1: the newest (run5, a retry resumes it) and the newest that registered a version (run4); 2, 3 aliases
     assert survivors == {"checkpoints": ["run2", "run3", "run4", "run5"], "logs": ["run2", "run3", "run4", "run5"],
-                         "tokens.by_fingerprint": ["corpus2", "corpus3"],  # keep_last 1: the aliases' only
-                         "tokenizer.by_fingerprint": ["t2", "t3"]}
+                         # keep_last 1 and no current link: the newest registered (corpus4) and the aliases'
+                         "tokens.by_fingerprint": ["corpus2", "corpus3", "corpus4"],
+                         "tokenizer.by_fingerprint": ["t2", "t3", "t4"]}
     assert sorted(p.name for p in (layout.project / "bundle").iterdir()) == [
         "2026-12-02T00.00.00.000Z", "2026-12-03T00.00.00.000Z", "2026-12-04T00.00.00.000Z", "2026-12-05T00.00.00.000Z"]
     assert sorted(p.name for p in (layout.project / "init_from" / "champion").iterdir()) == [

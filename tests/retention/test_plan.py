@@ -166,9 +166,9 @@ def test_tokenizer_store_is_matched_by_the_hash_its_tokenizer_file_records(tmp_p
     config = RetentionConfig.from_params({"checkpoints": {"keep_runs": 0}, "training_logs": {"keep_runs": 0},
                                           "bundles": {"keep_last": 0}})
     removals = plan_files(layout, config, ["edu-vlm"], kept)
-    # keep_last 1 is the current folder's place, and without a current link no folder holds it
-    assert _targets(removals, "token_files") == ["corpus0", "corpus1", "corpus2", "corpus3", "corpus4"]
-    assert _targets(removals, "tokenizer") == ["t0", "t2", "t3"]  # t1: the champion's
+    # without a current link, keep_last 1 is the place of the folder used last (corpus4, t3): never all removed
+    assert _targets(removals, "token_files") == ["corpus0", "corpus1", "corpus2", "corpus3"]
+    assert _targets(removals, "tokenizer") == ["t0", "t2"]  # t1: the champion's
     assert _targets(removals, "init_cache") == ["edu-vlm-v1"]  # lm-v*: not this project's models
     assert ("tokenizer", str(store / "t1"), "needed by lm version 1 (champion)") in kept.spared
 

@@ -222,10 +222,12 @@ def plan_stores(stores: Iterable[tuple[str, Path, int]], kept: Kept) -> list[Rem
 def _plan_store(what: str, store: Path, keep_last: int, kept: Kept) -> list[Removal]:
     link = store.with_name(store.name.removesuffix(".by_fingerprint"))
     current = (link.parent / os.readlink(link)).resolve() if link.is_symlink() else None
-    others = [f for f in _folders(store) if f.resolve() != current]
+    folders = _folders(store)
+    others = [f for f in folders if f.resolve() != current]
     field_name, value_of = _store_need(what)
     registered = getattr(kept.registered, field_name)
-    keep = _first_places(others, lambda f: value_of(f) in registered, keep_last - 1, newest=False)
+    places = keep_last - (len(others) < len(folders))  # without a current folder, all keep_last go to the others
+    keep = _first_places(others, lambda f: value_of(f) in registered, places, newest=False)
     return [Removal(kind=what, target=str(folder), bytes=tree_bytes(folder),
                     reason=f"not among the {keep_last} corpora used last that a version was registered from "
                            "(keep_last in the catalog); no alias needs it")
