@@ -4,13 +4,15 @@ and the time to the first token in the log."""
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 
+import numpy as np
 import openai
 import pytest
 
-from train_deploy.export.runtime import LanguageModel
+from train_deploy.export.runtime import LanguageModel, log_softmax
 
 MODEL = "train_deploy_lm"
 
@@ -80,6 +82,9 @@ def test_a_stop_sequence_ends_the_text_before_it_streamed_or_not(client, alone):
     ({"n": 2}, 400, "n", "n: only 1 completion per prompt is supported"),
     ({"max_tokens": 100_000}, 400, "max_tokens", "max_tokens: 100000 is outside 0 to 256"),
     ({"temperature": -1}, 400, "temperature", "temperature: -1 is outside 0 to 2"),
+    ({"logprobs": 6}, 400, "logprobs", "logprobs: 6 is outside 0 to 5"),
+    ({"logprobs": -1}, 400, "logprobs", "logprobs: -1 is outside 0 to 5"),
+    ({"extra_body": {"logprobs": "3"}}, 400, "logprobs", "logprobs: expected an integer"),
     ({"model": "gpt-4"}, 404, "model", f"model: not served here; this server serves {MODEL} (GET /v1/models)"),
     ({"extra_body": {"temprature": 0}}, 400, "temprature",
      "unknown field temprature; see the API reference for /v1/completions"),
@@ -106,3 +111,74 @@ def test_concurrent_greedy_completions_share_the_batch_and_each_is_the_text_alon
     for thread in threads:
         thread.join(timeout=60)
     assert answers == {prompt: alone.generate(prompt, max_new_tokens=24, temperature=0) for prompt in prompts}
+
+
+def _greedy_with_reference(alone: LanguageModel, prompt: str, count: int) -> tuple[list[int], list[np.ndarray]]:
+    """The prompt's greedy new tokens alone, and each step's log-probabilities computed apart from the server: the
+    model's logits over the whole text at once (no cache, no batch), through log_softmax."""
+    tokens = [event.token for event in alone.generate_stream(prompt, max_new_tokens=count, temperature=0)]
+    ids = [alone.eos_id, *alone.tokenizer.encode([alone.normalize(prompt)])[0], *tokens]
+    logprobs = log_softmax(alone.logits(np.asarray([ids], dtype=np.int64))[0].astype(np.float64))
+    first = len(ids) - len(tokens) - 1
+    return tokens, [logprobs[first + k] for k in range(len(tokens))]
+
+
+def _expected_top(alone: LanguageModel, reference: np.ndarray, chosen: int, text: str, k: int) -> dict[str, float]:
+    top = {text: float(reference[chosen])}
+    for t in np.argsort(-reference, kind="stable")[:k]:
+        if t != chosen:
+            top.setdefault(alone.tokenizer.decode([int(t)]), float(reference[t]))
+    return top
+
+
+def _assert_logprobs(alone, logprobs, text: str, tokens: list[int], reference: list[np.ndarray], k: int) -> None:
+    assert "".join(logprobs.tokens) == text and len(logprobs.tokens) == len(tokens)
+    assert logprobs.text_offset == list(itertools.accumulate([0, *map(len, logprobs.tokens[:-1])]))
+    np.testing.assert_allclose(logprobs.token_logprobs, [ref[t] for ref, t in zip(reference, tokens, strict=True)],
+                               rtol=0, atol=1e-4)
+    for top, ref, token, piece in zip(logprobs.top_logprobs, reference, tokens, logprobs.tokens, strict=True):
+        expected = _expected_top(alone, ref, token, piece, k)
+        assert sorted(top) == sorted(expected)
+        np.testing.assert_allclose([top[key] for key in expected], list(expected.values()), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("k", [0, 5])
+def test_logprobs_are_the_models_own_and_leave_the_greedy_text_unchanged(client, alone, k):
+    tokens, reference = _greedy_with_reference(alone, "中国", 12)
+    answer = client.completions.create(model=MODEL, prompt="中国", max_tokens=12, temperature=0, logprobs=k)
+    choice = answer.choices[0]
+    assert choice.text == alone.generate("中国", max_new_tokens=12, temperature=0)
+    _assert_logprobs(alone, choice.logprobs, choice.text, tokens, reference, k)
+
+
+def test_streamed_logprobs_come_with_their_text_and_match_the_model(client, alone):
+    prompts = ["今天", "经济发展"]
+    stream = client.completions.create(model=MODEL, prompt=prompts, max_tokens=10, temperature=0, logprobs=2,
+                                       stream=True)
+    texts: dict[int, str] = {0: "", 1: ""}
+    parts: dict[int, dict[str, list]] = {i: {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                                             "text_offset": []} for i in texts}
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+            assert "".join(choice.logprobs.tokens) == choice.text  # each chunk's tokens carry its text
+            for key, values in parts[choice.index].items():
+                values.extend(getattr(choice.logprobs, key))
+    for i, prompt in enumerate(prompts):
+        tokens, reference = _greedy_with_reference(alone, prompt, 10)
+        assert texts[i] == alone.generate(prompt, max_new_tokens=10, temperature=0)
+        _assert_logprobs(alone, openai.types.completion_choice.Logprobs(**parts[i]), texts[i], tokens, reference, 2)
+
+
+def test_logprobs_end_with_the_token_a_stop_sequence_begins_in(client, alone):
+    full = alone.generate("中国", max_new_tokens=20, temperature=0)
+    stop = full[5:7]
+    plain = client.completions.create(model=MODEL, prompt="中国", max_tokens=20, temperature=0, stop=stop, logprobs=1)
+    streamed = client.completions.create(model=MODEL, prompt="中国", max_tokens=20, temperature=0, stop=stop,
+                                         logprobs=1, stream=True)
+    text, logprobs = plain.choices[0].text, plain.choices[0].logprobs
+    assert text == full[:full.index(stop)]
+    ends = [offset + len(token) for offset, token in zip(logprobs.text_offset, logprobs.tokens, strict=True)]
+    assert ends[-1] >= len(text) and (len(ends) == 1 or ends[-2] < len(text))
+    tokens = [token for chunk in streamed for choice in chunk.choices for token in choice.logprobs.tokens]
+    assert tokens == logprobs.tokens

@@ -334,8 +334,9 @@ class ServingApp:
         prompt_tokens = sum(map(len, prompt_ids))
         sampling = Sampling(request.temperature, 0, request.top_p, request.seed)
         queue, future, _ = batched.start(self.batcher, self.lanes["generate"], ticket, prompt_ids,
-                                         request.max_tokens, sampling, self.generator.tokenizer)
-        stream = CompletionStream(exchange, ticket, request, self.served.name, prompt_tokens, self.metrics)
+                                         request.max_tokens, sampling, self.generator.tokenizer, request.logprobs)
+        stream = CompletionStream(exchange, ticket, request, self.served.name, prompt_tokens, self.metrics,
+                                  self.generator.tokenizer.decode)
         try:
             await stream.run(queue, future)
         except MlflowException as error:
@@ -428,11 +429,12 @@ class CompletionStream:
     as they come (``stream``) or as one answer at the end; the time to the first token logged."""
 
     def __init__(self, exchange: Exchange, ticket: Ticket, request: openai.CompletionRequest, model: str,
-                 prompt_tokens: int, metrics: Any) -> None:
+                 prompt_tokens: int, metrics: Any, decode: Callable[[list[int]], str]) -> None:
         self.exchange, self.ticket, self.request, self.model = exchange, ticket, request, model
         self.prompt_tokens, self.metrics = prompt_tokens, metrics
         self.ident = openai.completion_id()
         self.texts = [openai.StopText(request.stop) for _ in request.prompts]
+        self.logprobs = [openai.Logprobs(decode) for _ in request.prompts] if request.logprobs is not None else None
         self.first_token_s: float | None = None
 
     async def run(self, queue: asyncio.Queue, future: asyncio.Future) -> None:
@@ -478,10 +480,13 @@ class CompletionStream:
                 self.metrics.first_token(self.first_token_s)
         text = self.texts[event.sequence]
         piece = text.add(event.text)
+        if self.logprobs is not None and event.logprob is not None:
+            self.logprobs[event.sequence].add(event.token, event.text, event.logprob)
         if all(t.stopped for t in self.texts):
             self.ticket.cancel("stop")
         if piece and self.request.stream:
-            await self._send(openai.chunk(self.ident, self.model, event.sequence, piece, None))
+            logprobs = None if self.logprobs is None else self.logprobs[event.sequence].release(text.sent)
+            await self._send(openai.chunk(self.ident, self.model, event.sequence, piece, None, logprobs))
 
     async def _finish(self, counts: list[int]) -> None:
         reasons = ["stop" if text.stopped or count < self.request.max_tokens else "length"
@@ -492,13 +497,24 @@ class CompletionStream:
             self.metrics.tokens(sum(counts))
         if not self.request.stream:
             texts = [text.text for text in self.texts]
-            await self.exchange.json(200, openai.completion(self.ident, self.model, texts, reasons, usage))
+            await self.exchange.json(200, openai.completion(self.ident, self.model, texts, reasons, usage,
+                                                            self._logprobs_rest()))
             return
+        rests = self._logprobs_rest()
         for i, (text, reason) in enumerate(zip(self.texts, reasons, strict=True)):
-            await self._send(openai.chunk(self.ident, self.model, i, text.flush(), reason))
+            await self._send(openai.chunk(self.ident, self.model, i, text.flush(), reason,
+                                          None if rests is None else rests[i]))
         if self.request.include_usage:
             await self._send(openai.usage_chunk(self.ident, self.model, usage))
         await self._send(openai.DONE, last=True)
+
+    def _logprobs_rest(self) -> list[dict[str, list[Any]]] | None:
+        """Each sequence's logprobs not yet sent: those of the tokens that begin within its text (a stop sequence
+        cuts the text; the token it begins in is the last)."""
+        if self.logprobs is None:
+            return None
+        return [logprobs.rest(len(text.text) if text.stopped else None)
+                for logprobs, text in zip(self.logprobs, self.texts, strict=True)]
 
     async def error(self, status: int, message: str) -> None:
         """An error after the stream began: one event in OpenAI's error shape, then the end of the stream."""

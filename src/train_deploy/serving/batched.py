@@ -1,29 +1,41 @@
 """Generation through the :class:`~train_deploy.serving.batching.Batcher`: each prompt of a request is a job in
 the running batch, so concurrent requests share forward passes; the request is one admission in the generate lane.
 
-:func:`start` submits the jobs and returns a queue of :class:`GeneratedToken` (text pieces decoded per prompt, as
-``LanguageModel.generate_stream`` gives them, then None at the end) and a future of the new tokens per prompt. The
-jobs leave the batch at their deadline (the request's, counted from arrival), and when the request's ticket is
-cancelled (its client went away, or every prompt reached a stop sequence).
+:func:`start` submits the jobs and returns a queue of :class:`TokenEvent` (text pieces decoded per prompt, as
+``LanguageModel.generate_stream`` gives them, with their log-probabilities when asked for, then None at the end)
+and a future of the new tokens per prompt. The jobs leave the batch at their deadline (the request's, counted from
+arrival), and when the request's ticket is cancelled (its client went away, or every prompt reached a stop
+sequence).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any
 
-from train_deploy.export.runtime import GeneratedToken
 from train_deploy.serving.admission import Lane, Ticket
-from train_deploy.serving.batching import Batcher, Job, Sampling
+from train_deploy.serving.batching import Batcher, Job, Sampling, TokenLogprob
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One new token of a request's prompt ``sequence``: the text it adds and, when asked for, its log-probability."""
+
+    sequence: int
+    token: int
+    text: str
+    logprob: TokenLogprob | None
 
 
 def start(batcher: Batcher, lane: Lane, ticket: Ticket, prompt_ids: list[list[int]], max_new_tokens: int,
-          sampling: Sampling, tokenizer: Any | None) -> tuple[asyncio.Queue, asyncio.Future, list[Job]]:
+          sampling: Sampling, tokenizer: Any | None,
+          top_logprobs: int | None = None) -> tuple[asyncio.Queue, asyncio.Future, list[Job]]:
     """Admit the request to ``lane`` (raises ``QueueFull``) and submit one job per prompt; ``tokenizer`` None sends
-    no text pieces (the caller decodes at the end)."""
+    no text pieces (the caller decodes at the end); ``top_logprobs`` as :meth:`Batcher.submit`."""
     lane.admit()
-    jobs = [batcher.submit(ids, max_new_tokens, sampling, ticket.deadline) for ids in prompt_ids]
+    jobs = [batcher.submit(ids, max_new_tokens, sampling, ticket.deadline, top_logprobs) for ids in prompt_ids]
     queue: asyncio.Queue = asyncio.Queue()
     pieces = _Pieces(tokenizer, len(jobs), lane)
     future = asyncio.ensure_future(_follow_all(jobs, queue, ticket, pieces))
@@ -46,8 +58,11 @@ async def _follow_all(jobs: list[Job], queue: asyncio.Queue, ticket: Ticket, pie
 
 
 async def _follow(i: int, job: Job, jobs: list[Job], queue: asyncio.Queue, ticket: Ticket, pieces: _Pieces) -> None:
+    count = 0
     async for token in job.stream():
-        queue.put_nowait(GeneratedToken(i, token, pieces.add(i, token)))
+        logprob = job.logprobs[count] if job.top_logprobs is not None else None
+        count += 1
+        queue.put_nowait(TokenEvent(i, token, pieces.add(i, token), logprob))
         if ticket.cancelled:
             for each in jobs:
                 each.cancel()

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from train_deploy.export.runtime import LanguageModel, sample_token
+from train_deploy.export.runtime import LanguageModel, log_softmax, sample_token
 
 logger = logging.getLogger(__name__)
 
@@ -45,18 +45,32 @@ class Sampling:
     """The job's own generator's seed: the same seed gives ``generate(prompt, seed=seed)``'s tokens."""
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A new token's natural-log probability under the model (its raw logits, before temperature or top-p) and
+    the likeliest tokens' at that step."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+    """``(token, logprob)`` of the ``top_logprobs`` likeliest tokens, likeliest first."""
+
+
 class Job:
     """One prompt's sequence in the running batch: its tokens as they are decoded, and why it ended."""
 
-    def __init__(self, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling, deadline: float) -> None:
+    def __init__(self, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling, deadline: float,
+                 top_logprobs: int | None = None) -> None:
         self.prompt_ids, self.max_new_tokens = prompt_ids, max_new_tokens
-        self.sampling, self.deadline = sampling, deadline
+        self.sampling, self.deadline, self.top_logprobs = sampling, deadline, top_logprobs
         self.finish_reason: str | None = None
         """``stop`` (eos) | ``length`` | ``cancelled`` | ``deadline`` | ``error``; None while running."""
         self.first_token_s: float | None = None
         """Seconds from submit to the first token."""
         self.tokens: list[int] = []
         """The new tokens so far (eos not included)."""
+        self.logprobs: list[TokenLogprob] = []
+        """Each new token's log-probability, when asked for (``top_logprobs`` not None); set before the token is
+        streamed, so ``logprobs[i]`` is there once ``tokens[i]`` has come."""
         self._submitted = time.monotonic()
         self._rng = np.random.default_rng(sampling.seed)
         self._cancelled = False
@@ -98,6 +112,15 @@ class Job:
     def _pick(self, logits: np.ndarray) -> int:
         s = self.sampling
         return sample_token(logits, s.temperature, s.top_k, self._rng, s.top_p)
+
+    def _record(self, token: int, logits: np.ndarray) -> None:
+        """``token``'s log-probability and the ``top_logprobs`` likeliest tokens' under ``logits``."""
+        if self.top_logprobs is None:
+            return
+        logprobs, k = log_softmax(logits), min(self.top_logprobs, len(logits))
+        top = np.argpartition(-logprobs, k - 1)[:k] if k else np.zeros(0, np.int64)
+        top = top[np.argsort(-logprobs[top], kind="stable")]
+        self.logprobs.append(TokenLogprob(float(logprobs[token]), [(int(t), float(logprobs[t])) for t in top]))
 
     def _push(self, token: int) -> None:
         if self.first_token_s is None:
@@ -173,10 +196,12 @@ class Batcher:
         self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
         self._thread.start()
 
-    def submit(self, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling, deadline: float) -> Job:
+    def submit(self, prompt_ids: list[int], max_new_tokens: int, sampling: Sampling, deadline: float,
+               top_logprobs: int | None = None) -> Job:
         """Queue ``prompt_ids`` (``[eos_id, *ids]`` fitted to the context, as LanguageModel builds them) to be
-        decoded up to ``max_new_tokens`` tokens until ``deadline`` (``time.monotonic()``)."""
-        job = Job(list(prompt_ids), max_new_tokens, sampling, deadline)
+        decoded up to ``max_new_tokens`` tokens until ``deadline`` (``time.monotonic()``); with ``top_logprobs``
+        (0 or more), each token's log-probability and the likeliest ones' are kept in :attr:`Job.logprobs`."""
+        job = Job(list(prompt_ids), max_new_tokens, sampling, deadline, top_logprobs)
         with self._wake:
             if self._closed:
                 job._finish("cancelled")
@@ -281,11 +306,13 @@ class Batcher:
         """Each job's next token from its last logits, pushed to its stream; None where the job ends here."""
         picked: list[int | None] = []
         for row, job in enumerate(jobs):
-            token = job._pick(logits[row, -1].astype(np.float64))
+            last = logits[row, -1].astype(np.float64)
+            token = job._pick(last)
             if token == self._model.eos_id:
                 job._finish("stop")
                 picked.append(None)
                 continue
+            job._record(token, last)
             job._push(token)
             if len(job.tokens) >= job.max_new_tokens:
                 job._finish("length")

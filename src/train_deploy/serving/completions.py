@@ -3,9 +3,9 @@
 The request is checked field by field against the model's limits: ``prompt`` (a string or a list of at most
 ``max_batch`` strings of at most ``max_chars`` characters), ``max_tokens`` (16, as OpenAI; at most the model's
 ``max_new_tokens``), ``temperature`` (1), ``top_p`` (1), ``seed`` (0), ``stop`` (a string or up to 4), ``stream``,
-``n`` (1 only) and ``model`` (the served model's name). Sampling is over the whole vocabulary (no top-k: the API
-has none). An unknown field, or a known one this server does not implement set to anything but its default, is a
-400 naming it, as the API does, so a misspelling is never dropped.
+``n`` (1 only), ``logprobs`` (0 to 5) and ``model`` (the served model's name). Sampling is over the whole
+vocabulary (no top-k: the API has none). An unknown field, or a known one this server does not implement set to
+anything but its default, is a 400 naming it, as the API does, so a misspelling is never dropped.
 """
 
 from __future__ import annotations
@@ -14,16 +14,20 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from train_deploy.serving.batching import TokenLogprob
 from train_deploy.serving.requests import HttpRefusal
 
 DEFAULT_MAX_TOKENS = 16
 """OpenAI's default ``max_tokens`` for completions."""
 MAX_STOPS = 4
+MAX_LOGPROBS = 5
+"""How many of the likeliest tokens ``logprobs`` may ask for at each step (OpenAI's limit for completions)."""
 IGNORED = {"user": None, "stream_options": None, "echo": False, "best_of": 1, "frequency_penalty": 0,
-           "presence_penalty": 0, "logit_bias": None, "suffix": None, "logprobs": None}
+           "presence_penalty": 0, "logit_bias": None, "suffix": None}
 """Fields OpenAI defines that are accepted at these values only (``user`` and ``stream_options`` at any)."""
 
 
@@ -41,6 +45,8 @@ class CompletionRequest:
     stop: list[str] = field(default_factory=list)
     stream: bool = False
     include_usage: bool = False
+    logprobs: int | None = None
+    """How many of the likeliest tokens to return with each new token's log-probability (None: no logprobs)."""
 
     def settings(self) -> dict[str, Any]:
         """The model's generation parameters (``registry.model.PARAMS``) for this request."""
@@ -54,7 +60,8 @@ def parse_completion(body: Any, model_name: str, max_batch: int, max_chars: int,
     model) naming the field."""
     if not isinstance(body, dict):
         raise HttpRefusal(400, "request: expected a JSON object")
-    known = {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "n", *IGNORED}
+    known = {"model", "prompt", "max_tokens", "temperature", "top_p", "seed", "stop", "stream", "n", "logprobs",
+             *IGNORED}
     unknown = sorted(str(name)[:40] for name in body if name not in known)
     if unknown:
         raise HttpRefusal(400, f"unknown field {unknown[0]}; see the API reference for /v1/completions",
@@ -63,7 +70,7 @@ def parse_completion(body: Any, model_name: str, max_batch: int, max_chars: int,
         raise HttpRefusal(404, f"model: not served here; this server serves {model_name} (GET /v1/models)",
                           param="model")
     for name, default in IGNORED.items():
-        if default is not None or name == "logprobs":
+        if default is not None:
             if body.get(name, default) not in (default, None):
                 raise HttpRefusal(400, f"{name}: not supported by this server; leave it out", param=name)
     if body.get("n", 1) != 1:
@@ -74,7 +81,8 @@ def parse_completion(body: Any, model_name: str, max_batch: int, max_chars: int,
         prompts, single, max_tokens=_integer(body, "max_tokens", DEFAULT_MAX_TOKENS, 0, max_new_tokens),
         temperature=_number(body, "temperature", 1.0, 0.0, 2.0), top_p=_top_p(body),
         seed=_integer(body, "seed", 0, 0, 2**63 - 1), stop=_stops(body.get("stop")), stream=_flag(body, "stream"),
-        include_usage=isinstance(options, dict) and options.get("include_usage") is True)
+        include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+        logprobs=None if body.get("logprobs") is None else _integer(body, "logprobs", 0, 0, MAX_LOGPROBS))
 
 
 def _prompts(prompt: Any, max_batch: int, max_chars: int) -> tuple[list[str], bool]:
@@ -171,18 +179,61 @@ def completion_id() -> str:
     return f"cmpl-{uuid.uuid4().hex[:24]}"
 
 
-def completion(ident: str, model: str, texts: list[str], reasons: list[str], usage: dict[str, int]) -> dict[str, Any]:
-    """A non-streamed answer."""
-    choices = [{"text": text, "index": i, "logprobs": None, "finish_reason": reason}
+class Logprobs:
+    """One sequence's new tokens with their log-probabilities, in OpenAI's ``logprobs`` shape: ``tokens`` (the text
+    each token adds, so they join to the text: a token that leaves a character incomplete adds ``""`` and the one
+    that completes it the whole character), ``token_logprobs``, ``top_logprobs`` (the chosen token's under its text
+    in ``tokens``, and the likeliest tokens' texts, each decoded alone, the likelier one where two decode alike: up to
+    ``logprobs`` + 1 entries) and ``text_offset`` (each token's first character in the completion's text).
+    Log-probabilities are the model's own (its raw logits), whatever the temperature and top-p."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.decode = decode
+        self.entries: list[tuple[str, float, dict[str, float], int]] = []
+        self.length = self.taken = 0
+
+    def add(self, token: int, piece: str, logprob: TokenLogprob) -> None:
+        top = {piece: logprob.logprob}
+        for each, value in logprob.top:  # two tokens that decode alike: the likelier one's figure
+            if each != token:
+                top.setdefault(self.decode([each]), value)
+        self.entries.append((piece, logprob.logprob, top, self.length))
+        self.length += len(piece)
+
+    def release(self, upto: int) -> dict[str, list[Any]]:
+        """The tokens not yet released that lie wholly within the first ``upto`` characters of the text."""
+        end = self.taken
+        while end < len(self.entries) and self.entries[end][3] + len(self.entries[end][0]) <= upto:
+            end += 1
+        return self._take(end)
+
+    def rest(self, limit: int | None) -> dict[str, list[Any]]:
+        """The tokens not yet released that begin within the first ``limit`` characters (None: all of them)."""
+        end = self.taken
+        while end < len(self.entries) and (limit is None or self.entries[end][3] < limit):
+            end += 1
+        return self._take(end)
+
+    def _take(self, end: int) -> dict[str, list[Any]]:
+        entries, self.taken = self.entries[self.taken:end], max(self.taken, end)
+        return {"tokens": [e[0] for e in entries], "token_logprobs": [e[1] for e in entries],
+                "top_logprobs": [e[2] for e in entries], "text_offset": [e[3] for e in entries]}
+
+
+def completion(ident: str, model: str, texts: list[str], reasons: list[str], usage: dict[str, int],
+               logprobs: list[dict[str, list[Any]]] | None = None) -> dict[str, Any]:
+    """A non-streamed answer (``logprobs``: one per text, :meth:`Logprobs.rest`)."""
+    choices = [{"text": text, "index": i, "logprobs": logprobs[i] if logprobs else None, "finish_reason": reason}
                for i, (text, reason) in enumerate(zip(texts, reasons, strict=True))]
     return {"id": ident, "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": usage}
 
 
-def chunk(ident: str, model: str, index: int, text: str, reason: str | None) -> bytes:
-    """One server-sent event of a streamed answer."""
+def chunk(ident: str, model: str, index: int, text: str, reason: str | None,
+          logprobs: dict[str, list[Any]] | None = None) -> bytes:
+    """One server-sent event of a streamed answer (``logprobs``: those of the tokens whose text it carries)."""
     return event({"id": ident, "object": "text_completion", "created": int(time.time()), "model": model,
-                  "choices": [{"text": text, "index": index, "logprobs": None, "finish_reason": reason}]})
+                  "choices": [{"text": text, "index": index, "logprobs": logprobs, "finish_reason": reason}]})
 
 
 def usage_chunk(ident: str, model: str, usage: dict[str, int]) -> bytes:
