@@ -20,6 +20,7 @@ from kedro.io.core import DatasetError
 from mlflow import MlflowClient
 
 from tests.helpers.project import cli_params, tiny_runtime_params
+from train_deploy.registry.relocate import StoreMoved, relocate
 
 KEDRO = Path(sys.executable).parent / "kedro"
 
@@ -32,24 +33,33 @@ def _runs(store: Path) -> list:
 
 
 @pytest.mark.slow
-def test_the_artifact_location_of_a_fresh_project_is_relative_and_a_moved_copy_writes_into_itself(
+def test_the_artifact_location_of_a_fresh_project_is_absolute_and_a_moved_copy_is_stopped_until_relocated(
         project, tmp_path, monkeypatch):
     with KedroSession.create(project_path=project) as session:
         session.load_context()  # kedro-mlflow creates the experiment
     experiment = MlflowClient().get_experiment_by_name("train_deploy")
-    assert experiment.artifact_location == "mlartifacts"
+    assert experiment.artifact_location == (project / "mlartifacts").as_uri()  # as MLflow records it
 
     moved = tmp_path / "moved"
     shutil.copytree(project, moved)
     shutil.rmtree(project)
     monkeypatch.chdir(moved)
     bootstrap_project(moved)
+    with pytest.raises(StoreMoved) as stopped, KedroSession.create(project_path=moved) as session:
+        session.load_context()
+    assert str(stopped.value) == (
+        f"MLflow store {tmp_path / 'mlruns.db'}: its artifact locations name {project}, which no longer exists (the "
+        f"project moved to {moved}): run `train-deploy relocate --project {moved}` (--dry-run shows the changes)")
+    assert not project.exists()
+
+    relocate(tmp_path / "mlruns.db", moved)
     with KedroSession.create(project_path=moved) as session:
         session.load_context()
     with mlflow.start_run(experiment_id=experiment.experiment_id) as run:
         mlflow.log_text("written", "note.txt")
     assert (moved / "mlartifacts" / run.info.run_id / "artifacts" / "note.txt").read_text() == "written"
-    assert MlflowClient().get_experiment(experiment.experiment_id).artifact_location == "mlartifacts"
+    assert MlflowClient().get_experiment(experiment.experiment_id).artifact_location == \
+        (moved / "mlartifacts").as_uri()
 
 
 @pytest.mark.slow

@@ -125,8 +125,9 @@ def test_kedro_run_corpus_pipeline_records_params_manifest_and_metrics_in_mlflow
     logged = json.loads((artifact_dir / "token_manifest.json").read_text(encoding="utf-8"))
     assert logged["fingerprint"] == manifest["fingerprint"]
     assert (artifact_dir / "tokenizer" / "sentencepiece.bpe.model").is_file()  # the tokenizer folder itself
-    assert run.info.artifact_uri == f"mlartifacts/{run.info.run_id}/artifacts"  # relative: a moved project keeps it
-    assert (project / run.info.artifact_uri / "corpus" / "token_manifest.json").is_file()
+    # absolute, as MLflow records it: MLflow's own tools load it from any folder (train-deploy relocate after a move)
+    assert run.info.artifact_uri == (project / "mlartifacts" / run.info.run_id / "artifacts").as_uri()
+    assert (project / "mlartifacts" / run.info.run_id / "artifacts" / "corpus" / "token_manifest.json").is_file()
 
     # A second run on the unchanged corpus reuses everything and says so.
     with KedroSession.create(project_path=project, runtime_params=tiny_runtime_params()) as session:

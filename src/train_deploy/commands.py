@@ -4,7 +4,9 @@
   ``python -m train_deploy`` runs too);
 - ``train-deploy schedule …``: retrain on a cron schedule, or once (``train_deploy.run_control.schedule``);
 - ``train-deploy serve``: the registered champion over HTTP, from any folder (``train_deploy.serve``);
-- ``train-deploy gc [--dry-run]``: remove what retention no longer keeps (``train_deploy.retention``).
+- ``train-deploy gc [--dry-run]``: remove what retention no longer keeps (``train_deploy.retention``);
+- ``train-deploy relocate [--dry-run]``: the store's artifact locations rewritten after the project moved
+  (``train_deploy.registry.relocate``).
 
 Each command imports what it needs when it runs: ``train-deploy schedule`` starts in a fraction of a second, so
 a SIGTERM right after its start (systemd, a test) meets its handler, not Kedro's and MLflow's imports.
@@ -38,6 +40,7 @@ def main(context: click.Context) -> None:
       train-deploy schedule --cron "0 3 * * *"       retrain on a schedule (or --once)
       train-deploy serve                             serve the registered champion over HTTP
       train-deploy gc --dry-run                      what retention would remove, and the bytes freed
+      train-deploy relocate --dry-run                the store's locations after the project folder moved
 
     `train-deploy COMMAND --help` says more.
     """
@@ -131,3 +134,34 @@ def _gc_command(dry_run: bool, project: Path, env: str | None, after_run: bool) 
     else:
         click.echo(f"Removed {len(record['removed'])}, freed {human(record['bytes_freed'])}; now "
                    f"{human(record['usage_bytes'])} in use; kept for their aliases: {plan.kept.describe()}")
+
+
+@main.command("relocate", short_help="Rewrite the MLflow store's artifact locations after the project moved.")
+@click.option("--project", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+              help="the project folder, where it is now (default: here)")
+@click.option("--from", "old", type=click.Path(file_okay=False, path_type=Path),
+              help="the folder the project was moved from (default: found from the store's missing locations)")
+@click.option("--dry-run", is_flag=True, help="say what would change; change nothing")
+@click.option("--env", "-e", help="Kedro environment whose mlflow.yml to read (default: local)")
+def _relocate_command(project: Path, old: Path | None, dry_run: bool, env: str | None) -> None:
+    """Rewrite the local SQLite store's artifact locations (experiments, runs, logged models, model versions)
+    under the folder the project was moved from to the same places under the project folder, and locations
+    recorded relative to the project absolute, in one transaction: MLflow's own tools then load the registered
+    models from any folder again. Stores on a tracking server are left alone."""
+    from train_deploy.project import NoProject, find_project, store_uris
+    from train_deploy.registry.relocate import RelocateError, relocate, sqlite_file
+
+    try:
+        folder = find_project(project)
+    except NoProject as missing:
+        raise click.ClickException(str(missing)) from None
+    database = sqlite_file(store_uris(folder, env)[0])
+    if database is None:
+        raise click.ClickException("the project's MLflow store is no local SQLite store: nothing to relocate")
+    try:
+        changes = relocate(database, folder, old, dry_run=dry_run)
+    except RelocateError as error:
+        raise click.ClickException(str(error)) from None
+    for change in changes:
+        click.echo(f"{change.table}.{change.column}: {change.before} -> {change.after}")
+    click.echo(f"{'Dry run: would change' if dry_run else 'Changed'} {len(changes)} location(s) in {database}")

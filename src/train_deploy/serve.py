@@ -1,12 +1,12 @@
 """``train-deploy serve``: a registered model of the project's MLflow store over HTTP, from any folder.
 
-``mlflow models serve -m models:/train_deploy_lm@champion --env-manager local`` typed as it stands fails three
+``mlflow models serve -m models:/train_deploy_lm@champion --env-manager local`` typed as it stands fails two
 ways: ``mlflow`` (and the ``uvicorn`` it starts by name) is not on ``PATH`` outside an activated venv; MLflow 3
-then reads its own default store (a new ``mlflow.db`` in the current folder), not the project's; and the
-project's SQLite store records artifact locations relative to the project folder
-(``hooks.tracking.record_relative_location``, so a moved project keeps working), which only resolve from there.
-And MLflow's scoring server cannot stream, speak OpenAI's API or bound its queues, and drops a misspelled parameter
-before the model sees it.
+then reads its own default store (a new ``mlflow.db`` in the current folder), not the project's (with
+``MLFLOW_TRACKING_URI=sqlite:///<project>/mlruns.db`` it works from any folder: the store records absolute artifact
+locations; after the project moved, :func:`serve` says in one line to run ``train-deploy relocate``).
+And MLflow's scoring server cannot stream, speak OpenAI's API or bound its queues, and drops a misspelled
+parameter before the model sees it.
 
 :func:`serve` therefore downloads the model in the project folder, with the tracking and registry URIs of the
 project's ``mlflow.yml`` (``MLFLOW_TRACKING_URI`` wins, as in a run; local paths made absolute), into one folder
@@ -75,6 +75,19 @@ def check_servable(tracking: str, registry: str, model_name: str, alias: str) ->
                          f"{'version' if alias.isdigit() else 'alias'} {alias} ({exc.message.splitlines()[0]})"
                          ) from None
     return found
+
+
+def check_store(tracking: str, project: Path) -> None:
+    """Raise :class:`ServeError` with the command to run when the local store names a moved project's old folder;
+    log the one-line advice for a store still recording locations relative to the project."""
+    from train_deploy.registry.relocate import StoreMoved, check_locations
+
+    try:
+        warning = check_locations(tracking, project)
+    except StoreMoved as moved:
+        raise ServeError(str(moved)) from None
+    if warning is not None:
+        logger.warning(warning)
 
 
 def _shown(uri: str) -> str:
@@ -197,9 +210,10 @@ def serve(*, project: Path | None = None, env: str | None = None, model_name: st
     tracking, registry = store_uris(folder, env)
     name = model_name or default_model_name(folder, env)
     found = check_servable(tracking, registry, name, alias)
+    check_store(tracking, folder)
     version = str(found.version)
     model_uri = f"models:/{name}/{alias}" if alias.isdigit() else f"models:/{name}@{alias}"
-    os.chdir(folder)  # the store's relative artifact locations resolve from the project folder
+    os.chdir(folder)  # a store written before locations were absolute resolves them from the project folder
     model = cached_model(found, tracking, registry)
     command = server_command(model, host, port, workers)
     sys.stderr.write(f"Serving {model_uri} (version {version}) of {_shown(tracking)} on http://{host}:{port} "
@@ -207,9 +221,9 @@ def serve(*, project: Path | None = None, env: str | None = None, model_name: st
     if not command[-1].startswith("train_deploy.serving"):
         sys.stderr.write(f"  version {version} was logged before train_deploy's server: the server its package "
                          "holds serves it, without OpenAI's API, the playground or admission control\n")
-    sys.stderr.flush()
     served = {"TRAIN_DEPLOY_SERVED_MODEL": str(model), "TRAIN_DEPLOY_SERVED_NAME": name,
               "TRAIN_DEPLOY_SERVED_VERSION": version}
+    sys.stderr.flush()
     os.execve(command[0], command, {**server_environment(tracking, registry), **(admission or {}), **served})
 
 

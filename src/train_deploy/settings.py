@@ -11,9 +11,9 @@ from train_deploy.hooks import LineageTags, RunLife, ShowResults  # noqa: E402
 
 
 def _artifact_location(tracking_uri: str) -> str | None:
-    """Local stores keep artifacts in the project's mlartifacts/ (recorded relative to the project by
-    hooks.tracking.record_relative_location); a tracking server chooses its own (with --serve-artifacts it proxies
-    them), or every client would write the run's artifacts to its own disk."""
+    """Local stores keep artifacts in the project's mlartifacts/ (recorded absolute, as MLflow does:
+    hooks.tracking.settle_artifact_location; `train-deploy relocate` after a move); a tracking server chooses its
+    own (with --serve-artifacts it proxies them), or every client would write the run's artifacts to its own disk."""
     return "mlartifacts" if tracking_uri.startswith(("sqlite:", "file:")) or "://" not in tracking_uri else None
 
 

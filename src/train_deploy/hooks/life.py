@@ -16,7 +16,7 @@ with the hooks reversed).
 
 Why kedro-mlflow's hook stays, and only its run's end is taken over (measured): its hook (545 lines, with its
 configuration model another 301) parses and validates ``mlflow.yml`` (``context.mlflow``, which ``kedro mlflow ui``
-and ``tracking.record_relative_location`` read), sets the tracking URI and creates the experiment, tags the run with
+and ``tracking.check_store_locations`` read), sets the tracking URI and creates the experiment, tags the run with
 the run parameters and ``kedro_command``, logs every node's parameters (flattened, with the long-parameter strategy),
 names the metric datasets after their catalog entries, and turns dataset logging off for pipelines ``mlflow.yml``
 excludes: all of it would be ours to copy and keep in step with its releases. What it gets wrong for this project is
@@ -59,7 +59,7 @@ from train_deploy.hooks.runs import (
 )
 from train_deploy.hooks.tracking import (
     check_own_corpus,
-    record_relative_location,
+    check_store_locations,
     settle_artifact_location,
     tag_runner,
     tag_trigger,
@@ -111,7 +111,7 @@ class RunLife:
             self._start_session(context)
             result = yield  # kedro-mlflow: the tracking URI, the experiment
             use_wal_mode()
-            record_relative_location(context)
+            check_store_locations(context)
         except BaseException as error:  # a run refused as its session starts (the tracking server is gone)
             self._alerts.failed(error)
             raise

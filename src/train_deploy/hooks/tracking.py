@@ -3,16 +3,18 @@ hook here), and the corpus a registered model is gated on."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sqlite3
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import mlflow
 from kedro.framework.hooks import hook_impl
-from mlflow.utils.file_utils import local_file_uri_to_path
 
 from train_deploy.project import is_local_store
+from train_deploy.registry.relocate import check_locations
 from train_deploy.run_control.schedule import TRIGGER_VARIABLE
 
 
@@ -40,26 +42,22 @@ def tag_runner(run_params: dict) -> None:
         mlflow.set_tag("runner", _runner_name(str(run_params.get("runner"))))
 
 
-def record_relative_location(context) -> None:
-    """Where the experiment a run creates keeps its artifacts, recorded relative to the project.
-
-    Once kedro-mlflow has created the experiment, the project's SQLite store records that location relative to the
-    project: kedro-mlflow and MLflow store it absolute, so a moved or copied project would write its runs' artifacts
-    into the old folder. Runs and ``make ui`` resolve it from the project root."""
+def check_store_locations(context) -> None:
+    """Once kedro-mlflow has set the tracking URI and created the experiment: a local store whose artifact
+    locations name the old folder of a moved project stops the run in one line saying what to run (MLflow would
+    write the run's artifacts into that folder again); locations recorded relative by earlier releases are a
+    warning. kedro-mlflow and MLflow record them absolute, so MLflow's own tools load from any folder
+    (``train_deploy.registry.relocate``)."""
     config = getattr(context, "mlflow", None)
-    uri = mlflow.get_tracking_uri()
-    if config is None or not uri.startswith("sqlite:///"):
+    if config is None:
         return
     location = config.tracking.experiment.create_experiment_kwargs.artifact_location or ""
-    if not location.startswith("file://"):
-        return
-    project = Path(context.project_path).resolve()
-    absolute = Path(local_file_uri_to_path(location)).resolve()
-    if absolute.is_relative_to(project):
-        with sqlite3.connect(uri.removeprefix("sqlite:///"), timeout=30) as connection:
-            connection.execute("UPDATE experiments SET artifact_location = ? WHERE name = ? AND "
-                               "artifact_location = ?", (absolute.relative_to(project).as_posix(),
-                                                         config.tracking.experiment.name, location))
+    if location.startswith("file:") and mlflow.get_tracking_uri().startswith("sqlite:"):
+        # the folder exists from the first run on, so a copy of the project has it and a move is recognised
+        Path(urlsplit(location).path).mkdir(parents=True, exist_ok=True)
+    warning = check_locations(mlflow.get_tracking_uri(), Path(context.project_path))
+    if warning is not None:
+        logging.getLogger(__name__).warning(warning)
 
 
 def settle_artifact_location(context) -> None:
