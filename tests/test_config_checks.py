@@ -1,16 +1,13 @@
 """Every numeric key of every stage is checked at start-up, naming the key; a bad run is refused before any node.
 
-The keys are found by walking the configuration dataclasses, so a new field is probed as soon as it exists: it
-must either refuse 0, -1 and a huge value (and 1.0 for a float) with a message starting with its dotted key, or
-say here which of them it accepts.
+The probes come from the blocks' JSON schema (``train_deploy.config.schema``): each numeric key is tried at each
+bound it states (accepted) and just past it (refused with one line that starts with its dotted key and says the
+range), so a new field is probed as soon as it exists, and a range stated in the docs is the range enforced.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
-import types
-import typing
 from typing import Any
 
 import mlflow
@@ -18,15 +15,11 @@ import pytest
 from kedro.framework.session import KedroSession
 
 from tests.helpers.project import tiny_runtime_params
-from train_deploy.config import ConfigError
+from train_deploy.config import ConfigError, numeric_part, schema
 from train_deploy.run_control.preflight import STAGE_CONFIGS, check_run, check_validation_split
 
-HUGE = 10**9
-INT_PROBES = (0, -1, HUGE)
-FLOAT_PROBES = (0.0, -1.0, 1.0, float(HUGE))
-
-# Each stage's block the probes change one key of: valid, and with every key meaningful on its own (a master,
-# so that a huge nnodes is judged by itself).
+# Each stage's block the probes change one key of: valid, and with every key meaningful on its own (a master, so
+# that nnodes is judged by itself).
 BASE: dict[str, dict[str, Any]] = {
     "corpus": {},
     "validation": {},
@@ -37,124 +30,55 @@ BASE: dict[str, dict[str, Any]] = {
     "retention": {},
 }
 
-# The probes a key accepts; every other probe of every numeric key must be refused naming the key.
-ACCEPTED: dict[str, tuple] = {
-    "training.launch.cpu_threads": (0,),  # 0 = cores ÷ nproc_per_node
-    "corpus.reader.lines_per_document": (HUGE,),
-    "corpus.reader.max_bytes": (HUGE,),
-    "corpus.reader.max_line_bytes": (HUGE,),
-    "corpus.reader.chunk_bytes": (HUGE,),
-    "corpus.cleaning.min_chars": (0,),  # at most max_chars
-    "corpus.cleaning.max_chars": (HUGE,),  # null = no limit
-    "corpus.cleaning.min_cjk_share": (0.0,),  # 0 = off
-    "corpus.cleaning.max_repeated_line_share": (1.0,),  # 1 = off
-    "corpus.cleaning.max_repeated_ngram_share": (1.0,),
-    "corpus.cleaning.max_symbol_share": (1.0,),
-    "corpus.tokenizer.character_coverage": (1.0,),
-    "corpus.tokenizer.sample_bytes": (HUGE,),
-    "corpus.tokenizer.num_threads": (0,),  # 0 = all cores; at most 1024
-    "corpus.encoding.workers": (0, HUGE),  # 0 = all cores; never more than the input's chunks
-    "corpus.encoding.validation_fraction": (0.0,),
-    "corpus.encoding.split_seed": (0, -1, HUGE),  # a salt: any integer
-    "corpus.encoding.batch_documents": (HUGE,),
-    "corpus.encoding.num_cpus": (1.0,),  # (0, 1024] per Ray task
-    "corpus.encoding.max_retries": (0,),  # 0 to 100
-    "training.parallel.dp": (-1, HUGE),  # -1 = inferred; the world size is resolve_layout's
-    "training.parallel.mp": (HUGE,),
-    "training.parallel.sharding_stage": (0,),
-    "training.batch.micro_batch_size": (HUGE,),
-    "training.batch.global_batch_size": (HUGE,),
-    "training.batch.seq_length": (HUGE,),  # resolve_layout caps it by the model's context
-    "training.optimizer.learning_rate": (1.0, HUGE),
-    "training.optimizer.reference_batch_size": (HUGE,),
-    "training.optimizer.min_lr_ratio": (0.0, 1.0),
-    "training.optimizer.warmup_steps": (0, HUGE),
-    "training.optimizer.weight_decay": (0.0, 1.0, HUGE),
-    "training.optimizer.beta1": (0.0,),
-    "training.optimizer.beta2": (0.0,),
-    "training.optimizer.epsilon": (1.0, HUGE),
-    "training.optimizer.grad_clip": (0.0, 1.0, HUGE),  # 0 = off
-    "training.schedule.max_steps": (HUGE,),
-    "training.schedule.log_every": (HUGE,),
-    "training.schedule.eval_every": (HUGE,),
-    "training.schedule.eval_batches": (HUGE,),
-    "training.schedule.checkpoint_every": (HUGE,),
-    "training.schedule.keep_last": (0, HUGE),  # 0 keeps all
-    "training.schedule.seed": (0, HUGE),
-    "training.schedule.stop_after": (HUGE,),
-    "training.device.peak_tflops": (1.0, HUGE),
-    "training.launch.nproc_per_node": (HUGE,),
-    "training.launch.nnodes": (HUGE,),
-    "training.launch.node_rank": (0,),
-    "training.launch.max_restart": (0, HUGE),
-    "training.launch.stall_timeout": (1.0, HUGE),
-    "training.launch.metrics_timeout": (0, 1.0, HUGE),
-    "averaging.k": (HUGE,),
-    "averaging.steps": (HUGE,),
-    "averaging.max_step": (HUGE,),
-    "averaging.decay": (1.0,),
-    "export.server.cpu_threads": (),  # 1 to 1024
-    "export.server.gc_batch_mb": (0.0, 1.0, HUGE),
-    "export.server.gpu_memory_mb": (HUGE,),
-    "export.server.tensorrt_max_batch": (HUGE,),
-    "export.edge.threads": (),  # 1 to 1024
-    "export.edge.convert_timeout": (1.0, HUGE),
-    "export.parity.samples": (HUGE,),
-    "export.parity.seq_length": (HUGE,),  # capped by the model's context
-    "export.parity.max_logit_diff": (1.0, HUGE),
-    "export.parity.max_fp16_logit_diff": (1.0, HUGE),
-    "export.parity.max_fp16_perplexity_increase": (0.0, 1.0, HUGE),
-    "export.parity.max_int8_perplexity_increase": (0.0, 1.0, HUGE),
-    "export.latency.batch_sizes": (HUGE,),
-    "export.latency.seq_length": (HUGE,),  # capped by the model's context
-    "export.latency.warmup": (0, HUGE),
-    "export.latency.repeats": (HUGE,),
-    "export.latency.rounds": (HUGE,),  # at most repeats are used
-    "export.latency.generate_tokens": (0, HUGE),  # 0 = not measured (the forward pass is compared)
-    "registry.min_improvement": (0.0,),  # a fraction below 1; 0 = any improvement
-    "registry.max_batch": (),  # 1 to 100000
-    "registry.eval_set.documents": (),  # 1 to 100000
-    "registry.eval_set.max_chars": (),  # 10 to 100000
-    "registry.retries.attempts": (),  # 1 to 100
-    "registry.retries.wait_seconds": (0.0, 1.0),  # 0 to 3600
-    # the data gate's bounds: a share or a relative decrease in [0, 1], an increase or change 0 or more (0: any
-    # change stops), a quantile factor 1 or more
-    **dict.fromkeys(("validation.max_documents_decrease", "validation.max_characters_decrease",
-                     "validation.max_cjk_share_change", "validation.max_duplicate_share",
-                     "validation.max_byte_fallback_rate", "validation.max_drop_share_increase"), (0.0, 1.0)),
-    **dict.fromkeys(("validation.max_documents_increase", "validation.max_characters_increase",
-                     "validation.max_tokens_per_character_change"), (0.0, 1.0, float(HUGE))),
-    "validation.max_length_quantile_factor": (1.0, float(HUGE)),
-    "validation.max_nats_per_char_increase": (0.0, 1.0, float(HUGE)),  # issue 39: relative, 0 or more
-    "validation.max_character_distance": (0.0, 1.0),  # a Jensen–Shannon distance
-    "validation.max_document_nats_factor": (1.0, float(HUGE)),
-    "validation.max_flagged_share": (0.0, 1.0),  # a share of the sampled documents
-    "registry.serving_check.timeout_seconds": (1.0, float(HUGE)),  # seconds, more than 0
-    # retention: 0 keeps all; a grace period of 0 days removes at once; sizes in bytes, 0 or more
-    **dict.fromkeys(("retention.checkpoints.keep_runs", "retention.training_logs.keep_runs",
-                     "retention.bundles.keep_last", "retention.disk.budget", "retention.disk.run_estimate"), (0, HUGE)),
-    "retention.mlflow.grace_days": (0.0, 1.0, float(HUGE)),
+# Numeric keys the schema leaves unbounded on purpose.
+UNBOUNDED = {"corpus.encoding.split_seed"}  # a salt: any integer
+
+# Bound probes that a rule across keys refuses, and the key its message starts with.
+REFUSED_AT_BOUND = {
+    ("training.parallel.mp", -1): "training.parallel.mp",  # only one degree is inferred: dp is -1 by default
+    ("training.parallel.pp", -1): "training.parallel.pp",  # pp must be 1 (PIPELINE_UNSUPPORTED)
+    ("corpus.reader.max_line_bytes", 1024): "corpus.reader.html_split_chars",  # at most max_line_bytes
+    ("corpus.cleaning.max_chars", 1): "corpus.cleaning.min_chars",  # at most max_chars (8 by default)
+    ("corpus.tokenizer.vocab_size", 32): "corpus.tokenizer.vocab_size",  # 261 with byte_fallback (the default)
 }
 
 
-def numeric_keys(cls: type, where: str) -> list[tuple[str, type, bool]]:
-    """(dotted key, int or float, whether the key holds a list of them) of every numeric field, nested too."""
-    found = []
-    for field in dataclasses.fields(cls):
-        hint, key = typing.get_type_hints(cls)[field.name], f"{where}.{field.name}"
-        if dataclasses.is_dataclass(hint):
-            found += numeric_keys(hint, key)
-            continue
-        origin = typing.get_origin(hint)
-        is_list = origin is list
-        args = typing.get_args(hint) if origin in (list, typing.Union, types.UnionType) else (hint,)
-        found += [(key, kind, is_list) for kind in (float, int) if kind in args][:1]
-    return found
+def numeric_keys(stage: str) -> list[tuple[str, dict[str, Any], bool]]:
+    """(dotted key, its numeric schema, whether the key holds a list of numbers) of every numeric field of the
+    stage's block, nested blocks too."""
+    root = schema(STAGE_CONFIGS[stage])
+    definitions = root.get("$defs", {})
+
+    def walk(node: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any], bool]]:
+        found = []
+        for name, field in node.get("properties", {}).items():
+            if "$ref" in field:
+                found += walk(definitions[field["$ref"].rsplit("/", 1)[1]], f"{where}.{name}")
+            elif (numeric := numeric_part(field)) is not None and "enum" not in numeric:  # enums: Literal
+                found.append((f"{where}.{name}", numeric, field.get("type") == "array"))
+        return found
+
+    return walk(root, stage)
 
 
-KEYS = [entry for stage, cls in STAGE_CONFIGS.items() for entry in numeric_keys(cls, stage)]
-PROBES = [(key, value, is_list) for key, kind, is_list in KEYS
-          for value in (INT_PROBES if kind is int else FLOAT_PROBES)]
+KEYS = [entry for stage in STAGE_CONFIGS for entry in numeric_keys(stage)]
+
+
+def _probes(key: str, numeric: dict[str, Any]) -> list[tuple[Any, bool]]:
+    """(value, accepted) at and just past each bound of ``numeric``."""
+    step = 1 if numeric["type"] == "integer" else 0.5
+    probes = []
+    for closed, exclusive, sign in (("minimum", "exclusiveMinimum", -1), ("maximum", "exclusiveMaximum", 1)):
+        if closed in numeric:
+            probes += [(numeric[closed], True), (numeric[closed] + sign * step, False)]
+        elif exclusive in numeric:
+            inside = numeric[exclusive] - sign * (1 if step == 1 else min(0.5, abs(numeric[exclusive]) / 2 or 0.5))
+            probes += [(numeric[exclusive], False), (inside, True)]
+    return probes
+
+
+PROBES = [(key, value, accepted, is_list) for key, numeric, is_list in KEYS
+          for value, accepted in _probes(key, numeric)]
 
 
 def with_value(key: str, value: Any) -> tuple[str, dict[str, Any]]:
@@ -168,25 +92,31 @@ def with_value(key: str, value: Any) -> tuple[str, dict[str, Any]]:
     return stage, block
 
 
-@pytest.mark.parametrize("key,value,is_list", PROBES, ids=[f"{key}={value}" for key, value, _ in PROBES])
-def test_every_numeric_key_is_accepted_or_refused_naming_the_key(key, value, is_list):
+@pytest.mark.parametrize("key,value,accepted,is_list", PROBES,
+                         ids=[f"{key}={value}" for key, value, _, _ in PROBES])
+def test_every_numeric_key_accepts_its_bounds_and_refuses_past_them_naming_the_key(key, value, accepted, is_list):
     stage, block = with_value(key, [value] if is_list else value)
     try:
         STAGE_CONFIGS[stage].from_params(block)
         refusal = None
     except ConfigError as exc:
         refusal = str(exc)
-    if value in ACCEPTED.get(key, ()):
-        assert refusal is None, f"{key}: {value!r} is listed as accepted but refused: {refusal}"
+    if (key, value) in REFUSED_AT_BOUND:
+        assert refusal is not None and refusal.startswith(f"{REFUSED_AT_BOUND[key, value]}: "), refusal
+    elif accepted:
+        assert refusal is None, f"{key}: {value!r} is within the schema's range but refused: {refusal}"
     else:
-        assert refusal is not None, f"{key}: {value!r} is accepted; check it or list it in ACCEPTED"
-        assert refusal.startswith(key), refusal
-        assert "\n" not in refusal
+        assert refusal is not None, f"{key}: {value!r} is past the schema's range but accepted"
+        assert refusal.startswith(f"{key}{'[0]' if is_list else ''}: must "), refusal
+        assert "\n" not in refusal and f"(got {value!r})" in refusal
 
 
-def test_the_table_names_only_keys_that_exist():
-    assert set(ACCEPTED) - {key for key, _, _ in KEYS} == set()
-    assert len(KEYS) > 50  # the walk finds nested blocks and optional and list fields
+def test_every_numeric_key_states_a_range_in_the_schema():
+    unbounded = {key for key, numeric, _ in KEYS
+                 if not {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"} & set(numeric)}
+    assert unbounded == UNBOUNDED
+    assert len(KEYS) > 100  # the walk finds nested blocks and optional and list fields
+    assert {key for key, _ in REFUSED_AT_BOUND} <= {key for key, _, _ in KEYS}
 
 
 def test_the_base_blocks_are_valid():
@@ -197,12 +127,12 @@ def test_the_base_blocks_are_valid():
     ("training.launch.node_rank", 2, "must be 0 .. launch.nnodes - 1 = 0 (got 2)"),
     ("training.parallel.mp", -1, "only one of dp, mp, pp may be -1 (inferred from the world size); dp is -1 already"),
     ("training.optimizer.beta2", 1.0, "must be in [0, 1) (got 1.0)"),
-    ("training.schedule.stop_after", 0, "must be at least 1 (got 0); null = the whole schedule"),
+    ("training.schedule.stop_after", 0, "must be at least 1 (got 0)"),
     ("corpus.tokenizer.vocab_size", 100, "must be in [261, 1000000] (got 100); byte_fallback: 256 byte pieces"),
-    ("corpus.tokenizer.character_coverage", 0.5, "must be in [0.98, 1] (got 0.5); SentencePiece's range"),
+    ("corpus.tokenizer.character_coverage", 0.5, "must be in [0.98, 1] (got 0.5)"),
     ("averaging.decay", 0.0, "must be in (0, 1] (got 0.0)"),
     ("export.latency.batch_sizes", [1, 0], "export.latency.batch_sizes[1]: must be at least 1 (got 0)"),
-    ("registry.min_improvement", 1.0, "must be in [0, 1) (got 1.0); a fraction: 0.01 = 1% fewer nats per character"),
+    ("registry.min_improvement", 1.0, "registry.min_improvement: must be in [0, 1) (got 1.0)"),
     ("registry.int8", True, "registry.int8: true needs backend: onnx"),
     ("registry.model_name", "my model", "registry.model_name: 'my model' is not a model name"),
 ])

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from omegaconf import OmegaConf
+from pydantic.fields import FieldInfo
 
 from tests.helpers.config import BLOCKS
 from train_deploy.config import from_mapping
@@ -28,7 +29,8 @@ def _block(path: Path, name: str) -> dict[str, Any]:
 
 
 def _default(field: dataclasses.Field) -> Any:
-    return field.default_factory() if field.default is dataclasses.MISSING else field.default
+    default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+    return default.get_default(call_default_factory=True) if isinstance(default, FieldInfo) else default
 
 
 def _differences(cls: type, block: Any, where: str) -> list[str]:

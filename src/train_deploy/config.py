@@ -1,8 +1,19 @@
-"""Validation of parameter blocks into typed dataclasses, once, at the edge.
+"""The project's parameter blocks as typed classes, validated once, at the edge.
 
-Every stage declares its configuration as ``@dataclass(kw_only=True, slots=True)`` classes and builds
-them with :func:`from_mapping`, which rejects unknown keys and wrong types with the dotted key in a
-one-line message, e.g. ``corpus.tokenizer.vocab_size: expected int, got 'big'``.
+Each block is a pydantic dataclass made by :func:`block`: ``extra="forbid"`` (a typo is an error), strict types (``1``
+is no ``true``, ``"3"`` no number), the allowed range as field constraints (``Field(ge=1)``), cross-field rules in
+``__post_init__``, and each field's docstring as its description, so that :func:`schema` holds everything the
+reference ``docs/configuration.md`` says (``train_deploy.config_reference`` writes it). The types hold the defaults;
+``conf/base`` sets only what a project changes.
+
+Pydantic dataclasses rather than models: they stay dataclasses, so ``dataclasses.replace``/``asdict`` and the
+hand-offs' JSON (``train_deploy.handoffs.to_json``) keep working where stages pass configurations on.
+
+:func:`from_mapping` builds a block from a parameter mapping and turns pydantic's errors into one line that names
+the dotted key and what is allowed, never the whole value: ``corpus.tokenizer.vocab_size: must be in [32, 1000000]
+(got 7)``. Strict pydantic dataclasses take nested blocks only as instances, so :func:`from_mapping` builds the
+nested ones first (which also gives every error its dotted prefix). Plain dataclasses (run control's small blocks,
+the hand-off descriptions) still go through the older coercion below until their modules move.
 """
 
 from __future__ import annotations
@@ -11,21 +22,134 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
+from functools import cache
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic.dataclasses import is_pydantic_dataclass
+
 T = TypeVar("T")
+
+CONFIG = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
+"""Every block: unknown keys refused, no coercion between types, field docstrings as descriptions."""
+
+_SHOWN = 40
+"""Characters of a refused value an error repeats (a long path or text is cut)."""
 
 
 class ConfigError(ValueError):
     """A parameter block does not describe a valid configuration; the message names the key."""
 
 
+def block(cls: type[T]) -> type[T]:
+    """``cls`` as a validated configuration block (keyword-only, slotted, :data:`CONFIG`)."""
+    return pydantic_dataclass(kw_only=True, slots=True, config=CONFIG)(cls)
+
+
+def setting(default: Any, *, note: str = "", unit: str = "", **constraints: Any) -> Any:
+    """A field's default and constraints (``ge``, ``lt``, …, as :func:`pydantic.Field`) with what its range error
+    adds: ``note`` after it (``0 = off``), ``unit`` inside it (``must be a positive number of seconds``)."""
+    extra = {name: text for name, text in (("note", note), ("unit", unit)) if text}
+    return Field(default, json_schema_extra=extra or None, **constraints)
+
+
+@cache
+def schema(cls: type) -> dict[str, Any]:
+    """The JSON schema of block ``cls`` (nested blocks under ``$defs``): types, defaults, ranges, descriptions."""
+    return TypeAdapter(cls).json_schema()
+
+
 def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
-    """Build dataclass ``cls`` from ``data``; ``where`` is the dotted name used in error messages."""
+    """Build ``cls`` from ``data``; ``where`` is the dotted name used in error messages."""
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    if not is_pydantic_dataclass(cls):
+        return _from_plain_mapping(cls, data, where)
+    fields = cls.__pydantic_fields__
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(fields))})")
+    kwargs = {name: from_mapping(fields[name].annotation, value, f"{where}.{name}")
+              if _is_block(fields[name].annotation) else value for name, value in data.items()}
+    try:
+        return cls(**kwargs)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(cls, exc.errors()[0], where)) from None
+
+
+def _is_block(annotation: Any) -> bool:
+    return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
+
+
+def to_dict(obj: Any) -> dict[str, Any]:
+    """Return a plain, JSON-ready dict of a (nested) configuration dataclass."""
+    return dataclasses.asdict(obj)
+
+
+_EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false", "string": "a string",
+             "list": "a list", "dict": "a mapping"}
+
+
+def _one_line(cls: type, error: Mapping[str, Any], where: str) -> str:
+    """Pydantic's ``error`` about block ``cls`` at ``where`` as ``<dotted key>: <what is allowed> (got <value>)``."""
+    loc = error["loc"]
+    if error["type"] in ("value_error", "assertion_error") and isinstance(error["ctx"]["error"], ConfigError):
+        return str(error["ctx"]["error"])  # a cross-field rule names its own key
+    key = where + "".join(f".{part}" if i == 0 else f"[{part}]" for i, part in enumerate(loc)
+                          if i == 0 or isinstance(part, int))
+    kind, shown = error["type"], _shown(error.get("input"))
+    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        field = schema(cls)["properties"][loc[0]]
+        note = f"; {field['note']}" if "note" in field else ""
+        return f"{key}: must {allowed_range(numeric_part(field) or {}, field.get('unit', ''))} (got {shown}){note}"
+    if kind == "literal_error":
+        return f"{key}: {shown} is not one of {error['ctx']['expected'].replace(' or ', ', ')}"
+    if kind.endswith("_type") and kind.removesuffix("_type") in _EXPECTED:
+        return f"{key}: expected {_EXPECTED[kind.removesuffix('_type')]}, got {shown}"
+    if kind == "too_short":
+        return f"{key}: must hold at least {error['ctx']['min_length']} (got {shown})"
+    if kind == "missing_keyword_only_argument":
+        return f"{key}: required"
+    return f"{key}: {error['msg'].removeprefix('Value error, ')}"
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= _SHOWN else text[:_SHOWN - 1] + "…"
+
+
+def numeric_part(field: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The integer or number schema within a field's schema (itself, a list's items, an ``anyOf`` member)."""
+    if field.get("type") in ("integer", "number"):
+        return dict(field)
+    if field.get("type") == "array":
+        return numeric_part(field.get("items", {}))
+    return next(filter(None, (numeric_part(member) for member in field.get("anyOf", ()))), None)
+
+
+def allowed_range(field: Mapping[str, Any], unit: str = "") -> str:
+    """What a numeric schema allows, as the end of ``must …``: ``be in [0, 1)``, ``be at least 1``, ``be positive``
+    (``be a positive number of seconds`` with ``unit``)."""
+    low, open_low = (field["exclusiveMinimum"], True) if "exclusiveMinimum" in field else (field.get("minimum"), False)
+    high, open_high = ((field["exclusiveMaximum"], True) if "exclusiveMaximum" in field
+                       else (field.get("maximum"), False))
+    if low is not None and high is not None:
+        return f"be in {'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+    if low is not None:
+        if open_low:
+            return (f"be a positive number of {unit}" if unit else "be positive") if low == 0 \
+                else f"be greater than {low}"
+        return "not be negative" if low == 0 else f"be at least {low}"
+    if high is not None:
+        return f"be below {high}" if open_high else f"be at most {high}"
+    return "be a number"
+
+
+def _from_plain_mapping(cls: type[T], data: Mapping[str, Any], where: str) -> T:
+    """Plain dataclass ``cls`` from ``data`` by :func:`_coerce` (blocks not yet made with :func:`block`)."""
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -36,11 +160,6 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
         return cls(**kwargs)
     except TypeError as exc:  # a required field is missing
         raise ConfigError(f"{where}: {exc}") from None
-
-
-def to_dict(obj: Any) -> dict[str, Any]:
-    """Return a plain, JSON-ready dict of a (nested) configuration dataclass."""
-    return dataclasses.asdict(obj)
 
 
 def _coerce(hint: Any, value: Any, key: str) -> Any:

@@ -39,6 +39,6 @@ def test_every_gate_decision_can_be_listed_and_an_unknown_one_is_named():
 
     every = [*get_args(Decision), "failed"]  # what gate.decision holds: the gate's verdicts, or its failure
     assert RetentionConfig.from_params({"mlflow": {"decisions": every}}).mlflow.decisions == every
-    with pytest.raises(ConfigError, match=r"^retention.mlflow.decisions: 'kept' is not one of rejected, failed, "
-                                          r"undecided, promoted, first, forced$"):
+    with pytest.raises(ConfigError, match=r"^retention.mlflow.decisions\[0\]: 'kept' is not one of 'rejected', "
+                                          r"'failed', 'undecided', 'promoted', 'first', 'forced'$"):
         RetentionConfig.from_params({"mlflow": {"decisions": ["kept"]}})

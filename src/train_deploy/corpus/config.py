@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Literal
 
-from train_deploy.config import check, check_range, from_mapping
+from pydantic import Field
+
+from train_deploy.config import block, check, check_range, from_mapping, setting
 
 # SentencePiece's floor with byte_fallback: 256 byte pieces, unk, bos, eos, the newline symbol and ▁.
 _MIN_VOCAB_BYTE_FALLBACK = 256 + 5
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class ReaderConfig:
     """Where documents come from and how files split into documents."""
 
@@ -43,23 +45,23 @@ class ReaderConfig:
     `strip` removes the requests and escapes without either (headings, tags, tables and text kept; within a
     percent or two of groff's text); `auto` takes groff, else mandoc, else strip. Chosen once when the run
     starts (every worker, and every node with `executor: ray`, uses that one), and part of the fingerprint."""
-    html_split_chars: int | None = 20_000
+    html_split_chars: int | None = Field(20_000, ge=1)
     """`html` only: a page whose main text is longer than this many characters is cut before each heading (`h1` to
     `h6`) into one document per section (the text before the first heading is one too), so that a manual published
     as one page gives many documents, not one; null: one document per page, however long."""
     text_field: str = "text"
     """`jsonl` only: the field holding the document text."""
-    lines_per_document: int = 1
+    lines_per_document: int = Field(1, ge=1)
     """`people_daily` only: consecutive paragraphs (lines) joined into one document; groups never span
     an input chunk (see `chunk_bytes`)."""
-    max_bytes: int | None = None
+    max_bytes: int | None = Field(None, gt=0)
     """Stop after about this many input bytes (quick runs, tests); per file for compressed inputs."""
-    max_line_bytes: int = 8 * 1024 * 1024
+    max_line_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     """A longer line is bad input (a binary file, a broken export); it is an error or is skipped."""
     on_error: Literal["raise", "skip"] = "raise"
     """Bad input (invalid UTF-8, a too-long line, a JSONL line without the field, a truncated archive):
     `raise` stops with a one-line error naming the file and line; `skip` drops it and counts a warning."""
-    chunk_bytes: int = 1024 * 1024
+    chunk_bytes: int = Field(1024 * 1024, ge=4096)
     """Input is cut into chunks of about this size at document boundaries; each worker encodes whole
     chunks. The output does not depend on the worker count, only on this value."""
 
@@ -79,7 +81,7 @@ def _check_separator(r: ReaderConfig) -> None:
               "blank_line)")
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class CleaningConfig:
     """Text normalisation and document filters, applied in this order."""
 
@@ -94,23 +96,23 @@ class CleaningConfig:
     """Any whitespace run becomes one space; lines are stripped; at most one blank line in a row."""
     traditional_to_simplified: bool = False
     """Convert traditional to simplified Chinese with OpenCC (t2s)."""
-    min_chars: int = 8
+    min_chars: int = Field(8, ge=0)
     """Documents shorter than this (after cleaning) are dropped (`too_short`)."""
-    max_chars: int | None = 1_000_000
+    max_chars: int | None = Field(1_000_000, ge=1)
     """Documents longer than this (after cleaning) are dropped (`too_long`); null = no limit."""
-    min_cjk_share: float = 0.0
+    min_cjk_share: float = Field(0.0, ge=0, lt=1)
     """Documents whose non-space characters are less than this share CJK ideographs are dropped
     (`low_cjk_share`); 0 = off. For a Chinese corpus, e.g. 0.3 drops pages in other languages and code."""
-    max_repeated_line_share: float = 0.3
+    max_repeated_line_share: float = Field(0.3, gt=0, le=1)
     """Documents with more than this share of their characters in lines that occur twice or more are dropped
     (`repeated_lines`, Gopher's duplicate-line rule); 1 = off."""
-    max_repeated_ngram_share: float = 0.6
+    max_repeated_ngram_share: float = Field(0.6, gt=0, le=1)
     """Documents with more than this share of their characters covered by a `repetition_ngram`-character
     n-gram that occurs twice or more are dropped (`repeated_ngrams`, Gopher's duplicate n-gram rule in
     characters); 1 = off."""
-    repetition_ngram: int = 10
+    repetition_ngram: int = Field(10, ge=2, le=100)
     """Characters per n-gram of the `max_repeated_ngram_share` rule (2 to 100); about five Chinese words."""
-    max_symbol_share: float = 0.5
+    max_symbol_share: float = Field(0.5, gt=0, le=1)
     """Documents whose non-space characters are more than this share digits and symbols (Unicode N* and S*)
     are dropped (`symbol_share`: tables, lists of numbers, ASCII art); 1 = off."""
     deduplicate: bool = True
@@ -120,15 +122,15 @@ class CleaningConfig:
     the first document in input order is kept, whatever the worker count. Memory in the encoding process: about
     2 kB per kept document with 128 permutations (the signature's `4 × near_dedup_permutations` bytes, the LSH
     band entries and the content hash)."""
-    near_dedup_threshold: float = 0.8
+    near_dedup_threshold: float = Field(0.8, ge=0.5, lt=1)
     """Estimated Jaccard similarity of the shingle sets from which a document is a near-duplicate (0.5 to 1)."""
-    near_dedup_ngram: int = 5
+    near_dedup_ngram: int = Field(5, ge=1, le=100)
     """Characters per shingle (1 to 100)."""
-    near_dedup_permutations: int = 128
+    near_dedup_permutations: int = Field(128, ge=16, le=1024)
     """MinHash signature length, a power of two (16 to 1024): longer estimates better and costs more memory."""
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class TokenizerConfig:
     """Train a SentencePiece tokenizer on a sample of the cleaned corpus, or load an existing one."""
 
@@ -136,37 +138,37 @@ class TokenizerConfig:
     """`train`: a new SentencePiece model on a sample of this corpus; `load`: an existing tokenizer (`load_path`)."""
     load_path: str | None = None
     """`load`: a local directory that `paddlenlp.transformers.AutoTokenizer.from_pretrained` accepts."""
-    vocab_size: int = 4500
+    vocab_size: int = Field(4500, ge=32, le=1_000_000)
     """Ids in the trained vocabulary, unk/bos/eos included (32 to 1000000, at least 261 with byte_fallback); the
     model's vocabulary follows it."""
     model_type: Literal["bpe", "unigram"] = "bpe"
     """SentencePiece algorithm: byte-pair merges or a unigram language model."""
-    character_coverage: float = 0.9995
+    character_coverage: float = setting(0.9995, ge=0.98, le=1, note="SentencePiece's range")
     """Share of the sample's characters the vocabulary covers (0.98 to 1.0); rarer ones need byte_fallback."""
     byte_fallback: bool = True
     """Unknown characters become UTF-8 bytes instead of <unk>, so decode(encode(text)) == text."""
     add_dummy_prefix: bool = False
     """SentencePiece's leading `▁` before every document: useful for space-separated languages, one wasted
     token per document for Chinese, so off by default."""
-    sample_bytes: int = 16 * 1024 * 1024
+    sample_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     """Training sample size, taken evenly from every chunk of the cleaned corpus."""
-    max_sentence_chars: int = 4096
+    max_sentence_chars: int = Field(4096, ge=3, le=2**28)
     """Longer sample documents are cut at line boundaries into pieces up to this size for training (3 to 2**28)."""
-    num_threads: int = 0
+    num_threads: int = Field(0, ge=0, le=1024)
     """Trainer threads, at most 1024; 0 = all cores."""
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class EncodingConfig:
     """Parallel, streaming encoding into `.bin/.idx` token files."""
 
-    workers: int = 0
+    workers: int = Field(0, ge=0)
     """Encoding processes; 0 = all cores."""
-    validation_fraction: float = 0.01
+    validation_fraction: float = Field(0.01, ge=0, lt=1)
     """Share of documents (chosen by a hash of their text) written to the validation split."""
     split_seed: int = 1234
     """Salt of the split hash: another seed chooses other validation documents."""
-    batch_documents: int = 512
+    batch_documents: int = Field(512, ge=1)
     """Documents encoded per SentencePiece call."""
     reuse: bool = True
     """Reuse existing outputs when the corpus fingerprint is unchanged."""
@@ -179,9 +181,9 @@ class EncodingConfig:
     """`ray` only: the cluster to join: `auto` (the one `ray start` runs on this node, or `RAY_ADDRESS`) or a head
     node's `host:port`; null starts a private Ray instance on this machine with `workers` CPUs, stopped at the end.
     A process that already called `ray.init` uses its own connection."""
-    num_cpus: float = 1.0
+    num_cpus: float = Field(1.0, gt=0, le=1024)
     """`ray` only: CPUs each chunk's task reserves (its encoder uses one core: 1), at most 1024."""
-    max_retries: int = 3
+    max_retries: int = Field(3, ge=0, le=100)
     """`ray` only: times Ray runs a chunk again when its worker process or node dies (0 to 100); bad input is
     never retried."""
     shards: Literal["shared_folder", "object_store"] = "shared_folder"
@@ -190,7 +192,7 @@ class EncodingConfig:
     returned through Ray's object store (no shared storage; every shard crosses the network to this process)."""
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class CorpusConfig:
     """The whole `corpus` parameter block."""
 
@@ -203,26 +205,14 @@ class CorpusConfig:
     encoding: EncodingConfig = field(default_factory=EncodingConfig)
     """Encoding into token files (`corpus.encoding`)."""
 
-    def __post_init__(self) -> None:
-        r, c, t, e = self.reader, self.cleaning, self.tokenizer, self.encoding
+    def __post_init__(self) -> None:  # rules across keys; each key's own range is its field's
+        r, c, t = self.reader, self.cleaning, self.tokenizer
         check(r.source == "people_daily" or bool(r.paths), "corpus.reader.paths",
               f"source {r.source!r} needs at least one file, folder or glob")
         _check_separator(r)
-        check_range("corpus.reader.lines_per_document", r.lines_per_document, 1)
-        check_range("corpus.reader.max_bytes", r.max_bytes, 0, open_low=True, note="null = no limit")
-        check_range("corpus.reader.max_line_bytes", r.max_line_bytes, 1024)
         check_range("corpus.reader.html_split_chars", r.html_split_chars, 1, r.max_line_bytes,
                     note="at most max_line_bytes, the largest page read; null = one document per page")
-        check_range("corpus.reader.chunk_bytes", r.chunk_bytes, 4096)
-        check_range("corpus.cleaning.max_chars", c.max_chars, 1, note="null = no limit")
         check_range("corpus.cleaning.min_chars", c.min_chars, 0, c.max_chars, note="at most max_chars")
-        check_range("corpus.cleaning.min_cjk_share", c.min_cjk_share, 0, 1, open_high=True, note="0 = off")
-        for key in ("max_repeated_line_share", "max_repeated_ngram_share", "max_symbol_share"):
-            check_range(f"corpus.cleaning.{key}", getattr(c, key), 0, 1, open_low=True, note="1 = off")
-        check_range("corpus.cleaning.repetition_ngram", c.repetition_ngram, 2, 100)
-        check_range("corpus.cleaning.near_dedup_threshold", c.near_dedup_threshold, 0.5, 1, open_high=True)
-        check_range("corpus.cleaning.near_dedup_ngram", c.near_dedup_ngram, 1, 100)
-        check_range("corpus.cleaning.near_dedup_permutations", c.near_dedup_permutations, 16, 1024)
         permutations = c.near_dedup_permutations
         check(permutations & (permutations - 1) == 0, "corpus.cleaning.near_dedup_permutations",
               f"must be a power of two (got {permutations})")
@@ -232,18 +222,6 @@ class CorpusConfig:
         check_range("corpus.tokenizer.vocab_size", t.vocab_size, _MIN_VOCAB_BYTE_FALLBACK if t.byte_fallback else 32,
                     1_000_000, note="byte_fallback: 256 byte pieces, unk, bos, eos, newline and ▁ come first"
                     if t.byte_fallback else "")
-        check_range("corpus.tokenizer.character_coverage", t.character_coverage, 0.98, 1,
-                    note="SentencePiece's range")
-        check_range("corpus.tokenizer.sample_bytes", t.sample_bytes, 1024)
-        check_range("corpus.tokenizer.max_sentence_chars", t.max_sentence_chars, 3, 2**28,
-                    note="SentencePiece's max_sentence_length, 4 bytes a character, is 10 to 2**30")
-        check_range("corpus.tokenizer.num_threads", t.num_threads, 0, 1024, note="0 = all cores; SentencePiece's limit")
-        check_range("corpus.encoding.workers", e.workers, 0, note="0 = all cores")
-        check_range("corpus.encoding.validation_fraction", e.validation_fraction, 0, 1, open_high=True)
-        check_range("corpus.encoding.batch_documents", e.batch_documents, 1)
-        check_range("corpus.encoding.num_cpus", e.num_cpus, 0, 1024, open_low=True,
-                    note="more CPUs than any node has leaves the task waiting for ever")
-        check_range("corpus.encoding.max_retries", e.max_retries, 0, 100)
 
     @classmethod
     def from_params(cls, params: dict[str, Any]) -> CorpusConfig:

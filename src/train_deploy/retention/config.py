@@ -4,10 +4,12 @@ disk budget a run is checked against before its first node."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import field
+from typing import Annotated, Any, Literal
 
-from train_deploy.config import ConfigError, check, check_range, from_mapping
+from pydantic import Field
+
+from train_deploy.config import ConfigError, block, check, from_mapping
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -30,44 +32,35 @@ def parse_size(value: int | float | str | None, key: str) -> int | None:
     return int(float(match.group(1)) * _UNITS[(match.group(2) or "").upper()])
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class CheckpointRetention:
     """How many training runs' checkpoint folders to keep (``retention.checkpoints``)."""
 
-    keep_runs: int = 2
+    keep_runs: int = Field(2, ge=0)
     """The newest runs' folders kept (by last change) among runs that registered a version (of any project model,
     any decision; failed runs only fill places left), plus the newest of all (the run a retry resumes) and those of
     versions holding an alias; 0 keeps all. Within a run, ``training.schedule.keep_last`` still applies."""
 
-    def __post_init__(self) -> None:
-        check_range("retention.checkpoints.keep_runs", self.keep_runs, 0)
 
-
-@dataclass(kw_only=True, slots=True)
+@block
 class LogRetention:
     """How many training runs' log folders to keep (``retention.training_logs``)."""
 
-    keep_runs: int = 10
+    keep_runs: int = Field(10, ge=0)
     """The newest runs' log folders kept (by last change), counted as ``checkpoints.keep_runs`` counts them;
     0 keeps all."""
 
-    def __post_init__(self) -> None:
-        check_range("retention.training_logs.keep_runs", self.keep_runs, 0)
 
-
-@dataclass(kw_only=True, slots=True)
+@block
 class BundleRetention:
     """Which bundle versions under the ``export_bundle`` entry (``data/07_model_output/bundle/<time>/``) stay."""
 
-    keep_last: int = 3
+    keep_last: int = Field(3, ge=0)
     """The newest versions a registered version came from kept (others fill places left), plus the newest of all
     and the ones versions holding an alias were exported as; 0 keeps all."""
 
-    def __post_init__(self) -> None:
-        check_range("retention.bundles.keep_last", self.keep_last, 0)
 
-
-@dataclass(kw_only=True, slots=True)
+@block
 class MlflowRetention:
     """What happens to the MLflow copies (the run's ``export/bundle`` and the logged model) of versions the gate
     did not promote."""
@@ -75,7 +68,8 @@ class MlflowRetention:
     delete_rejected: bool = True
     """Mark the runs and logged models of versions decided ``rejected`` (or whose gate ``failed``) deleted once
     ``grace_days`` have passed, then remove them for good with ``mlflow gc``; the version and its tags stay."""
-    decisions: list[str] = field(default_factory=lambda: ["rejected", "undecided", "failed"])
+    decisions: list[Literal["rejected", "failed", "undecided", "promoted", "first", "forced"]] = field(
+        default_factory=lambda: ["rejected", "undecided", "failed"])
     """The gate decisions (``gate.decision``) whose versions' artifacts go (``undecided``: candidates the gate could
     not tell from the champion, which never hold an alias either); add ``promoted``, ``first`` and ``forced`` to
     remove retired champions' too (versions that hold no alias any more; rollback needs only ``previous``)."""
@@ -84,7 +78,7 @@ class MlflowRetention:
     ended ``FAILED`` or ``KILLED`` without a version, with their logged models (a night killed in the export or
     registry stage leaves the bundle's two copies there), and a logged model left beside a version's own by a
     retried log. Finished runs that registered nothing (run by hand) are kept."""
-    grace_days: float = 7.0
+    grace_days: float = Field(7.0, ge=0)
     """Days after its registration a rejected version's artifacts are kept (to look at, or to promote by hand); for
     a failed run, days after it ended; for a retried log's model, days after it was logged."""
     gc_backend_store_uri: str | None = None
@@ -93,25 +87,19 @@ class MlflowRetention:
     gc_artifacts_destination: str | None = None
     """For a server that proxies artifacts: its ``--artifacts-destination`` (``mlflow gc --artifacts-destination``)."""
 
-    def __post_init__(self) -> None:
-        check_range("retention.mlflow.grace_days", self.grace_days, 0)
-        known = ("rejected", "failed", "undecided", "promoted", "first", "forced")  # gate.decision's values
-        for decision in self.decisions:
-            check(decision in known, "retention.mlflow.decisions", f"{decision!r} is not one of {', '.join(known)}")
 
-
-@dataclass(kw_only=True, slots=True)
+@block
 class DiskBudget:
     """The disk budget a run is checked against before its first node (``retention.disk``)."""
 
-    budget: int | str | None = None
+    budget: Annotated[int, Field(ge=0)] | str | None = None
     """The most the project's folders (data/, and the local MLflow store and artifacts) may hold: bytes or a
     size such as ``"20GiB"``; null: no budget."""
-    run_estimate: int | str | None = None
+    run_estimate: Annotated[int, Field(ge=0)] | str | None = None
     """What one run adds, as bytes or a size; null: the last run's outputs as measured on disk (newest checkpoint
     run, log folder and bundle version, and the bundle's two MLflow copies in a local store)."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # a size is bytes or a text such as "20GiB", which no field constraint reads
         parse_size(self.budget, "retention.disk.budget")
         parse_size(self.run_estimate, "retention.disk.run_estimate")
 
@@ -124,7 +112,7 @@ class DiskBudget:
         return parse_size(self.run_estimate, "retention.disk.run_estimate")
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class RetentionConfig:
     """The ``retention`` block: what ``train-deploy gc`` removes and the disk budget (``train_deploy.retention``).
 

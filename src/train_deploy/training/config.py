@@ -5,9 +5,18 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from train_deploy.config import ConfigError, check, check_range, from_mapping, to_dict
+from pydantic import Field
+
+from train_deploy.config import ConfigError, block, check, from_mapping, setting, to_dict
+
+_Positive = Annotated[int, Field(ge=1)]
+_Count = Annotated[int, Field(ge=0)]
+_Seconds = Annotated[int, Field(gt=0)] | Annotated[float, Field(gt=0)]
+_SecondsOrZero = Annotated[int, Field(ge=0)] | Annotated[float, Field(ge=0)]
+_Degree = Annotated[int, Field(ge=-1)]
+"""A parallel degree: positive, or -1 (inferred); 0 is refused by ParallelConfig."""
 
 # Llama shapes; the vocabulary size always comes from the tokenizer.
 PRESETS: dict[str, dict[str, int]] = {
@@ -24,15 +33,20 @@ PRESETS: dict[str, dict[str, int]] = {
 }
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class ModelConfig:
-    preset: str = "small"
+    preset: Literal["tiny", "small", "350m", "1.3b"] = "small"
     """One of tiny (tests), small (CPU demo), 350m, 1.3b (GPU)."""
     overrides: dict[str, Any] = field(default_factory=dict)
     """Any LlamaConfig field over the preset, e.g. {num_hidden_layers: 8}."""
 
+    def __post_init__(self) -> None:  # overrides are any LlamaConfig field: only the preset's shape keys are known
+        for key in PRESETS["tiny"].keys() & self.overrides.keys():
+            value = self.overrides[key]
+            check(type(value) is int and value >= 1, f"training.model.overrides.{key}",
+                  f"must be a positive integer (got {str(value)[:40]!r})")
+
     def shape(self) -> dict[str, Any]:
-        check(self.preset in PRESETS, "training.model.preset", f"{self.preset!r} is not one of {', '.join(PRESETS)}")
         return {**PRESETS[self.preset], **self.overrides}
 
 
@@ -43,54 +57,63 @@ PIPELINE_UNSUPPORTED = (
     "gloo also has no point-to-point send/recv")
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class ParallelConfig:
-    dp: int = -1
+    dp: _Degree = -1
     """Data-parallel degree; -1 = world size / (mp × pp)."""
-    mp: int = 1
+    mp: _Degree = 1
     """Tensor-parallel degree (heads, hidden and vocabulary split over mp ranks)."""
-    pp: int = 1
+    pp: _Degree = 1
     """Pipeline-parallel degree; only 1 is accepted (:data:`PIPELINE_UNSUPPORTED` says why). The layout planner and
     the mesh still place pp stages, for the day the stage runs a pipeline schedule."""
-    sharding_stage: int = 0
+    sharding_stage: Literal[0, 1, 2, 3] = 0
     """ZeRO stage over the data-parallel group: 0 none, 1 optimizer states, 2 + gradients, 3 + weights."""
     single_process: Literal["auto_parallel", "plain"] = "auto_parallel"
     """World size 1: auto_parallel wraps the model as at any other size (a mesh of one: on CPU 1.25× the tokens/s
     of the plain model, docs/benchmarks.md); plain trains it as it is, no distributed tensors.
     benchmarks/gpu_check.sh measures both on a GPU."""
 
+    def __post_init__(self) -> None:  # rules across the degrees; each one's range is its field's
+        inferred = None
+        for key in ("dp", "mp", "pp"):
+            value = getattr(self, key)
+            check(value != 0, f"training.parallel.{key}", "0 is not a degree (use a positive number or -1)")
+            check(value != -1 or inferred is None, f"training.parallel.{key}",
+                  f"only one of dp, mp, pp may be -1 (inferred from the world size); {inferred} is -1 already")
+            inferred = key if value == -1 else inferred
 
-@dataclass(kw_only=True, slots=True)
+
+@block
 class BatchConfig:
-    micro_batch_size: int = 8
+    micro_batch_size: _Positive = 8
     """Sequences per data-parallel rank per forward/backward."""
-    global_batch_size: int = 8
+    global_batch_size: _Positive = 8
     """Sequences per optimizer step: micro_batch_size × dp × gradient-accumulation steps."""
-    seq_length: int = 128
+    seq_length: int = Field(128, ge=2)
     """Tokens per training window (at least 2, at most the model's max_position_embeddings)."""
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class OptimizerConfig:
-    learning_rate: float = 3.5e-3
+    learning_rate: float = Field(3.5e-3, gt=0)
     """Peak learning rate at reference_batch_size; scaled to the global batch by lr_scaling."""
-    reference_batch_size: int = 8
+    reference_batch_size: _Positive = 8
     """Global batch size (sequences) at which learning_rate applies unscaled."""
     lr_scaling: Literal["linear", "sqrt", "none"] = "linear"
     """linear: twice the global batch, twice the rate (the usual rule of thumb); sqrt: √ of the ratio."""
-    min_lr_ratio: float = 0.1
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
     """Cosine decay ends at this fraction of the peak rate, in [0, 1]."""
-    warmup_steps: int = 30
+    warmup_steps: _Count = 30
     """Optimizer steps of linear warm-up to the peak rate, before the cosine decay."""
-    weight_decay: float = 0.1
+    weight_decay: float = Field(0.1, ge=0)
     """AdamW decoupled weight decay; not applied to 1-D parameters (norms)."""
-    beta1: float = 0.9
+    beta1: float = Field(0.9, ge=0, lt=1)
     """AdamW decay rate of the first-moment (mean gradient) estimate, in [0, 1)."""
-    beta2: float = 0.95
+    beta2: float = Field(0.95, ge=0, lt=1)
     """AdamW decay rate of the second-moment (squared gradient) estimate, in [0, 1)."""
-    epsilon: float = 1e-8
+    epsilon: float = Field(1e-8, gt=0)
     """AdamW term added to the denominator for numerical stability."""
-    grad_clip: float = 1.0
+    grad_clip: float = Field(1.0, ge=0)
     """Clip gradients by global norm (0 = off)."""
 
     def scaled_learning_rate(self, global_batch_size: int) -> float:
@@ -98,7 +121,7 @@ class OptimizerConfig:
         return self.learning_rate * {"linear": ratio, "sqrt": math.sqrt(ratio), "none": 1.0}[self.lr_scaling]
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class PrecisionConfig:
     amp: bool = False
     """Mixed precision; needs a GPU."""
@@ -114,61 +137,61 @@ class PrecisionConfig:
     """Recompute activations in the backward pass (less memory, ~30% more compute)."""
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class ScheduleConfig:
-    max_steps: int = 1400
+    max_steps: _Positive = 1400
     """Optimizer steps of the whole schedule (the cosine decay ends here)."""
-    log_every: int = 25
+    log_every: _Positive = 25
     """Log loss, learning rate, gradient norm, throughput and MFU every this many steps."""
-    eval_every: int = 200
+    eval_every: _Positive = 200
     """Compute the validation loss every this many steps, and at the last step."""
-    eval_batches: int = 8
+    eval_batches: _Positive = 8
     """Validation batches of global_batch_size windows per evaluation (the first windows of the split)."""
-    checkpoint_every: int = 200
+    checkpoint_every: _Positive = 200
     """Write a checkpoint every this many steps, and at the last step."""
-    keep_last: int = 4
+    keep_last: _Count = 4
     """Complete checkpoints kept on disk (the newest); 0 keeps all."""
     resume: Literal["auto", "never"] = "auto"
     """auto: continue from the latest complete checkpoint of this run (catalog entry ``checkpoints``)."""
-    seed: int = 1234
+    seed: int = Field(1234, ge=0, le=2**64 - 1)
     """Seed of parameter initialisation and of the order of training windows (0 to 2**64 - 1)."""
-    stop_after: int | None = None
+    stop_after: _Positive | None = setting(None, note="null = the whole schedule")
     """Stop (with a checkpoint) after this step without finishing the schedule: tests and time-boxed jobs. A rerun
     without it (or with a later one) resumes in the same checkpoint folder."""
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class DeviceConfig:
     type: Literal["cpu", "gpu"] = "cpu"
     """Device of every worker process; gpu needs the paddlepaddle-gpu wheel."""
-    peak_tflops: float | None = None
+    peak_tflops: float | None = Field(None, gt=0)
     """Peak dense TFLOP/s of one device in the training dtype, for MFU; null = a short matmul calibration."""
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class LaunchConfig:
-    nproc_per_node: int = 1
+    nproc_per_node: _Positive = 1
     """Worker processes per node (one per GPU on gpu); the world size is nproc_per_node × nnodes."""
-    cpu_threads: int = 1
+    cpu_threads: int = setting(1, ge=0, le=1024, note="0 = cores ÷ nproc_per_node")
     """OpenMP/MKL threads of each CPU worker (OMP/MKL/OPENBLAS_NUM_THREADS unless the environment sets them); 0 =
     the node's cores ÷ nproc_per_node. The CPU demo's one worker runs faster with one thread than with two."""
-    nnodes: int = 1
+    nnodes: _Positive = 1
     """Machines in the job; more than 1 needs master."""
     master: str | None = None
     """host:port of node 0; needed when nnodes > 1."""
-    node_rank: int = 0
+    node_rank: _Count = 0
     """This machine's rank, 0 .. nnodes - 1; node 0 runs the pipeline, the others join with train-deploy-join."""
-    max_restart: int = 0
+    max_restart: _Count = 0
     """Failed workers are relaunched this many times and resume from the last complete checkpoint (Paddle's
     launcher does it itself in elastic mode, with an etcd:// master; otherwise the training node does)."""
     job_id: str = "train_deploy"
     """Paddle launcher job name; nodes of one job must share it."""
-    stall_timeout: int | float = 1800
+    stall_timeout: _Seconds = setting(1800, unit="seconds")
     """Seconds rank 0 may report no step (nor checkpoint) before the job is stopped as hung and fails naming
     it; longer than log_every steps, an evaluation and a checkpoint take. Until its first step (start-up, the
     other nodes joining, building the model, resuming) it may be silent twice as long, at least 10 minutes."""
 
-    metrics_timeout: int | float = 30
+    metrics_timeout: _SecondsOrZero = setting(30, unit="seconds")
     """Seconds the training node keeps trying, after training ends, to send MLflow the metrics it could not send
     while the tracking server was down; past it, it warns (every metric stays in metrics.jsonl)."""
     environment: list[str] = field(default_factory=list)
@@ -177,19 +200,18 @@ class LaunchConfig:
     ``WORKER_VARIABLES``), since the launcher writes every variable it gets into its log folder. A variable
     that holds a credential is never passed, listed or not."""
 
-    def __post_init__(self) -> None:
-        check_range("training.launch.cpu_threads", self.cpu_threads, 0, 1024, note="0 = cores ÷ nproc_per_node")
-        check(self.stall_timeout > 0, "training.launch.stall_timeout",
-              f"must be a positive number of seconds (got {self.stall_timeout!r})")
-        check(self.metrics_timeout >= 0, "training.launch.metrics_timeout",
-              f"must be a number of seconds, at least 0 (got {self.metrics_timeout!r})")
+    def __post_init__(self) -> None:  # rules across keys, and a pattern's error that shows what one looks like
+        check(self.node_rank < self.nnodes, "training.launch.node_rank",
+              f"must be 0 .. launch.nnodes - 1 = {self.nnodes - 1} (got {self.node_rank})")
+        check(self.nnodes == 1 or bool(self.master), "training.launch.master",
+              "a multi-node job needs host:port of node 0 (the same on every node)")
         for i, pattern in enumerate(self.environment):
             check(isinstance(pattern, str) and re.fullmatch(r"[A-Za-z0-9_*?]+", pattern) is not None,
                   f"training.launch.environment[{i}]", f"must be a variable name or a shell pattern such as "
                   f"MY_DATA_* (got {str(pattern)[:40]!r})")
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class TrainingConfig:
     """The whole ``training`` parameter block, in the file's order (its JSON form, :func:`to_dict`, is recorded in
     each checkpoint's ``state.json``)."""
@@ -219,10 +241,15 @@ class TrainingConfig:
     """Processes and nodes (`training.launch`)."""
 
     @classmethod
-    def from_params(cls, params: dict[str, Any]) -> TrainingConfig:
+    def from_params(cls, params: dict[str, Any] | None) -> TrainingConfig:
+        """The block of a run; pp > 1 is refused here, not in ParallelConfig, so that the layout planner can still
+        be given pipeline stages in code."""
         config = from_mapping(cls, params, "training")
-        _check_block(config)
+        check(config.parallel.pp == 1, "training.parallel.pp", PIPELINE_UNSUPPORTED)
         return config
+
+    def __post_init__(self) -> None:
+        check(bool(str(self.init_from).strip()), "training.init_from", "must be scratch, champion or a model folder")
 
     @property
     def world_size(self) -> int:
@@ -249,53 +276,6 @@ class TrainingConfig:
             "schedule": {"max_steps": s.max_steps, "seed": s.seed},
             **({} if start == "scratch" else {"init_from": start}),
         }
-
-
-def _check_block(config: TrainingConfig) -> None:
-    """Every key of the block within its range, naming the key; the layout against the world size and the
-    tokenizer is :func:`resolve_layout`'s."""
-    shape = config.model.shape()
-    for key in PRESETS["tiny"].keys() & config.model.overrides.keys():
-        check(type(shape[key]) is int and shape[key] >= 1, f"training.model.overrides.{key}",
-              f"must be a positive integer (got {shape[key]!r})")
-    p, b, o, s, la = config.parallel, config.batch, config.optimizer, config.schedule, config.launch
-    inferred = None
-    for key in ("dp", "mp", "pp"):
-        value = getattr(p, key)
-        check(value >= 1 or value == -1, f"training.parallel.{key}",
-              f"{value} is not a degree (use a positive number or -1)")
-        check(value != -1 or inferred is None, f"training.parallel.{key}",
-              f"only one of dp, mp, pp may be -1 (inferred from the world size); {inferred} is -1 already")
-        inferred = key if value == -1 else inferred
-    check(bool(str(config.init_from).strip()), "training.init_from", "must be scratch, champion or a model folder")
-    check(p.sharding_stage in (0, 1, 2, 3), "training.parallel.sharding_stage", "must be 0, 1, 2 or 3")
-    check(p.pp == 1, "training.parallel.pp", PIPELINE_UNSUPPORTED)
-    check_range("training.batch.micro_batch_size", b.micro_batch_size, 1)
-    check_range("training.batch.global_batch_size", b.global_batch_size, 1)
-    check_range("training.batch.seq_length", b.seq_length, 2)
-    check_range("training.optimizer.learning_rate", o.learning_rate, 0, open_low=True)
-    check_range("training.optimizer.reference_batch_size", o.reference_batch_size, 1)
-    check_range("training.optimizer.min_lr_ratio", o.min_lr_ratio, 0, 1)
-    check_range("training.optimizer.warmup_steps", o.warmup_steps, 0)
-    check_range("training.optimizer.weight_decay", o.weight_decay, 0)
-    check_range("training.optimizer.beta1", o.beta1, 0, 1, open_high=True)
-    check_range("training.optimizer.beta2", o.beta2, 0, 1, open_high=True)
-    check_range("training.optimizer.epsilon", o.epsilon, 0, open_low=True)
-    check_range("training.optimizer.grad_clip", o.grad_clip, 0, note="0 = off")
-    for key in ("max_steps", "log_every", "eval_every", "eval_batches", "checkpoint_every"):
-        check_range(f"training.schedule.{key}", getattr(s, key), 1)
-    check_range("training.schedule.keep_last", s.keep_last, 0, note="0 keeps all")
-    check_range("training.schedule.seed", s.seed, 0, 2**64 - 1, note="Paddle's seed range")
-    check_range("training.schedule.stop_after", s.stop_after, 1, note="null = the whole schedule")
-    check_range("training.device.peak_tflops", config.device.peak_tflops, 0, open_low=True,
-                note="null = a short matmul calibration")
-    check_range("training.launch.nproc_per_node", la.nproc_per_node, 1)
-    check_range("training.launch.nnodes", la.nnodes, 1)
-    check(0 <= la.node_rank < la.nnodes, "training.launch.node_rank",
-          f"must be 0 .. launch.nnodes - 1 = {la.nnodes - 1} (got {la.node_rank})")
-    check_range("training.launch.max_restart", la.max_restart, 0)
-    check(la.nnodes == 1 or bool(la.master), "training.launch.master",
-          "a multi-node job needs host:port of node 0 (the same on every node)")
 
 
 @dataclass(frozen=True, slots=True)
