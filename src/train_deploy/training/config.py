@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from train_deploy.config import ConfigError, block, check, from_mapping, setting, to_dict
+from train_deploy.training.elastic import ElasticConfig
 
 _Positive = Annotated[int, Field(ge=1)]
 _Count = Annotated[int, Field(ge=0)]
@@ -199,6 +200,8 @@ class LaunchConfig:
     they get only what Python, Paddle and the CPU/GPU libraries read (``training/launch.py``,
     ``WORKER_VARIABLES``), since the launcher writes every variable it gets into its log folder. A variable
     that holds a credential is never passed, listed or not."""
+    elastic: ElasticConfig | None = None
+    """Elastic mode, ``{min_nodes, max_nodes, etcd, timeout_s}`` (``train_deploy.training.elastic``); null = off."""
 
     def __post_init__(self) -> None:  # rules across keys, and a pattern's error that shows what one looks like
         check(self.node_rank < self.nnodes, "training.launch.node_rank",

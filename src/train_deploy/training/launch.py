@@ -9,6 +9,10 @@ runs::
 The other machines of a multi-node job join with ``train-deploy-join --run <logs>/run.json --node-rank R``
 (the log folder on storage every node sees): the same launcher command with their own rank.
 
+With ``launch.elastic`` (``train_deploy.training.elastic``) every node's launcher gets ``--master etcd://…
+--nnodes MIN:MAX --elastic_level 1`` instead of a count and a rank: Paddle's launcher re-forms the job when a node
+is lost or joins, and :func:`check_elastic` refuses in one line, before launch, a job that could not.
+
 Safe to leave unattended:
 
 - the launcher runs in a session of its own (Paddle gives each worker one too), and the whole job is stopped,
@@ -42,12 +46,13 @@ from typing import IO, NoReturn
 import click
 import psutil
 
+from train_deploy.config import ConfigError
 from train_deploy.environment import first_cpu, mkl_cpu_type
 from train_deploy.handoffs import DescriptionError, TrainingResult, read_json, write_json
 from train_deploy.redaction import redact_uri
 from train_deploy.run_control.processes import stop_process_tree
-from train_deploy.training import worker
-from train_deploy.training.config import TrainingConfig
+from train_deploy.training import elastic, worker
+from train_deploy.training.config import TrainingConfig, resolve_layout
 from train_deploy.training.metrics import MetricsForwarder
 from train_deploy.training.spec import RunSpec
 
@@ -106,12 +111,31 @@ def run_training(spec: RunSpec, mlflow_run_id: str | None = None) -> TrainingRes
     config = spec.training
     logs = _private_folder(Path(spec.logs))
     spec_file = logs / RUN_FILE
+    if config.launch.elastic is not None:
+        check_elastic(spec)
     write_json(spec_file, spec)
     forwarding = (MetricsForwarder(spec.metrics_path, mlflow_run_id, final_timeout=config.launch.metrics_timeout)
                   if mlflow_run_id else contextlib.nullcontext())
     with forwarding:
         run_launcher(config, spec_file, logs)
     return read_json(TrainingResult, spec.result_path)
+
+
+def check_elastic(spec: RunSpec) -> None:
+    """Refuse in one line, before anything starts, an elastic job that could not go on at every world size it
+    may re-form at (:func:`~train_deploy.training.elastic.check_layout`, and the layout at each size), or whose
+    etcd cannot be reached."""
+    config = spec.training
+    la, p = config.launch, config.parallel
+    elastic.check_layout(la.elastic, pp=p.pp, mp=p.mp, dp=p.dp, nproc_per_node=la.nproc_per_node, nnodes=la.nnodes)
+    vocab = config.model.shape().get("vocab_size", spec.data.vocab_size)
+    for world in elastic.world_sizes(la.elastic, la.nproc_per_node):
+        try:
+            resolve_layout(config, world, vocab)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc} (training.launch.elastic: at world size {world}, which the job may re-form "
+                              "at)") from None
+    elastic.check_reachable(la.elastic.etcd)
 
 
 def launcher_command(config: TrainingConfig, spec_file: Path, log_dir: Path, node_rank: int | None = None) -> list[str]:
@@ -121,7 +145,9 @@ def launcher_command(config: TrainingConfig, spec_file: Path, log_dir: Path, nod
     command = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(la.nproc_per_node),
                "--log_dir", str(Path(log_dir) / f"node{rank}"), "--job_id", la.job_id,
                "--max_restart", str(la.max_restart)]
-    if la.nnodes > 1:
+    if la.elastic is not None:  # etcd forms the job from the nodes alive: no fixed count, no rank
+        command += elastic.launcher_arguments(la.elastic)
+    elif la.nnodes > 1:
         command += ["--nnodes", str(la.nnodes), "--master", str(la.master), "--rank", str(rank)]
     if config.device.type == "cpu":
         command += cpu_job_devices(la.nproc_per_node)
@@ -169,6 +195,8 @@ def worker_environment(config: TrainingConfig) -> dict[str, str]:
         cpu_type = mkl_cpu_type(first_cpu())  # MKL's AVX2 kernels on AMD: ~2x the matmul rate here
         if cpu_type is not None:
             env.setdefault("MKL_DEBUG_CPU_TYPE", cpu_type)
+    if config.launch.elastic is not None:
+        env.update(elastic.LAUNCHER_ENVIRONMENT)
     env.setdefault("GLOG_minloglevel", "2")
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
@@ -196,18 +224,20 @@ def run_launcher(config: TrainingConfig, spec_file: Path, log_dir: Path, node_ra
     function relaunches failed workers up to ``launch.max_restart`` times, and they resume from the
     last complete checkpoint on their own (``resume: auto``).
     """
+    # In elastic mode Paddle's launcher re-forms the job itself, up to max_restart times.
+    restarts = 0 if config.launch.elastic is not None else config.launch.max_restart
     with _StopSignals() as stop:
-        for attempt in range(config.launch.max_restart + 1):
+        for attempt in range(restarts + 1):
             try:
                 _launch_once(config, spec_file, log_dir, node_rank, stop)
                 stop.check()
                 return
             except TrainingFailed as exc:
                 stop.check()  # a job that failed because it was being stopped was stopped
-                if attempt == config.launch.max_restart:
+                if attempt == restarts:
                     raise
                 logger.warning("%s; restarting the workers (%d of %d), they resume from the last checkpoint",
-                               exc, attempt + 1, config.launch.max_restart)
+                               exc, attempt + 1, restarts)
 
 
 def _launch_once(config: TrainingConfig, spec_file: Path, log_dir: Path, node_rank: int | None,
