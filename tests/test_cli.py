@@ -26,8 +26,10 @@ from tests.helpers.project import (
 )
 from train_deploy.cli import NoResumeHint
 from train_deploy.config import ConfigError
+from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.errors import CorpusError
 from train_deploy.project import project_config
+from train_deploy.registry.config import RegistryConfig
 from train_deploy.run_control.retrain import CORPUS_TAG, TRAINING_TAG, compare
 
 pytest_plugins = ["tests.mlflow_server"]
@@ -174,8 +176,9 @@ def test_env_base_runs_the_demo_whatever_conf_local_holds(tmp_path):
     (project / "conf" / "local" / "parameters_corpus.yml").write_text("corpus:\n  reader:\n    source: jsonl\n")
     names = {env: project_config(project, env)["parameters"] for env in (None, "base")}
     assert [names[None]["registry"]["model_name"], names[None]["corpus"]["reader"]["source"]] == ["news_lm", "jsonl"]
-    assert [names["base"]["registry"]["model_name"], names["base"]["corpus"]["reader"]["source"]] == [
-        "train_deploy_lm", "people_daily"]
+    registry, corpus = RegistryConfig.from_params(names["base"]["registry"]), CorpusConfig.from_params(
+        names["base"]["corpus"])
+    assert [registry.model_name, corpus.reader.source] == ["train_deploy_lm", "people_daily"]  # the types' defaults
 
 
 def _help(*argv: str) -> str:
