@@ -85,8 +85,14 @@ def _schedule_command(context: click.Context) -> None:
 @click.option("--project", type=click.Path(file_okay=False, path_type=Path),
               help="the project folder (default: the checkout this command is installed from, else here)")
 @click.option("--env", "-e", help="Kedro environment whose mlflow.yml and parameters to read (default: local)")
+@click.option("--follow", is_flag=True, help="keep serving while watching the alias: a version it moves to is "
+              "downloaded, checked, then served without a failed request; one that fails is refused and alerted")
+@click.option("--poll-interval", type=click.FloatRange(0.1, 86_400), default=30.0, show_default=True,
+              envvar="TRAIN_DEPLOY_FOLLOW_POLL_S", show_envvar=True,
+              help="with --follow: seconds between two looks at the registry")
 def _serve_command(model_name: str | None, alias: str, host: str, port: int, workers: int, queue: int | None,
-                   batch: int | None, body_timeout: float | None, project: Path | None, env: str | None) -> None:
+                   batch: int | None, body_timeout: float | None, project: Path | None, env: str | None,
+                   follow: bool, poll_interval: float) -> None:
     """Serve a registered model of the project's MLflow store with train_deploy's server (docs/serving.md):
     MLflow's POST /invocations, OpenAI's POST /v1/completions and GET /v1/models, GET /metrics, a playground at /.
 
@@ -100,7 +106,7 @@ def _serve_command(model_name: str | None, alias: str, host: str, port: int, wor
                  if value is not None}
     try:
         serve(project=project, env=env, model_name=model_name, alias=alias, host=host, port=port, workers=workers,
-              admission=admission)
+              admission=admission, poll_interval=poll_interval if follow else None)
     except ServeError as error:
         raise click.ClickException(str(error)) from None
 

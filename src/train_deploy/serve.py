@@ -198,11 +198,25 @@ def server_environment(tracking: str, registry: str) -> dict[str, str]:
     return {**os.environ, "MLFLOW_TRACKING_URI": tracking, "MLFLOW_REGISTRY_URI": registry, "PATH": path}
 
 
+FOLLOWING_APP = "train_deploy.serving.follow:create_app"
+"""The server that follows its alias (``--follow``): this environment's package, whatever version it serves."""
+
+
+def follow_command(host: str, port: int, workers: int) -> list[str]:
+    """This environment's uvicorn running the following server (:data:`FOLLOWING_APP`): the versions it moves to
+    are served by the installed package, not the one logged with the first."""
+    return [str(Path(sys.executable).parent / "uvicorn"), "--factory", "--host", host, "--port", str(port),
+            "--workers", str(workers), FOLLOWING_APP]
+
+
 def serve(*, project: Path | None = None, env: str | None = None, model_name: str | None = None,
           alias: str = "champion", host: str = "127.0.0.1", port: int = 5001, workers: int = 1,
-          admission: dict[str, str] | None = None) -> NoReturn:
+          admission: dict[str, str] | None = None, poll_interval: float | None = None) -> NoReturn:
     """Check the model is there, download it, then become its server in the project folder (see the module);
-    ``admission``: the server's ``TRAIN_DEPLOY_SERVE_*`` settings (``serving.app.ServerSettings``)."""
+    ``admission``: the server's ``TRAIN_DEPLOY_SERVE_*`` settings (``serving.app.ServerSettings``);
+    ``poll_interval``: follow the alias, looking at the registry every so many seconds (``serving/follow.py``)."""
+    if poll_interval is not None and alias.isdigit():
+        raise ServeError(f"--follow: version {alias} never moves; follow an alias (--alias champion)")
     try:
         folder = find_project(project)
     except NoProject as missing:
@@ -215,7 +229,8 @@ def serve(*, project: Path | None = None, env: str | None = None, model_name: st
     model_uri = f"models:/{name}/{alias}" if alias.isdigit() else f"models:/{name}@{alias}"
     os.chdir(folder)  # a store written before locations were absolute resolves them from the project folder
     model = cached_model(found, tracking, registry)
-    command = server_command(model, host, port, workers)
+    command = server_command(model, host, port, workers) if poll_interval is None else \
+        follow_command(host, port, workers)
     sys.stderr.write(f"Serving {model_uri} (version {version}) of {_shown(tracking)} on http://{host}:{port} "
                      f"(POST /invocations, POST /v1/completions, the playground at /); Ctrl-C stops it\n")
     if not command[-1].startswith("train_deploy.serving"):
@@ -223,6 +238,10 @@ def serve(*, project: Path | None = None, env: str | None = None, model_name: st
                          "holds serves it, without OpenAI's API, the playground or admission control\n")
     served = {"TRAIN_DEPLOY_SERVED_MODEL": str(model), "TRAIN_DEPLOY_SERVED_NAME": name,
               "TRAIN_DEPLOY_SERVED_VERSION": version}
+    if poll_interval is not None:
+        sys.stderr.write(f"  following {name}@{alias}: the registry is asked every {poll_interval:g} s; a new version "
+                         "is checked, then served without a failed request\n")
+        served |= {"TRAIN_DEPLOY_FOLLOW_ALIAS": alias, "TRAIN_DEPLOY_FOLLOW_POLL_S": str(poll_interval)}
     sys.stderr.flush()
     os.execve(command[0], command, {**server_environment(tracking, registry), **(admission or {}), **served})
 
