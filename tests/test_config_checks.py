@@ -187,3 +187,23 @@ def test_a_kedro_run_with_a_bad_value_is_refused_before_any_node_runs(project, t
     assert sorted((project / "data").glob("0*")) == []
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlruns.db'}")
     assert mlflow.search_runs(search_all_experiments=True, output_format="list") == []
+
+
+@pytest.mark.slow
+def test_a_run_builds_its_configuration_once_and_hands_the_nodes_those_blocks(project, tmp_path, monkeypatch):
+    """The corpus stage reads the training and registry blocks in three nodes: they get the blocks the run's preflight
+    built (``RunLife.before_node_run``), not their parameter mappings to parse again."""
+    import train_deploy.registry.config as registry_config
+    import train_deploy.training.config as training_config
+
+    built = []
+    for module in (training_config, registry_config):
+        def counting(cls, data, where, _build=module.from_mapping):
+            if not isinstance(data, cls):
+                built.append(where)
+            return _build(cls, data, where)
+        monkeypatch.setattr(module, "from_mapping", counting)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlruns.db'}")
+    with KedroSession.create(project_path=project, runtime_params=tiny_runtime_params()) as session:
+        session.run(pipeline_names=["corpus"])
+    assert sorted(built) == ["registry", "training"]

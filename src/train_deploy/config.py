@@ -60,8 +60,11 @@ def schema(cls: type) -> dict[str, Any]:
     return TypeAdapter(cls).json_schema()
 
 
-def from_mapping(cls: type[T], data: Mapping[str, Any] | None, where: str) -> T:
-    """Build ``cls`` from ``data``; ``where`` is the dotted name used in error messages."""
+def from_mapping(cls: type[T], data: Mapping[str, Any] | T | None, where: str) -> T:
+    """Build ``cls`` from ``data``, or return ``data`` when it is one already; ``where`` is the dotted name used in
+    error messages."""
+    if isinstance(data, cls):  # built once for the run (train_deploy.hooks.life.RunLife): passed on as it is
+        return data
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -87,6 +90,21 @@ def _is_block(annotation: Any) -> bool:
 def to_dict(obj: Any) -> dict[str, Any]:
     """Return a plain, JSON-ready dict of a (nested) configuration dataclass."""
     return dataclasses.asdict(obj)
+
+
+def unset_values(config: Any, given: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    """The values of block ``config`` that ``given`` (its parameter mapping) leaves to the defaults, by dotted key
+    (``training.schedule.seed``): with the given ones, what the run's MLflow parameters must hold, since the
+    parameter files hold only what differs from the types."""
+    given = given or {}
+    found = {}
+    for name, value in to_dict(config).items() if dataclasses.is_dataclass(config) else config.items():
+        key = f"{where}.{name}"
+        if isinstance(value, dict) and value and isinstance(given.get(name, {}), Mapping):
+            found |= unset_values(value, given.get(name), key)
+        elif name not in given:
+            found[key] = value
+    return found
 
 
 _EXPECTED = {"int": "an integer", "float": "a number", "bool": "true or false", "string": "a string",

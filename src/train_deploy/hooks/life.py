@@ -43,6 +43,7 @@ from kedro.framework.hooks import hook_impl
 from kedro.io import CatalogProtocol
 from kedro.pipeline import Node, Pipeline
 
+from train_deploy.config import unset_values
 from train_deploy.console import project_log_file
 from train_deploy.hooks.alerts import RunAlerts
 from train_deploy.hooks.display import open_console
@@ -97,6 +98,7 @@ class RunLife:
         self._stack: contextlib.ExitStack | None = None
         self._watch: RunWatch | None = None
         self._stages: dict[str, str] = {}
+        self._configs: dict[str, Any] = {}
 
     @hook_impl(wrapper=True)
     def after_context_created(self, context: KedroContext) -> Wrapper:
@@ -152,18 +154,32 @@ class RunLife:
         stack.callback(self._end_watch)
         stack.push(self._end_mlflow_runs)
         stack.enter_context(sigterm_exits())
-        check_configuration(pipeline, catalog)
+        self._configs = check_configuration(pipeline, catalog)  # the run's configuration, parsed once
         check_own_corpus(pipeline, catalog)
 
     def _opened(self, stack: contextlib.ExitStack, run_params: dict[str, Any], pipeline: Pipeline,
                 catalog: CatalogProtocol) -> None:
         """Once kedro-mlflow has opened the MLflow run: tag it, skip it if nothing changed, watch it."""
         tag_trigger()
-        skip_if_unchanged(pipeline, catalog)
+        self._log_defaults(pipeline, catalog)
+        skip_if_unchanged(pipeline, catalog, self._configs)
         tag_runner(run_params)
         self._watch_run()
         self._alerts.watch_signals()  # in front of the SIGTERM handler set above
         stack.callback(self._alerts.restore_signals)
+
+    def _log_defaults(self, pipeline: Pipeline, catalog: CatalogProtocol) -> None:
+        """Put every setting the run leaves to its type's default on the MLflow run, so that the run records its
+        whole configuration: kedro-mlflow logs only what the parameter files and ``--params`` give each node, and
+        ``conf/base`` holds only what differs from the defaults."""
+        if mlflow.active_run() is None:
+            return
+        given, used = catalog.load("parameters"), {name.removeprefix("params:") for name in pipeline.inputs()}
+        values = {}
+        for name, config in self._configs.items():
+            # a block no node takes is not logged by kedro-mlflow: its given values are logged here too
+            values |= unset_values(config, given.get(name) if name in used else None, name)
+        mlflow.log_params({key: _param(value) for key, value in values.items()})
 
     @contextlib.contextmanager
     def _held(self, run_params: dict[str, Any], catalog: CatalogProtocol) -> Iterator[RunLock]:
@@ -205,7 +221,12 @@ class RunLife:
             if (log := project_log_file()) is not None:
                 log_fatal_signals(log)  # the log may have been rotated
             self._lock.record(node=node.name, stage=self._stages.get(node.name))
-        return (yield)
+        results = yield
+        # The node gets the blocks parsed once for the run in place of their parameter mappings (kedro-mlflow, which
+        # ran above, logged the mappings); each stage's from_params passes a built block on as it is.
+        typed = {name: self._configs[name.removeprefix("params:")] for name in node.inputs
+                 if name.startswith("params:") and name.removeprefix("params:") in self._configs}
+        return [*(results or []), typed] if typed else results
 
     @hook_impl
     def after_node_run(self, outputs: dict[str, Any]) -> None:
@@ -241,3 +262,10 @@ class RunLife:
             self._end((RunAbandoned, RunAbandoned(), None))
         except Exception as exc:  # an exit handler must not raise; the tracking server may be gone
             logger.warning("Could not end the abandoned run: %s", exc)
+
+
+def _param(value: Any) -> Any:
+    """A value as kedro-mlflow's ``truncate`` strategy logs it: MLflow refuses longer parameter values."""
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+    return value if len(str(value)) <= MAX_PARAM_VAL_LENGTH else str(value)[:MAX_PARAM_VAL_LENGTH]

@@ -10,6 +10,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import mlflow
 
@@ -65,23 +66,25 @@ class RunAbandoned(BaseException):
     error no hook saw."""
 
 
-def check_configuration(pipeline, catalog) -> None:
+def check_configuration(pipeline, catalog) -> dict[str, Any]:
     """Refuse a run whose parameters are invalid, or whose outputs cannot be written, with one line naming the key
-    (``train_deploy.run_control.preflight``): every stage block, and what the pipeline's stages need of each other."""
+    (``train_deploy.run_control.preflight``): every stage block, and what the pipeline's stages need of each other.
+    Return the typed blocks by name."""
     stages = {name.removeprefix("params:") for name in pipeline.inputs() if name.startswith("params:")}
-    check_run(catalog.load("parameters"), stages)
+    configs = check_run(catalog.load("parameters"), stages)
     check_writable(catalog, pipeline)
+    return configs
 
 
-def skip_if_unchanged(pipeline, catalog) -> None:
+def skip_if_unchanged(pipeline, catalog, configs: dict[str, Any] | None = None) -> None:
     """A run that trains and registers compares its corpus and training configuration with the champion's
     (``train_deploy.run_control.retrain``) and tags its MLflow run with the fingerprints and the reason; when nothing
     changed it is tagged ``outcome=skipped`` and :class:`NothingToRetrain` stops the session (``kedro run`` exits 0
-    saying why, see ``train_deploy.cli``)."""
+    saying why, see ``train_deploy.cli``). ``configs``: the run's blocks, built once (else read from the catalog)."""
     if not CHECKED_NODES <= {node.name for node in pipeline.nodes}:
         return
     active = mlflow.active_run() is not None
-    check = check_for_changes(catalog.load("parameters"))
+    check = check_for_changes(configs or catalog.load("parameters"))
     if active:
         mlflow.set_tags({**check.fingerprints, REASON_TAG: check.reason})
     if check.retrain:
