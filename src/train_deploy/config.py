@@ -3,7 +3,7 @@
 Each block is a pydantic dataclass made by :func:`block`: ``extra="forbid"`` (a typo is an error), strict types (``1``
 is no ``true``, ``"3"`` no number), the allowed range as field constraints (``Field(ge=1)``), cross-field rules in
 ``__post_init__``, and each field's docstring as its description, so that :func:`schema` holds everything the
-reference ``docs/configuration.md`` says (``train_deploy.config_reference`` writes it). The types hold the defaults;
+reference in ``docs/configuration.md`` says (``tools/config_reference.py`` writes it). The types hold the defaults;
 ``conf/base`` sets only what a project changes.
 
 Pydantic dataclasses rather than models: they stay dataclasses, so ``dataclasses.replace``/``asdict`` and the

@@ -1,8 +1,9 @@
 """A run's configuration checked before any node runs: every stage's block, and what one stage needs of another.
 
 The run's owner, :class:`train_deploy.hooks.RunLife`, calls :func:`check_run`, so that a bad value
-stops ``kedro run`` at once with one line naming the key, not hours later inside a worker. Nodes still
-validate their own block: each can also be called alone.
+stops ``kedro run`` at once with one line naming the key, not hours later inside a worker. The blocks built here are
+the run's configuration: RunLife hands them to the nodes, whose ``from_params`` passes a built block on (a node
+called alone, in a test, still parses its mapping).
 """
 
 from __future__ import annotations
