@@ -13,6 +13,7 @@ import pytest
 
 from tests.helpers.serving import AppServer, downloaded, parse_answer, post, raw_request
 from train_deploy.registry.model import Limits
+from train_deploy.serving.requests import BODY_BUDGET_BYTES
 
 BODY_TIMEOUT_S = 1.0
 MOST = Limits().max_request_bytes
@@ -122,3 +123,38 @@ def test_stalled_bodies_are_cut_off_at_the_read_deadline(server):
         assert status == 408 and headers["connection"] == "close"
         assert json.loads(answer)["message"].startswith("request: the body did not arrive within the read deadline")
     assert time.monotonic() - started < BODY_TIMEOUT_S + 3
+
+
+def _stalled(server, count: int) -> list[socket.socket]:
+    """``count`` connections that declare the largest body the limits allow, send 1 MB of it and stall."""
+    sockets = []
+    for _ in range(count):
+        sock = socket.create_connection((server.host, server.port), timeout=10)
+        sock.sendall((_head("/invocations", MOST, "Content-Type: application/json").replace("\n", "\r\n")
+                      + "\r\n\r\n").encode() + b'{"inputs": ["' + b"x" * 1_000_000)
+        sockets.append(sock)
+    return sockets
+
+
+def test_large_bodies_beyond_what_the_server_holds_at_once_are_read_dropped_and_answered_429(server):
+    """Stalled large bodies hold at most BODY_BUDGET_BYTES (16 MiB: 10 of 1.6 MB); a further large body is read
+    and dropped, then answered 429 with Retry-After, while small requests are answered as usual."""
+    assert BODY_BUDGET_BYTES - 10 * MOST < 800_000
+    held = BODY_BUDGET_BYTES // MOST
+    assert held == 10
+    sockets = _stalled(server, held)
+    time.sleep(0.3)  # their bodies are being read
+    body = b'{"inputs": ["\xe4\xbb\x8a\xe5\xa4\xa9"]' + b" " * 800_000 + b"}"  # beyond what the 10 leave
+    head = _head("/invocations", len(body), "Content-Type: application/json")
+    status, headers, answer = raw_request(server, head, body)
+    assert (status, headers.get("retry-after"), headers.get("connection")) == (429, "1", "close"), answer
+    assert json.loads(answer)["message"] == (f"request: the server is reading as many large bodies as it holds at "
+                                             f"once ({BODY_BUDGET_BYTES} bytes); retry")
+    assert post(server, "/invocations", {"inputs": ["今天"]})[0] == 200
+    for sock in sockets:
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+        sock.close()
+        assert parse_answer(data)[0] == 408
+    assert raw_request(server, head, body)[0] == 200  # the budget is given back

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -45,7 +46,15 @@ from train_deploy.serving.admission import Cancelled, Expired, Lane, QueueFull, 
 from train_deploy.serving.batching import Batcher, Sampling
 from train_deploy.serving.metrics import ServerMetrics
 from train_deploy.serving.playground import page
-from train_deploy.serving.requests import ClientGone, HttpRefusal, RequestHead, parse_json, read_body
+from train_deploy.serving.requests import (
+    BODY_BUDGET_BYTES,
+    BodyBudget,
+    ClientGone,
+    HttpRefusal,
+    RequestHead,
+    parse_json,
+    read_body,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -180,6 +189,7 @@ class ServingApp:
                  metrics: ServerMetrics | None = None) -> None:
         self.model, self.served, self.settings, self.metrics = model, served, settings, metrics
         self.limits = model.limits
+        self.bodies = BodyBudget(max(BODY_BUDGET_BYTES, self.limits.max_request_bytes))
         on_depth = metrics.queue_depth if metrics is not None else None
         self.lanes = {task: Lane(task, settings.batch if task == "generate" else 1, settings.queue, on_depth)
                       for task in TASKS}
@@ -276,7 +286,17 @@ class ServingApp:
                      f"texts, max_batch, of {self.limits.serving.max_chars} characters, max_chars); send fewer or "
                      "shorter texts")
         deadline = min(ticket.deadline, exchange.arrival + self.settings.body_timeout_s)
-        return parse_json(await read_body(exchange.receive, most, deadline, too_large))
+        share = self.bodies.take(head.content_length, most)
+        try:
+            body = await read_body(exchange.receive, most, deadline, too_large, hold=share is not None)
+            if share is None:
+                raise HttpRefusal(429, f"request: the server is reading as many large bodies as it holds at once "
+                                       f"({self.bodies.most} bytes); retry", close=True,
+                                  retry_after=math.ceil(self.settings.body_timeout_s))
+            return parse_json(body)
+        finally:
+            if share:
+                self.bodies.give(share)
 
     async def _invocations(self, exchange: Exchange) -> None:
         ticket = Ticket(exchange.arrival, self.limits.serving.time_budget_s)
