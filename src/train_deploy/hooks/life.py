@@ -155,7 +155,7 @@ class RunLife:
         stack.push(self._end_mlflow_runs)
         stack.enter_context(sigterm_exits())
         self._configs = check_configuration(pipeline, catalog)  # the run's configuration, parsed once
-        check_own_corpus(pipeline, catalog)
+        check_own_corpus(pipeline, catalog, self._configs)
 
     def _opened(self, stack: contextlib.ExitStack, run_params: dict[str, Any], pipeline: Pipeline,
                 catalog: CatalogProtocol) -> None:

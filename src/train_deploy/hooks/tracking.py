@@ -8,6 +8,7 @@ import os
 import re
 import sqlite3
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import mlflow
@@ -111,10 +112,11 @@ def _runner_name(recorded: str) -> str:
     return instance.group(1).rsplit(".", 1)[-1] if instance else recorded
 
 
-def check_own_corpus(pipeline, catalog) -> None:
+def check_own_corpus(pipeline, catalog, configs: dict[str, Any] | None = None) -> None:
     """A run that registers a model is refused before its first node when the model's evaluation set comes from
     another corpus (``train_deploy.registry.lineage``; ``registry.other_corpus``). A set of fewer than
-    ``registry.eval_set.min_texts`` texts is the gate's own verdict (``undecided``), not a warning here."""
+    ``registry.eval_set.min_texts`` texts is the gate's own verdict (``undecided``), not a warning here.
+    ``configs``: the run's blocks, built once (else the registry block is read from the catalog)."""
     if "registry_decision" not in pipeline.all_outputs():
         return
     from train_deploy.registry.config import RegistryConfig
@@ -122,7 +124,7 @@ def check_own_corpus(pipeline, catalog) -> None:
     from train_deploy.registry.retry import Retrying
 
     params = catalog.load("parameters")
-    config = RegistryConfig.from_params(params.get("registry"))
+    config = RegistryConfig.from_params((configs or params).get("registry"))
     retry = Retrying(config.retries, mlflow.get_tracking_uri())
     retry("read the evaluation set's corpus",
           lambda: check_same_corpus(mlflow.MlflowClient(), config, params.get("corpus")))
