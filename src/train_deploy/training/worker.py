@@ -24,6 +24,7 @@ import logging
 import math
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ import numpy as np
 
 from train_deploy.config import ConfigError
 from train_deploy.handoffs import CheckpointState, TrainingResult, read_json, to_json, write_json
+from train_deploy.progress import eta_text
 from train_deploy.training.checkpoint import (
     latest_intact_checkpoint,
     restore_training_state,
@@ -39,8 +41,9 @@ from train_deploy.training.checkpoint import (
     training_state,
     write_checkpoint,
 )
-from train_deploy.training.config import Layout, TrainingConfig
+from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
 from train_deploy.training.data import TokenWindows
+from train_deploy.training.elastic import record_formation
 from train_deploy.training.evaluation import mean_token_loss, next_token_loss, perplexity, validation_windows
 from train_deploy.training.metrics import (
     MetricsLog,
@@ -84,6 +87,9 @@ def main(argv: list[str] | None = None) -> None:
                 "%d accumulation step(s), peak lr %.3g", config.model.preset, size.parameters / 1e6,
                 throughput.flops_per_token / 1e6, job.layout.dp, job.layout.mp, job.layout.pp,
                 job.layout.sharding_stage, job.layout.accumulation_steps, lr.base_lr)
+    if config.launch.elastic is not None and job.is_master:  # every formation after the first is a re-form
+        if reform := record_formation(Path(spec.logs), job.world, progress.step):
+            metrics.log(progress.step, reform)
 
     # loop
     train_loop(trainer, progress, train, valid, metrics, throughput, size)
@@ -117,6 +123,8 @@ def set_up(spec: RunSpec) -> Job:
 
     config, layout = spec.training, spec.layout
     world, rank = dist.get_world_size(), dist.get_rank()
+    if config.launch.elastic is not None:  # the nodes of this formation; the launch checked every size it may have
+        layout = resolve_layout(config, world, config.model.shape().get("vocab_size", spec.data.vocab_size))
     if world != layout.world_size:
         raise ConfigError(f"training.launch: the launcher started {world} worker(s), the run's layout "
                           f"(dp × mp × pp = {layout.world_size}) was resolved for launch.nproc_per_node × "
@@ -372,6 +380,7 @@ def train_loop(trainer: Trainer, progress: Progress, train: TokenWindows, valid:
     """Step until ``max_steps`` (or ``stop_after``): evaluate, report and checkpoint on their schedules."""
     s, b = trainer.job.config.schedule, trainer.job.config.batch
     stop = min(s.max_steps, s.stop_after or s.max_steps)
+    started, first = time.monotonic(), progress.step  # the time left goes at this process's own rate
     trainer.model.train()
     while progress.step < stop:
         loss, lr, norm = train_step(trainer, train, progress, measure_norm=(progress.step + 1) % s.log_every == 0)
@@ -387,6 +396,8 @@ def train_loop(trainer: Trainer, progress: Progress, train: TokenWindows, valid:
             if evaluated and progress.val_loss is not None:
                 report.update(val_loss=progress.val_loss, val_perplexity=perplexity(progress.val_loss))
             metrics.log(progress.step, report)
+            if trainer.job.is_master:
+                logger.info("%s", eta_text(progress.step, stop, time.monotonic() - started, start=first))
         if progress.step % s.checkpoint_every == 0 or progress.step == stop:
             save(trainer, progress, size)
 
@@ -398,7 +409,7 @@ def train_step(trainer: Trainer, train: TokenWindows, progress: Progress,
     b, layout = job.config.batch, job.layout
     loss_sum = 0.0
     for k in range(layout.accumulation_steps):  # this rank's micro-batch k of the global batch
-        first = progress.consumed_samples + (k * layout.dp + job.dp_rank) * b.micro_batch_size
+        first = micro_batch_start(progress.consumed_samples, k, job.dp_rank, layout, b.micro_batch_size)
         loss = trainer.loss(train.batch(first, b.micro_batch_size)) / layout.accumulation_steps
         (trainer.scaler.scale(loss) if trainer.scaler else loss).backward()
         loss_sum += float(loss)
@@ -410,6 +421,13 @@ def train_step(trainer: Trainer, train: TokenWindows, progress: Progress,
     if not math.isfinite(loss_sum):
         raise FloatingPointError(f"loss is {loss_sum} at step {progress.step}; lower training.optimizer.learning_rate")
     return loss_sum, lr, norm
+
+
+def micro_batch_start(consumed_samples: int, k: int, dp_rank: int, layout: Layout, micro_batch_size: int) -> int:
+    """The first sample (``TokenWindows`` order) of micro-batch ``k`` of data-parallel rank ``dp_rank`` in the global
+    batch that starts at ``consumed_samples``: micro-batches are cut k-major, rank-minor, so a global batch holds the
+    same samples whatever the data-parallel degree and accumulation that split it (an elastic re-form)."""
+    return consumed_samples + (k * layout.dp + dp_rank) * micro_batch_size
 
 
 def evaluate(trainer: Trainer, valid: np.ndarray | None) -> float | None:
