@@ -143,6 +143,22 @@ def test_refusals_say_what_is_allowed(key, value, message):
     assert message in str(exc.value)
 
 
+@pytest.mark.parametrize("key,value,message", [
+    ("registry.backend", "x" * 500, f"registry.backend: '{'x' * 38}… is not one of 'paddle', 'onnx'"),
+    ("corpus.reader.paths", "/data/" + "a" * 300, f"corpus.reader.paths: expected a list, got '/data/{'a' * 32}…"),
+    ("training.schedule.seed", "1", "training.schedule.seed: expected an integer, got '1'"),
+    ("training.precision.amp", 1, "training.precision.amp: expected true or false, got 1"),
+    ("export.parity.max_logit_diff", True, "export.parity.max_logit_diff: expected a number, got True"),
+    ("averaging.typo", 1, "averaging.typo: unknown key (known: choose, decay, k, max_step, method, select, steps, "
+                          "too_few)"),
+])
+def test_a_wrong_value_is_one_line_naming_the_key_and_at_most_40_characters_of_it(key, value, message):
+    stage, block = with_value(key, value)
+    with pytest.raises(ConfigError) as exc:
+        STAGE_CONFIGS[stage].from_params(block)
+    assert str(exc.value) == message
+
+
 def test_a_vocabulary_without_byte_fallback_may_be_small():
     check_run({"corpus": {"tokenizer": {"vocab_size": 100, "byte_fallback": False}}}, {"corpus"})
 
