@@ -75,16 +75,21 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | T | None, where: str) -
     unknown = sorted(set(data) - set(fields))
     if unknown:
         raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(fields))})")
-    kwargs = {name: from_mapping(fields[name].annotation, value, f"{where}.{name}")
-              if _is_block(fields[name].annotation) else value for name, value in data.items()}
+    kwargs = {name: from_mapping(nested, value, f"{where}.{name}")
+              if (nested := _block_of(fields[name].annotation)) and isinstance(value, Mapping) else value
+              for name, value in data.items()}
     try:
         return cls(**kwargs)
     except ValidationError as exc:
         raise ConfigError(_one_line(cls, exc.errors()[0], where)) from None
 
 
-def _is_block(annotation: Any) -> bool:
-    return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
+def _block_of(annotation: Any) -> type | None:
+    """The dataclass a field holds (``Block`` or ``Block | None``), or None."""
+    members = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in (
+        typing.Union, types.UnionType) else [annotation]
+    return members[0] if len(members) == 1 and isinstance(members[0], type) and dataclasses.is_dataclass(
+        members[0]) else None
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
