@@ -463,11 +463,12 @@ def _join_command(run_file: str, node_rank: int) -> None:
         spec = read_json(RunSpec, Path(run_file))  # the training node validated it: deserialised only
     except DescriptionError as exc:
         _refuse(f"--run {run_file}: not a job's run.json ({exc}); {where}")
-    config, nnodes = spec.training, spec.training.launch.nnodes
+    config, key, nnodes = spec.training, "training.launch.nnodes", spec.training.launch.nnodes
+    if config.launch.elastic is not None:  # etcd ranks the nodes; R only names this node's log folder
+        key, nnodes = "training.launch.elastic.max_nodes", config.launch.elastic.max_nodes
     if not 1 <= node_rank < nnodes:
         others = f"1 .. {nnodes - 1} (node 0 runs kedro run)" if nnodes > 1 else "none: it runs on node 0 alone"
-        _refuse(f"--node-rank {node_rank}: the job has training.launch.nnodes = {nnodes}, so the other machines join "
-                f"as {others}")
+        _refuse(f"--node-rank {node_rank}: the job has {key} = {nnodes}, so the other machines join as {others}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     run_launcher(config, Path(run_file), Path(spec.logs), node_rank=node_rank)
 
