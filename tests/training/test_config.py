@@ -77,7 +77,8 @@ def test_the_planner_still_places_pipeline_stages():
 
 
 def test_block_errors_name_the_key():
-    with pytest.raises(ConfigError, match="training.model.preset: 'huge' is not one of 'tiny', 'small', '350m', '1.3b'"):
+    with pytest.raises(ConfigError, match="training.model.preset: 'huge' is not one of 'tiny', 'small', '350m', "
+                                          "'1.3b'"):
         TrainingConfig.from_params({"model": {"preset": "huge"}})
     with pytest.raises(ConfigError, match="training.launch.master: a multi-node job needs host:port"):
         TrainingConfig.from_params({"launch": {"nnodes": 2}})
