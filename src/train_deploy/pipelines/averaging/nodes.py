@@ -23,7 +23,7 @@ UNVALIDATED_RUN_WINDOWS = 64
 evaluation batch of ``micro_batch_size × dp``): the first ones of the split, as many as it holds up to this."""
 
 
-def average(averaging: AveragingConfig | dict[str, Any], training_result: TrainingResult) -> FolderWork[CheckpointRef]:
+def average(averaging: dict[str, Any], training_result: TrainingResult) -> FolderWork[CheckpointRef]:
     """Return how to fill the averaged checkpoint's folder (kept when its sources and method are unchanged)."""
     config = AveragingConfig.from_params(averaging)
     selection = select_checkpoints(training_result.checkpoints, config, training_result.diagnosis)
@@ -33,7 +33,7 @@ def average(averaging: AveragingConfig | dict[str, Any], training_result: Traini
                       keep=lambda current: current.fingerprint == fingerprint, what="averaged checkpoint")
 
 
-def evaluate(averaging: AveragingConfig | dict[str, Any], averaged_checkpoint: CheckpointRef,
+def evaluate(averaging: dict[str, Any], averaged_checkpoint: CheckpointRef,
              training_result: TrainingResult,
              token_files: TokenManifest) -> tuple[SelectedCheckpoint, dict[str, Any], Any]:
     """Return the selected checkpoint, the comparison metrics (with the n-gram baselines of the same windows)

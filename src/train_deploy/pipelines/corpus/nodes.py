@@ -31,7 +31,7 @@ from train_deploy.training.config import TrainingConfig
 logger = logging.getLogger(__name__)
 
 
-def plan_inputs(corpus: CorpusConfig | dict[str, Any]) -> tuple[CorpusConfig, CorpusPlan]:
+def plan_inputs(corpus: dict[str, Any]) -> tuple[CorpusConfig, CorpusPlan]:
     """Return the validated configuration and the chunked, fingerprinted input plan."""
     config = CorpusConfig.from_params(corpus)
     config = dataclasses.replace(config, reader=resolved(config.reader))  # man_renderer: auto → the one found here
@@ -41,14 +41,14 @@ def plan_inputs(corpus: CorpusConfig | dict[str, Any]) -> tuple[CorpusConfig, Co
     return config, plan
 
 
-def configure_corpus_training(training: TrainingConfig | dict[str, Any]) -> TrainingConfig:
+def configure_corpus_training(training: dict[str, Any]) -> TrainingConfig:
     """Return the ``training`` block validated once for this stage, which reads two things of it: where training
     starts (``init_from``, :func:`resolve_init`) and the window and batch the token files must fill (``batch``,
     :func:`encode_tokens`). The training stage validates it with a warm start's shape on its own."""
     return TrainingConfig.from_params(training)
 
 
-def resolve_init(training: TrainingConfig, registry: RegistryConfig | dict[str, Any], corpus_config: CorpusConfig,
+def resolve_init(training: TrainingConfig, registry: dict[str, Any], corpus_config: CorpusConfig,
                  init_cache: WorkFolder) -> InitSource:
     """Return where training starts (``training.init_from``): scratch, a model folder, or the champion's
     ``pretrained/`` folder downloaded into ``init_cache`` (scratch, with the reason, when it cannot be used)."""
@@ -58,7 +58,7 @@ def resolve_init(training: TrainingConfig, registry: RegistryConfig | dict[str, 
     return source
 
 
-def evaluation_set_texts(registry: RegistryConfig | dict[str, Any]) -> list[str]:
+def evaluation_set_texts(registry: dict[str, Any]) -> list[str]:
     """Return the texts tonight's training split is decontaminated against: the registered model's stored evaluation
     set, else the ``registry.eval_set.path`` file its first registration will store; none without an MLflow run
     (nothing is registered) or when the first registration will build the set from the validation split (which the

@@ -28,7 +28,7 @@ from train_deploy.training.evaluation import validation_windows
 logger = logging.getLogger(__name__)
 
 
-def export_model(export: ExportConfig | dict[str, Any], selected_checkpoint: SelectedCheckpoint,
+def export_model(export: dict[str, Any], selected_checkpoint: SelectedCheckpoint,
                  tokenizer: TokenizerInfo, token_files: TokenManifest, training_result: TrainingResult,
                  training_logs: WorkFolder) -> tuple[FolderWork[Bundle], Any]:
     """Return how to fill a new bundle version (kept when checkpoint, tokenizer, configuration and training

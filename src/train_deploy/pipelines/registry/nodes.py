@@ -20,7 +20,7 @@ from train_deploy.validation.statistics import corpus_statistics
 logger = logging.getLogger(__name__)
 
 
-def register_bundle(registry: RegistryConfig | dict[str, Any], export_bundle: Bundle, export_metrics: dict[str, Any],
+def register_bundle(registry: dict[str, Any], export_bundle: Bundle, export_metrics: dict[str, Any],
                     token_files: TokenManifest, tokenizer: TokenizerInfo,
                     training_result: TrainingResult) -> tuple[RegistryDecision, str]:
     """Return the gate's decision on the new version and its history line (JSONL) for the run.

@@ -25,7 +25,7 @@ def _scratch() -> InitSource:
     return InitSource(requested="scratch", tokenizer_config_fingerprint="")
 
 
-def configure_training(training: TrainingConfig | dict[str, Any], token_files: TokenManifest,
+def configure_training(training: dict[str, Any], token_files: TokenManifest,
                        init_source: InitSource | None = None) -> TrainingConfig:
     """Return the training stage's configuration, validated once: the ``training`` block, with a model folder's
     shape over the preset (``init_source``: the corpus stage's resolution of ``training.init_from``; None:

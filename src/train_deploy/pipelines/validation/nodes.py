@@ -26,9 +26,9 @@ STOPPED = "validation_stopped"
 """The run's ``outcome`` tag when the data gate stopped it."""
 
 
-def validate_corpus(validation: ValidationConfig | dict[str, Any], retrain: RetrainConfig | dict[str, Any],
-                    registry: RegistryConfig | dict[str, Any], token_files: TokenManifest, tokenizer: TokenizerInfo,
-                    training: TrainingConfig | dict[str, Any] | None = None,
+def validate_corpus(validation: dict[str, Any], retrain: dict[str, Any],
+                    registry: dict[str, Any], token_files: TokenManifest, tokenizer: TokenizerInfo,
+                    training: dict[str, Any] | None = None,
                     screened_token_files: WorkFolder | None = None) -> TokenManifest:
     """Return ``token_files`` once their statistics are within ``validation``'s bounds of the champion's (or let
     through by ``validation.mode: warn`` or ``retrain.force``), with ``validation.screening: drop`` the copy in
