@@ -51,26 +51,33 @@ Outcome = tuple[int, float, int, float | None]
 """One request's status, seconds, generated tokens and seconds to its first streamed token (None: not streamed)."""
 
 
-def log_model(bundle: Path) -> tuple[str, str]:
-    """Log ``bundle`` as version 1 of MODEL in a store under WORK; return the tracking URI and the model's folder
-    downloaded for the new server."""
+def log_model(bundle: Path, work: Path = WORK) -> tuple[str, str]:
+    """Log ``bundle`` as version 1 of MODEL in a store under ``work``; return the tracking URI and the model's
+    folder downloaded for the new server."""
     import mlflow
 
     from train_deploy.registry.model import log_bundle_model
 
-    uri = f"sqlite:///{WORK / 'mlflow.db'}"
+    uri = f"sqlite:///{work / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
-    experiment = mlflow.create_experiment("bench_llm_server", artifact_location=str(WORK / "artifacts"))
+    experiment = mlflow.create_experiment("bench_llm_server", artifact_location=str(work / "artifacts"))
     with mlflow.start_run(experiment_id=experiment):
         info = log_bundle_model(bundle, registered_model_name=MODEL)
-    folder = mlflow.artifacts.download_artifacts(artifact_uri=info.model_uri, dst_path=str(WORK / "model"))
+    folder = mlflow.artifacts.download_artifacts(artifact_uri=info.model_uri, dst_path=str(work / "model"))
     return uri, folder
 
 
-def start(name: str, command: list[str], env: dict[str, str]) -> tuple[subprocess.Popen, int]:
+def new_server_command(model: str) -> list[str]:
+    """The new server as ``train-deploy serve`` runs it: uvicorn over the app logged with ``model``."""
+    bin_dir = Path(sys.executable).parent
+    return [str(bin_dir / "uvicorn"), "--factory", "--app-dir", str(Path(model) / "code"), "--host", HOST, "--port",
+            "{port}", "--log-level", "warning", "train_deploy.serving.app:create_app"]
+
+
+def start(name: str, command: list[str], env: dict[str, str], work: Path = WORK) -> tuple[subprocess.Popen, int]:
     """Start a server (``{port}`` in ``command`` filled in) from an empty folder; return it once /ping answers."""
-    port, folder, log = free_port(), WORK / name, WORK / f"{name}.log"
+    port, folder, log = free_port(), work / name, work / f"{name}.log"
     folder.mkdir()
     process = subprocess.Popen([part.format(port=port) for part in command], cwd=folder,
                                env={**os.environ, **env}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
@@ -87,10 +94,9 @@ def servers(tracking_uri: str, model: str, running: dict[str, tuple[subprocess.P
     today = [str(bin_dir / "mlflow"), "models", "serve", "-m", f"models:/{MODEL}/1", "--env-manager", "local",
              "-h", HOST, "-p", "{port}"]
     running["today"] = start("today", today, env)
-    new = [str(bin_dir / "uvicorn"), "--factory", "--app-dir", str(Path(model) / "code"), "--host", HOST, "--port",
-           "{port}", "--log-level", "warning", "train_deploy.serving.app:create_app"]
-    running["new"] = start("new", new, {**env, "TRAIN_DEPLOY_SERVED_MODEL": model, "TRAIN_DEPLOY_SERVED_NAME": MODEL,
-                                        "TRAIN_DEPLOY_SERVED_VERSION": "1"})
+    served = {"TRAIN_DEPLOY_SERVED_MODEL": model, "TRAIN_DEPLOY_SERVED_NAME": MODEL,
+              "TRAIN_DEPLOY_SERVED_VERSION": "1"}
+    running["new"] = start("new", new_server_command(model), {**env, **served})
 
 
 def generation(server: str, new_tokens: int, stream: bool = False) -> tuple[str, dict]:
