@@ -93,14 +93,17 @@ ui: $(STAMP)
 
 # Two worker processes, a test file each (a file's module fixtures and servers stay in one process): much of the
 # suite waits on servers and process start-up, so two workers on 2 cores halve its time (docs/benchmarks.md).
+# --no-loadscope-reorder keeps tests/conftest.py's order, the longest files first (xdist orders files by their
+# number of tests); worksteal or load would split a file over both workers and start its module servers twice.
 TEST_WORKERS ?= 2
+TEST_DIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: check-paddle
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest $(TEST_DIST)
 
 # The edit-test loop: the suite without its end-to-end runs, emulated CPUs and the team server.
 .PHONY: test-quick
 test-quick: check-paddle
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not team and not emulated"
+	$(BIN)/python -m pytest $(TEST_DIST) -m "not slow and not team and not emulated"
 
 # Mutation testing of the modules that decide something for the user ([tool.mutmut], docs/development.md).
 .PHONY: mutation
@@ -122,6 +125,12 @@ viz: check-paddle
 
 bench: check-paddle
 	$(BIN)/python benchmarks/bench_tokenize.py
+
+# VisualDL over every training run's visualdl/ folder, on 127.0.0.1 (VISUALDL_PORT, default 8040); prints the URL.
+.PHONY: visualdl
+VISUALDL_PORT ?= 8040
+visualdl: $(STAMP)
+	$(BIN)/python -m train_deploy.training.monitoring --logdir data/08_reporting/training_logs --port $(VISUALDL_PORT)
 
 # The Airflow DAG of train_deploy, committed in deploy/airflow/: kedro-airflow renders the project's template,
 # one task per group of nodes joined by in-memory datasets (--group-by memory; the training node is one task).

@@ -18,6 +18,46 @@ os.environ.setdefault("KEDRO_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("DO_NOT_TRACK", "1")
 
 
+# The longest test files (by the fresh-clone CI's durations, longest first) start first: `make test` hands whole
+# files to two workers (--dist loadfile --no-loadscope-reorder keeps this order; xdist would otherwise order files
+# by their number of tests), so a five-minute file that came last would leave one worker idle at the end.
+LONGEST_FILES = (
+    "tests/team/test_team_server.py",
+    "tests/test_gate_end_to_end.py",
+    "tests/registry/test_lineage.py",
+    "tests/test_cli.py",
+    "tests/validation/test_content_nights.py",
+    "tests/registry/test_model.py",
+    "tests/benchmarks/test_gpu_train_check.py",
+    "tests/training/test_faults.py",
+    "tests/test_run.py",
+    "tests/test_signals.py",
+    "tests/pipelines/registry/test_pipeline.py",
+    "tests/registry/test_gate.py",
+    "tests/registry/test_aliases.py",
+    "tests/training/test_worker.py",
+    "tests/pipelines/validation/test_pipeline.py",
+    "tests/registry/test_serve.py",
+)
+
+
+TRAINED = frozenset({"tiny_run", "tiny_checkpoint", "tiny_training_logs", "tiny_bundle", "tiny_model",
+                     "seed_champion", "step_bundles", "champion"})
+"""Fixtures that train or export a model: a test using one is marked ``trained`` (``make mutation`` and
+``make test-quick`` leave those tests out: building them takes minutes, once per session or per mutant)."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks the tests that use :data:`TRAINED`; the files of :data:`LONGEST_FILES` first, in that order, the others
+    after them, as collected."""
+    for item in items:
+        if TRAINED.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.trained)
+    rank = {path: place for place, path in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 @pytest.fixture(autouse=True)
 def _mlflow_environment_restored() -> Iterator[None]:
     """MLflow keeps the URIs a test sets in ``MLFLOW_*`` variables (``set_registry_uri`` exports
