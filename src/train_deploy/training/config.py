@@ -11,6 +11,7 @@ from pydantic import Field
 
 from train_deploy.config import ConfigError, block, check, from_mapping, setting, to_dict
 from train_deploy.training.elastic import ElasticConfig
+from train_deploy.training.monitoring import MonitoringConfig
 
 _Positive = Annotated[int, Field(ge=1)]
 _Count = Annotated[int, Field(ge=0)]
@@ -242,6 +243,8 @@ class TrainingConfig:
     """Hardware (`training.device`)."""
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     """Processes and nodes (`training.launch`)."""
+    monitoring: MonitoringConfig = field(default_factory=MonitoringConfig)
+    """VisualDL logs and MLflow system metrics (`training.monitoring`, ``train_deploy.training.monitoring``)."""
 
     @classmethod
     def from_params(cls, params: dict[str, Any] | None) -> TrainingConfig:

@@ -54,6 +54,7 @@ from train_deploy.training.metrics import (
     memory_mb,
 )
 from train_deploy.training.model import build_model, flops_per_token
+from train_deploy.training.monitoring import VISUALDL_DIR, VisualDLLog
 from train_deploy.training.parallelize import data_rank, parallelize
 from train_deploy.training.spec import RunSpec
 
@@ -82,6 +83,7 @@ def main(argv: list[str] | None = None) -> None:
                          spec.data.dtype)
     valid = validation_set(job)
     metrics = MetricsLog(spec.metrics_path, enabled=job.is_master)
+    board = VisualDLLog(Path(spec.logs) / VISUALDL_DIR, enabled=job.is_master and config.monitoring.visualdl)
     throughput = _throughput(job, size)
     logger.info("Model: %s, %.2f M parameters, %.1f MFLOP/token; layout dp=%d mp=%d pp=%d sharding=%d, "
                 "%d accumulation step(s), peak lr %.3g", config.model.preset, size.parameters / 1e6,
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> None:
             metrics.log(progress.step, reform)
 
     # loop
-    train_loop(trainer, progress, train, valid, metrics, throughput, size)
+    train_loop(trainer, progress, train, valid, metrics, throughput, size, board)
+    board.close()
     if job.is_master:
         write_json(spec.result_path, _result(job, progress, size, valid))
     finish(job)
@@ -376,7 +379,7 @@ def validation_set(job: Job) -> np.ndarray | None:
 
 
 def train_loop(trainer: Trainer, progress: Progress, train: TokenWindows, valid: np.ndarray | None,
-               metrics: MetricsLog, throughput: Throughput, size: ModelSize) -> None:
+               metrics: MetricsLog, throughput: Throughput, size: ModelSize, board: VisualDLLog | None = None) -> None:
     """Step until ``max_steps`` (or ``stop_after``): evaluate, report and checkpoint on their schedules."""
     s, b = trainer.job.config.schedule, trainer.job.config.batch
     stop = min(s.max_steps, s.stop_after or s.max_steps)
@@ -396,6 +399,8 @@ def train_loop(trainer: Trainer, progress: Progress, train: TokenWindows, valid:
             if evaluated and progress.val_loss is not None:
                 report.update(val_loss=progress.val_loss, val_perplexity=perplexity(progress.val_loss))
             metrics.log(progress.step, report)
+            if board is not None:
+                board.log(progress.step, report)
             if trainer.job.is_master:
                 logger.info("%s", eta_text(progress.step, stop, time.monotonic() - started, start=first))
         if progress.step % s.checkpoint_every == 0 or progress.step == stop:

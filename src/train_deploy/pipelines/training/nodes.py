@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from pathlib import Path
 from typing import Any
 
 from train_deploy.baselines import baselines_for
@@ -14,6 +15,7 @@ from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
 from train_deploy.training.diagnosis import beat_advice, diagnose, read_curves
 from train_deploy.training.evaluation import validation_windows
 from train_deploy.training.launch import run_training
+from train_deploy.training.monitoring import monitored_training
 from train_deploy.training.pretrained import check_layout, check_source_current, init_identity, warm_start
 from train_deploy.training.spec import RunSpec
 
@@ -52,7 +54,8 @@ def train_model(config: TrainingConfig, token_files: TokenManifest, checkpoints:
                    init=init_source)
     _log_resolved(layout, config)
     record_init_source(init_source)
-    result = run_training(spec, mlflow_run_id=_mlflow_run_id())
+    with monitored_training(config.monitoring, _mlflow_run_id(), Path(spec.logs)):  # system metrics, VisualDL
+        result = run_training(spec, mlflow_run_id=_mlflow_run_id())
     result = dataclasses.replace(result, **init_source.result_fields(),  # also when the run had finished before
                                  diagnosis=diagnose(read_curves(spec.metrics_path, result.step)))
     logger.info("Training reached step %d; last checkpoint %s (validation loss %s)", result.step,
