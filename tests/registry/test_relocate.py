@@ -182,3 +182,19 @@ def test_relocate_rewrites_every_location_in_one_transaction_and_a_dry_run_write
                                  "versions": [], "logged_models": []}
     assert relocate(database, new) == []
     assert check_locations(f"sqlite:///{database}", new) is None
+
+
+def test_a_copy_whose_store_still_names_the_original_is_warned_and_relocated_with_from(tmp_path):
+    original = tmp_path / "original"
+    original.mkdir()
+    _store_with_locations(original)
+    copy = tmp_path / "copy"
+    shutil.copytree(original, copy)
+    database = copy / "mlruns.db"
+    assert check_locations(f"sqlite:///{database}", copy) == (
+        f"MLflow store {database}: its artifact locations name {original}, another folder holding this project's "
+        f"files (a copy?); its runs write there: run `train-deploy relocate --project {copy} --from {original}` to "
+        "give this copy its own")
+    relocate(database, copy, original)
+    assert check_locations(f"sqlite:///{database}", copy) is None
+    assert _stored(original / "mlruns.db")["runs"] != _stored(database)["runs"]  # the original's store untouched

@@ -103,12 +103,13 @@ def planned_changes(connection: sqlite3.Connection, old: Path | None, new: Path)
 
 
 def moved_from(connection: sqlite3.Connection, new: Path) -> Path | None:
-    """The folder the project was moved from: the one under which most missing locations have their remainder in
-    ``new`` (``/old/project/mlartifacts/1/…`` missing, ``new/mlartifacts/1/…`` there); None when none does."""
+    """The folder the project was moved or copied from: the one under which most locations outside ``new`` have
+    their remainder in ``new`` (``/old/project/mlartifacts/1/…`` stored, ``new/mlartifacts/1/…`` there); None when
+    none does."""
     votes: collections.Counter[Path] = collections.Counter()
     for _, _, _, value in _locations(connection):
         found = _local_path(value)
-        if found is None or not found[0].is_absolute() or found[0].exists() or found[0].is_relative_to(new):
+        if found is None or not found[0].is_absolute() or found[0].is_relative_to(new):
             continue
         path = found[0]
         for ancestor in reversed(path.parents):  # from the root down: the longest remainder that exists in ``new``
@@ -120,8 +121,9 @@ def moved_from(connection: sqlite3.Connection, new: Path) -> Path | None:
 
 def check_locations(tracking_uri: str, project: Path) -> str | None:
     """Raise :class:`StoreMoved` when the local store at ``tracking_uri`` names the old folder of a moved
-    ``project`` (a run would write its artifacts there, a download finds nothing); return a warning line when it
-    still records locations relative to the project; None when they are current or it is no local store."""
+    ``project`` (a run would write its artifacts there, a download finds nothing); return a warning line when they
+    name the folder this project was copied from, or are still relative to the project; None when they are
+    current or it is no local store."""
     database = sqlite_file(tracking_uri)
     if database is None or not database.is_file():
         return None
@@ -134,6 +136,10 @@ def check_locations(tracking_uri: str, project: Path) -> str | None:
         raise StoreMoved(f"MLflow store {database}: its artifact locations name {old}, which no longer exists (the "
                          f"project moved to {project}): run `{COMMAND} --project {project}` (--dry-run shows the "
                          "changes)")
+    if old is not None:
+        return (f"MLflow store {database}: its artifact locations name {old}, another folder holding this project's "
+                f"files (a copy?); its runs write there: run `{COMMAND} --project {project} --from {old}` to give "
+                "this copy its own")
     if relative:
         return (f"MLflow store {database}: artifact locations recorded relative to the project load only from its "
                 f"folder: run `{COMMAND} --project {project}` to record them absolute")
