@@ -90,9 +90,16 @@ def _schedule_command(context: click.Context) -> None:
 @click.option("--poll-interval", type=click.FloatRange(0.1, 86_400), default=30.0, show_default=True,
               envvar="TRAIN_DEPLOY_FOLLOW_POLL_S", show_envvar=True,
               help="with --follow: seconds between two looks at the registry")
+@click.option("--replicas", type=click.IntRange(1, 256), help="serve through Ray Serve's proxy with this many "
+              "replicas of the same server (each loads the model and enforces the same limits)")
+@click.option("--max-replicas", type=click.IntRange(1, 256), help="with --replicas: let Ray Serve scale up to this "
+              "many by the requests waiting")
+@click.option("--ray-address", envvar="TRAIN_DEPLOY_RAY_ADDRESS", show_envvar=True,
+              help="with --replicas: the Ray cluster to deploy on (default: a private local instance)")
 def _serve_command(model_name: str | None, alias: str, host: str, port: int, workers: int, queue: int | None,
                    batch: int | None, body_timeout: float | None, project: Path | None, env: str | None,
-                   follow: bool, poll_interval: float) -> None:
+                   follow: bool, poll_interval: float, replicas: int | None, max_replicas: int | None,
+                   ray_address: str | None) -> None:
     """Serve a registered model of the project's MLflow store with train_deploy's server (docs/serving.md):
     MLflow's POST /invocations, OpenAI's POST /v1/completions and GET /v1/models, GET /metrics, a playground at /.
 
@@ -106,7 +113,9 @@ def _serve_command(model_name: str | None, alias: str, host: str, port: int, wor
                  if value is not None}
     try:
         serve(project=project, env=env, model_name=model_name, alias=alias, host=host, port=port, workers=workers,
-              admission=admission, poll_interval=poll_interval if follow else None)
+              admission=admission, poll_interval=poll_interval if follow else None,
+              replicas=(replicas, max(replicas, max_replicas or replicas)) if replicas else None,
+              ray_address=ray_address)
     except ServeError as error:
         raise click.ClickException(str(error)) from None
 

@@ -209,12 +209,24 @@ def follow_command(host: str, port: int, workers: int) -> list[str]:
             "--workers", str(workers), FOLLOWING_APP]
 
 
+def replicas_command(host: str, port: int, replicas: tuple[int, int], ray_address: str | None) -> tuple[list[str],
+                                                                                                 dict[str, str]]:
+    """This environment's Python running ``train_deploy.serving.replicas`` (Ray Serve), and what it reads."""
+    settings = {"TRAIN_DEPLOY_SERVE_HOST": host, "TRAIN_DEPLOY_SERVE_PORT": str(port),
+                "TRAIN_DEPLOY_SERVE_REPLICAS": str(replicas[0]), "TRAIN_DEPLOY_SERVE_MAX_REPLICAS": str(replicas[1])}
+    if ray_address:
+        settings["TRAIN_DEPLOY_RAY_ADDRESS"] = ray_address
+    return [sys.executable, "-m", "train_deploy.serving.replicas"], settings
+
+
 def serve(*, project: Path | None = None, env: str | None = None, model_name: str | None = None,
           alias: str = "champion", host: str = "127.0.0.1", port: int = 5001, workers: int = 1,
-          admission: dict[str, str] | None = None, poll_interval: float | None = None) -> NoReturn:
+          admission: dict[str, str] | None = None, poll_interval: float | None = None,
+          replicas: tuple[int, int] | None = None, ray_address: str | None = None) -> NoReturn:
     """Check the model is there, download it, then become its server in the project folder (see the module);
     ``admission``: the server's ``TRAIN_DEPLOY_SERVE_*`` settings (``serving.app.ServerSettings``);
-    ``poll_interval``: follow the alias, looking at the registry every so many seconds (``serving/follow.py``)."""
+    ``poll_interval``: follow the alias, looking at the registry every so many seconds (``serving/follow.py``);
+    ``replicas``: (least, most) Ray Serve replicas instead of uvicorn (``serving/replicas.py``)."""
     if poll_interval is not None and alias.isdigit():
         raise ServeError(f"--follow: version {alias} never moves; follow an alias (--alias champion)")
     try:
@@ -231,6 +243,9 @@ def serve(*, project: Path | None = None, env: str | None = None, model_name: st
     model = cached_model(found, tracking, registry)
     command = server_command(model, host, port, workers) if poll_interval is None else \
         follow_command(host, port, workers)
+    ray_settings: dict[str, str] = {}
+    if replicas is not None:
+        command, ray_settings = replicas_command(host, port, replicas, ray_address)
     sys.stderr.write(f"Serving {model_uri} (version {version}) of {_shown(tracking)} on http://{host}:{port} "
                      f"(POST /invocations, POST /v1/completions, the playground at /); Ctrl-C stops it\n")
     if not command[-1].startswith("train_deploy.serving"):
@@ -243,7 +258,8 @@ def serve(*, project: Path | None = None, env: str | None = None, model_name: st
                          "is checked, then served without a failed request\n")
         served |= {"TRAIN_DEPLOY_FOLLOW_ALIAS": alias, "TRAIN_DEPLOY_FOLLOW_POLL_S": str(poll_interval)}
     sys.stderr.flush()
-    os.execve(command[0], command, {**server_environment(tracking, registry), **(admission or {}), **served})
+    os.execve(command[0], command, {**server_environment(tracking, registry), **(admission or {}), **served,
+                                    **ray_settings})
 
 
 def serve_line(model_name: str, project: Path) -> str:
