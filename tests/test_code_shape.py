@@ -50,7 +50,7 @@ FLOORS = {
     **dict.fromkeys(("corpus", "training", "export", "averaging", "registry", "retention", "validation"), DOMAIN),
     # the ground every floor stands on
     **dict.fromkeys(("__init__", "handoffs", "atomic", "project", "config", "environment", "cache", "console",
-                     "datasets", "baselines", "hashing", "params", "redaction"), GROUND),
+                     "datasets", "baselines", "hashing", "params", "progress", "redaction"), GROUND),
     # run control every floor may use: the run lock, signal handling, alerts, stopping a process tree
     **dict.fromkeys(("run_control", "run_control.lock", "run_control.signals", "run_control.notify",
                      "run_control.processes"), GROUND),
