@@ -89,6 +89,7 @@ from train_deploy.handoffs import (
     write_json,
 )
 from train_deploy.hashing import digest, file_record
+from train_deploy.progress import ProgressLog
 from train_deploy.training.checkpoint import (
     MODEL_FILE,
     STATE_FILE,
@@ -128,32 +129,38 @@ def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManif
     state = checkpoint_state(checkpoint)
     check_tokenizer(tokenizer, state, checkpoint)
     version = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H.%M.%S.%fZ")
-    model = load_inference_model(checkpoint)
-    probe = fused_kernels(config.server.device)
-    graphs = {PORTABLE_DIR: graph_record(False)} | ({FUSED_DIR: graph_record(True)} if probe.runs else {})
-    for name in graphs:
-        save_server_model(model, folder / name, portable=name == PORTABLE_DIR)
-    del model
-    _save_edge_models(folder / PORTABLE_DIR / SERVER_MODEL, folder / "edge", config)
-    _copy_tokenizer(tokenizer, folder / "tokenizer")
-    save_pretrained_folder(checkpoint, tokenizer, folder / PRETRAINED_DIR)
-    meta = _bundle_meta(state, checkpoint, tokenizer, config, bundle_fingerprint(checkpoint, tokenizer, config,
-                                                                                 curves), version, provenance)
-    meta["graphs"], meta["kernel_probe"] = graphs, {"runs": probe.runs, "reason": probe.reason}
-    write_json(folder / BUNDLE_FILE, meta)
-    parity, latency = _prove(folder, checkpoint, state, meta, config, tokens)
-    if not probe.runs:
-        parity["not_shipped"] = {FUSED_DIR: f"the fused graph could not be checked on the exporting machine: "
-                                            f"{probe.reason}"}
-    write_json(folder / PARITY_FILE, parity)
-    if not parity["passed"]:  # kept for inspection; the bundle itself is never published
-        write_json(folder.parent / f"parity-failed-{version}.json", parity)
-    check_parity(parity, f"the bundle of {checkpoint}")
-    write_json(folder / LATENCY_FILE, latency)
-    # Titled by the step, not the bundle version: equal inputs draw equal bytes.
-    meta["plots"] = write_plots(folder, curves, latency, title=f"training up to step {state.step}")
-    meta["training_curves"] = curves.summary()
-    _write_card_and_records(folder, meta, state)
+    with ProgressLog(5, "export", logger, unit="part", every_s=0) as progress:  # a line after each part
+        model = load_inference_model(checkpoint)
+        probe = fused_kernels(config.server.device)
+        graphs = {PORTABLE_DIR: graph_record(False)} | ({FUSED_DIR: graph_record(True)} if probe.runs else {})
+        for name in graphs:
+            save_server_model(model, folder / name, portable=name == PORTABLE_DIR)
+        del model
+        progress.advance()  # the server graphs
+        _save_edge_models(folder / PORTABLE_DIR / SERVER_MODEL, folder / "edge", config)
+        progress.advance()  # ONNX, int8, .ort
+        _copy_tokenizer(tokenizer, folder / "tokenizer")
+        save_pretrained_folder(checkpoint, tokenizer, folder / PRETRAINED_DIR)
+        meta = _bundle_meta(state, checkpoint, tokenizer, config, bundle_fingerprint(checkpoint, tokenizer, config,
+                                                                                     curves), version, provenance)
+        meta["graphs"], meta["kernel_probe"] = graphs, {"runs": probe.runs, "reason": probe.reason}
+        write_json(folder / BUNDLE_FILE, meta)
+        progress.advance()  # tokenizer, pretrained/, bundle.json
+        parity, latency = _prove(folder, checkpoint, state, meta, config, tokens)
+        if not probe.runs:
+            parity["not_shipped"] = {FUSED_DIR: f"the fused graph could not be checked on the exporting machine: "
+                                                f"{probe.reason}"}
+        write_json(folder / PARITY_FILE, parity)
+        if not parity["passed"]:  # kept for inspection; the bundle itself is never published
+            write_json(folder.parent / f"parity-failed-{version}.json", parity)
+        check_parity(parity, f"the bundle of {checkpoint}")
+        progress.advance()  # parity, latency, mobile
+        write_json(folder / LATENCY_FILE, latency)
+        # Titled by the step, not the bundle version: equal inputs draw equal bytes.
+        meta["plots"] = write_plots(folder, curves, latency, title=f"training up to step {state.step}")
+        meta["training_curves"] = curves.summary()
+        _write_card_and_records(folder, meta, state)
+        progress.advance()  # plots, card, file records
     logger.info("Exported %s", checkpoint)
     return Bundle.read_folder(folder)
 
