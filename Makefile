@@ -100,10 +100,11 @@ TEST_DIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: check-paddle
 	$(BIN)/python -m pytest $(TEST_DIST)
 
-# The edit-test loop: the suite without its end-to-end runs, emulated CPUs and the team server.
+# The edit-test loop (under 2 minutes on 2 cores: docs/development.md): the suite without its end-to-end runs,
+# emulated CPUs, the team server, and the tests that need the session's trained tiny model (tests/conftest.py TRAINED).
 .PHONY: test-quick
 test-quick: check-paddle
-	$(BIN)/python -m pytest $(TEST_DIST) -m "not slow and not team and not emulated"
+	$(BIN)/python -m pytest $(TEST_DIST) -m "not slow and not team and not emulated and not trained"
 
 # Mutation testing of the modules that decide something for the user ([tool.mutmut], docs/development.md).
 .PHONY: mutation
