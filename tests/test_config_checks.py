@@ -52,8 +52,9 @@ def numeric_keys(stage: str) -> list[tuple[str, dict[str, Any], bool]]:
     def walk(node: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any], bool]]:
         found = []
         for name, field in node.get("properties", {}).items():
-            if "$ref" in field:
-                found += walk(definitions[field["$ref"].rsplit("/", 1)[1]], f"{where}.{name}")
+            refs = [member["$ref"] for member in [field, *field.get("anyOf", ())] if "$ref" in member]
+            if refs:  # a nested block, or an optional one (Block | None)
+                found += walk(definitions[refs[0].rsplit("/", 1)[1]], f"{where}.{name}")
             elif (numeric := numeric_part(field)) is not None and "enum" not in numeric:  # enums: Literal
                 found.append((f"{where}.{name}", numeric, field.get("type") == "array"))
         return found

@@ -10,7 +10,6 @@ out, between the two marker lines, and tests/test_config_files.py checks it matc
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
@@ -19,7 +18,7 @@ from typing import Any
 
 from pydantic.dataclasses import is_pydantic_dataclass
 
-from train_deploy.config import allowed_range, numeric_part, schema
+from train_deploy.config import allowed_range, nested_block, numeric_part, schema
 from train_deploy.run_control.preflight import STAGE_CONFIGS
 
 logger = logging.getLogger(__name__)
@@ -48,9 +47,10 @@ def _keys(cls: type, where: str) -> list[str]:
     lines = []
     for name, info in cls.__pydantic_fields__.items():
         key, field = f"{where}.{name}", schema(cls)["properties"][name]
-        if dataclasses.is_dataclass(info.annotation):
-            lines.append(f"- `{key}`: {_text(field.get('description', ''))}")
-            lines += _keys(info.annotation, key)
+        if (nested := nested_block(info.annotation)) is not None:
+            optional = "" if nested is info.annotation else " (a block, or null: off)"
+            lines.append(f"- `{key}`{optional}: {_text(field.get('description', ''))}")
+            lines += _keys(nested, key)
             continue
         facts = [_kind(field)]
         facts.append(f"default `{json.dumps(info.get_default(call_default_factory=True), ensure_ascii=False)}`")

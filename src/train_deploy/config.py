@@ -76,7 +76,7 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | T | None, where: str) -
     if unknown:
         raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(fields))})")
     kwargs = {name: from_mapping(nested, value, f"{where}.{name}")
-              if (nested := _block_of(fields[name].annotation)) and isinstance(value, Mapping) else value
+              if (nested := nested_block(fields[name].annotation)) and isinstance(value, Mapping) else value
               for name, value in data.items()}
     try:
         return cls(**kwargs)
@@ -84,7 +84,7 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | T | None, where: str) -
         raise ConfigError(_one_line(cls, exc.errors()[0], where)) from None
 
 
-def _block_of(annotation: Any) -> type | None:
+def nested_block(annotation: Any) -> type | None:
     """The dataclass a field holds (``Block`` or ``Block | None``), or None."""
     members = [a for a in get_args(annotation) if a is not type(None)] if get_origin(annotation) in (
         typing.Union, types.UnionType) else [annotation]

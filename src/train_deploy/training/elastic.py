@@ -25,10 +25,10 @@ import socket
 import time
 from pathlib import Path
 
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
-from train_deploy.config import ConfigError, check, check_range
+from train_deploy.config import CONFIG, ConfigError, check, check_range
 from train_deploy.redaction import redact_uri
 
 logger = logging.getLogger(__name__)
@@ -43,20 +43,20 @@ run's log folder."""
 REACH_TIMEOUT_S = 5.0
 
 
-# A pydantic dataclass: a stdlib dataclass too, so the project's dataclass configuration (``config.from_mapping``,
-# ``handoffs.to_json``) builds and writes it today, and a pydantic model nests it unchanged. Ranges and the
-# invariants across blocks are checked by :func:`check_layout`, with the one-line errors of the other keys.
-@dataclass(config=ConfigDict(extra="forbid", frozen=True), kw_only=True)
+# A pydantic dataclass like every configuration block (``train_deploy.config.CONFIG``, frozen besides): each key's
+# range is a field constraint, in the schema the reference and the probes read; the invariants across blocks are
+# checked by :func:`check_layout`, with the one-line errors of the other keys.
+@dataclass(config=ConfigDict(CONFIG, frozen=True), kw_only=True)
 class ElasticConfig:
     """``training.launch.elastic``: the job goes on when nodes leave or join (null = off)."""
 
-    min_nodes: int = 1
+    min_nodes: int = Field(1, ge=1)
     """The fewest nodes the job trains on; below it the launchers wait ``timeout_s`` and then fail."""
-    max_nodes: int = 2
+    max_nodes: int = Field(2, ge=1)
     """The most nodes the job takes in; a further node waits outside."""
     etcd: str = "etcd://127.0.0.1:2379"
     """The etcd every node reaches, ``etcd://HOST:PORT`` (Paddle's launcher takes no credentials or TLS)."""
-    timeout_s: int = 30
+    timeout_s: int = Field(30, ge=1)
     """Seconds without a node leaving or joining before the launchers (re-)form the job (``--elastic_timeout``)."""
 
 
