@@ -118,3 +118,12 @@ def test_the_monitoring_block_has_its_defaults_and_refuses_what_is_not_a_setting
         TrainingConfig.from_params({"monitoring": {"system_metrics_interval": 0}})
     with pytest.raises(ConfigError, match=r"^training\.monitoring\.board: unknown key"):
         TrainingConfig.from_params({"monitoring": {"board": True}})
+
+
+def test_of_two_workers_only_rank_0_writes_visualdl_logs(dp2_run):
+    from visualdl import LogReader
+
+    records = list((dp2_run / "logs" / "visualdl").glob("vdlrecords.*"))
+    assert len(records) == 1
+    reader = LogReader(file_path=str(records[0]))
+    assert [r.id for r in reader.get_data("scalar", "train/loss")] == [1, 2, 3, 4, 5, 6]  # once per step, not twice
