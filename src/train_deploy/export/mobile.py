@@ -52,9 +52,15 @@ def convert_to_ort(edge: Path) -> list[Path]:
                 if part.exists():
                     shutil.copy2(part, given / part.name)
         said = io.StringIO()
-        with contextlib.redirect_stdout(said):  # the tool reports with print()
-            convert_onnx_models_to_ort(given, made, optimization_styles=[OptimizationStyle.Fixed],
-                                       target_platform=TARGET_PLATFORM)
+        tool_log = logging.getLogger("ort_format_model.utils")  # its own handler, naming the staging folder
+        level = tool_log.level
+        tool_log.setLevel(logging.WARNING)
+        try:
+            with contextlib.redirect_stdout(said):  # the tool reports with print()
+                convert_onnx_models_to_ort(given, made, optimization_styles=[OptimizationStyle.Fixed],
+                                           target_platform=TARGET_PLATFORM)
+        finally:
+            tool_log.setLevel(level)
         logger.debug("ONNX Runtime mobile conversion: %s", said.getvalue().strip())
         written = []
         for source in sources:
