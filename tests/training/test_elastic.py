@@ -242,7 +242,7 @@ def test_lost_node_re_forms_at_one_and_a_joining_node_is_taken_in(tmp_path, tiny
     params = training_params(1, batch={"micro_batch_size": 4, "global_batch_size": 8, "seq_length": 64},
                              schedule={"max_steps": REFORM_STEPS, "log_every": 20, "eval_every": REFORM_STEPS,
                                        "eval_batches": 1, "checkpoint_every": 10, "keep_last": 2},
-                             launch={"elastic": {"min_nodes": 1, "max_nodes": 2, "etcd": etcd, "timeout_s": 3},
+                             launch={"elastic": {"min_nodes": 1, "max_nodes": 2, "etcd": etcd, "timeout_s": 5},
                                      "max_restart": 5, "job_id": "elastic_test"})
     spec = run_spec(tmp_path, tiny_tokens, params)
     logs, checkpoints = Path(spec.logs), Path(spec.checkpoints)
@@ -251,11 +251,12 @@ def test_lost_node_re_forms_at_one_and_a_joining_node_is_taken_in(tmp_path, tiny
     run_id = mlflow.MlflowClient().create_run(experiment_id="0").info.run_id
     outcome: dict = {}
     node0 = threading.Thread(target=lambda: outcome.update(result=run_training(spec, mlflow_run_id=run_id)))
+    # Node 1 starts first, from the run.json node 0 is about to write: a launcher alone for timeout_s forms alone.
+    logs.mkdir(parents=True, mode=0o700)
+    write_json(logs / "run.json", spec)
+    nodes = [_Node(spec, logs / "run.json", 1)]
     node0.start()
-    nodes: list[_Node] = []
     try:
-        _wait_for(lambda: (logs / "run.json").exists(), 60, "node 0 wrote no run.json")
-        nodes.append(_Node(spec, logs / "run.json", 1))
         _wait_for(lambda: any(checkpoints.glob("step_*")), 240, "no checkpoint at world size 2")
         assert [f["world_size"] for f in _formations(logs)] == [2]
         nodes[0].kill()
