@@ -25,7 +25,7 @@ from train_deploy.handoffs import to_json
 from train_deploy.redaction import redact_uri
 from train_deploy.training.checkpoint import latest_checkpoint
 from train_deploy.training.config import TrainingConfig
-from train_deploy.training.launch import TrainingFailed, run_training, worker_environment
+from train_deploy.training.launch import TrainingFailed, _LogFollower, run_training, worker_environment
 from train_deploy.training.metrics import MetricsForwarder
 
 STOP_WITHIN_S = 30.0
@@ -71,6 +71,17 @@ def test_launch_environment_takes_names_or_patterns_only():
 def test_stall_timeout_must_be_positive():
     with pytest.raises(ConfigError, match=r"^training\.launch\.stall_timeout: must be a positive number of seconds"):
         TrainingConfig.from_params({"launch": {"stall_timeout": 0}})
+
+
+def test_the_workers_progress_line_reaches_the_training_nodes_console(tmp_path, caplog):
+    log = tmp_path / "workerlog.0"
+    log.write_text("2026-12-04 07:00:00 INFO worker.py:405 - step 3/6 (50%), 0:01 elapsed, ~0:01 left\n"
+                   "2026-12-04 07:00:00 INFO worker.py:99 - a line nobody needs\n", encoding="utf-8")
+    follower = _LogFollower(log, total=6, stall_timeout=60)
+    with caplog.at_level(logging.INFO, logger="train_deploy.training.launch"):
+        follower.echo()
+    follower.close()
+    assert [r.getMessage() for r in caplog.records] == ["step 3/6 (50%), 0:01 elapsed, ~0:01 left"]
 
 
 class _Client:

@@ -352,7 +352,7 @@ class _LogFollower:
     when it has reported no progress for too long: a step or checkpoint line, or before its first step any
     line (start-up, joining the other nodes, building the model and resuming are slow and not steps)."""
 
-    _INTERESTING = re.compile(r"step \d+ |Checkpoint|Resumed|Model:|No validation")
+    _INTERESTING = re.compile(r"step \d+ |step \d+/\d+ |Checkpoint|Resumed|Model:|No validation")
     _STEP = re.compile(r"step (\d+) ")
     FIRST_STEP_FACTOR, FIRST_STEP_MIN_S = 2, 600.0
     """Before its first step, rank 0 may be silent for this many times ``stall_timeout``, at least this long."""
