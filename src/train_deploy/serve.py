@@ -36,7 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, NoReturn
 
-from train_deploy.atomic import atomic_folder, remove_leftovers
+from train_deploy.atomic import atomic_folder, atomic_path, remove_leftovers
 from train_deploy.cache import cache_dir
 from train_deploy.hashing import digest, file_record
 from train_deploy.project import NoProject, find_project, project_config, store_uris
@@ -219,6 +219,51 @@ def replicas_command(host: str, port: int, replicas: tuple[int, int], ray_addres
     return [sys.executable, "-m", "train_deploy.serving.replicas"], settings
 
 
+def served_copy(project: Path, tracking: str, registry: str, name: str, alias: str) -> tuple[str, Path]:
+    """The version ``alias`` names and its downloaded copy (:func:`cached_model`), recorded as the alias's last
+    served copy; when a tracking server does not answer at all, that last copy (verified by its hashes), with a
+    warning, so a serving host restarted during an outage serves on (``--follow`` then polls until it answers)."""
+    last = cache_dir() / "serve" / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', f'{name}@{alias}')[:80]}-" \
+        f"{digest([registry, name, alias], 8)}.json"
+    if not alias.isdigit() and not _answers(tracking):
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            record = json.loads(last.read_text(encoding="utf-8"))
+            if (model := _verified(Path(record["folder"]))) is not None:
+                logger.warning("%s does not answer: serving the copy of %s version %s downloaded before (%s)",
+                               _shown(tracking), name, record["version"], record["folder"])
+                return str(record["version"]), model
+    found = check_servable(tracking, registry, name, alias)
+    check_store(tracking, project)
+    os.chdir(project)  # a store written before locations were absolute resolves them from the project folder
+    model = cached_model(found, tracking, registry)
+    with atomic_path(last, "the last served copy's record") as staged:
+        staged.write_text(json.dumps({"version": str(found.version), "folder": str(_version_folder(model))}) + "\n",
+                          encoding="utf-8")
+    return str(found.version), model
+
+
+def _version_folder(model: Path) -> Path:
+    """The cached version's folder (holding :data:`DOWNLOAD_RECORD`) of the model folder inside it."""
+    return next(folder for folder in (model, *model.parents) if (folder / DOWNLOAD_RECORD).is_file())
+
+
+def _answers(tracking: str) -> bool:
+    """Whether a tracking server at ``tracking`` answers HTTP at all (any status); a local store always does."""
+    if not tracking.startswith(("http://", "https://")):
+        return True
+    import urllib.error
+    import urllib.request
+
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"{tracking.rstrip('/')}/health", timeout=5):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (urllib.error.URLError, OSError):
+        return False
+
+
 def serve(*, project: Path | None = None, env: str | None = None, model_name: str | None = None,
           alias: str = "champion", host: str = "127.0.0.1", port: int = 5001, workers: int = 1,
           admission: dict[str, str] | None = None, poll_interval: float | None = None,
@@ -235,12 +280,8 @@ def serve(*, project: Path | None = None, env: str | None = None, model_name: st
         raise ServeError(str(missing)) from None
     tracking, registry = store_uris(folder, env)
     name = model_name or default_model_name(folder, env)
-    found = check_servable(tracking, registry, name, alias)
-    check_store(tracking, folder)
-    version = str(found.version)
+    version, model = served_copy(folder, tracking, registry, name, alias)
     model_uri = f"models:/{name}/{alias}" if alias.isdigit() else f"models:/{name}@{alias}"
-    os.chdir(folder)  # a store written before locations were absolute resolves them from the project folder
-    model = cached_model(found, tracking, registry)
     command = server_command(model, host, port, workers) if poll_interval is None else \
         follow_command(host, port, workers)
     ray_settings: dict[str, str] = {}

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
@@ -19,6 +20,8 @@ from click.testing import CliRunner
 
 from tests.helpers.project import copy_project
 from tests.helpers.registry import REGISTERED_MODEL, ModelServer, ModelStore
+
+pytest_plugins = ["tests.mlflow_server"]
 
 CLIENTS = 8
 POLL_S = 0.5
@@ -158,3 +161,61 @@ def test_following_a_version_number_is_refused_in_one_line():
     assert result.exit_code == 1
     assert result.output.strip().splitlines() == [
         "Error: --follow: version 3 never moves; follow an alias (--alias champion)"]
+
+
+@dataclass(frozen=True)
+class _TrackingServer(ModelStore):
+    """A tracking server as the store child processes use (clients that give up at once when it is down)."""
+
+    uri: str = ""
+
+    @property
+    def tracking_uri(self) -> str:
+        return self.uri
+
+    def environment(self) -> dict[str, str]:
+        return {**super().environment(), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
+                "COLUMNS": "400"}  # the command's log lines whole
+
+
+def _following(store: ModelStore, project: Path, folder: Path) -> ModelServer:
+    served = ModelServer(f"models:/{REGISTERED_MODEL}@champion", store, folder)
+    served.command = [str(Path(sys.executable).parent / "train-deploy"), "serve", "--project", str(project),
+                      "--model", REGISTERED_MODEL, "--follow", "--poll-interval", str(POLL_S), "--port",
+                      served.url.rsplit(":", 1)[1]]
+    return served
+
+
+@pytest.mark.slow
+def test_a_restart_while_the_tracking_server_is_down_serves_the_last_copy_and_the_watch_polls_on(
+        mlflow_server, tiny_bundle, tmp_path):
+    from train_deploy.registry.model import log_bundle_model
+
+    mlflow.set_tracking_uri(mlflow_server.uri)
+    mlflow.set_registry_uri(mlflow_server.uri)
+    with mlflow.start_run(experiment_id=mlflow.set_experiment("outage").experiment_id):
+        version = log_bundle_model(tiny_bundle, registered_model_name=REGISTERED_MODEL).registered_model_version
+    mlflow.MlflowClient().set_registered_model_alias(REGISTERED_MODEL, "champion", version)
+    store, project = _TrackingServer(tmp_path, mlflow_server.uri), copy_project(tmp_path / "project")
+    first = _following(store, project, tmp_path / "first")
+    first.start()
+    try:
+        assert _served_version(first) == str(version)
+    finally:
+        first.stop()
+
+    mlflow_server.stop()
+    second = _following(store, project, tmp_path / "second")
+    second.start()
+    try:
+        assert _served_version(second) == str(version)
+        assert _request(second, "POST", "/invocations", SCORE)[0] == 200
+        _wait_for(lambda: "The registry did not answer" in second.log.read_text(errors="replace"), "a failed poll",
+                  second)
+        mlflow_server.start()
+        _wait_for(lambda: "The registry answers again" in second.log.read_text(errors="replace"), "a poll", second)
+    finally:
+        second.stop()
+    log = second.log.read_text(errors="replace")
+    assert f"does not answer: serving the copy of {REGISTERED_MODEL} version {version} downloaded before" in log
+    assert log.count("The registry did not answer") == 1  # once per outage

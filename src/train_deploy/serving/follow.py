@@ -170,11 +170,13 @@ class FollowingApp:
     def __init__(self, first: ServingApp, watch: Watch) -> None:
         self.watch = watch
         self.current = _Version(first, first.served.version)
-        self.retired: list[_Version] = []
+        self.retired_metrics: list[CollectorRegistry] = []
+        """The request series of the versions served before (their models are let go once closed)."""
         self.refused: set[str] = set()
         self.metrics = FollowMetrics(first.served.name)
         self.metrics.serving(self.current.version)
         self._task: asyncio.Task | None = None
+        self._retiring: set[asyncio.Task] = set()  # held: the event loop keeps only weak references to tasks
         self._registry_down = False
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
@@ -203,8 +205,8 @@ class FollowingApp:
                 serving.done.set()
 
     async def _metrics(self, send: Send, version: str) -> None:
-        registries = [*(v.app.metrics.registry for v in (*self.retired, self.current) if v.app.metrics is not None),
-                      self.metrics.registry]
+        current = [self.current.app.metrics.registry] if self.current.app.metrics is not None else []
+        registries = [*self.retired_metrics, *current, self.metrics.registry]
         body = generate_latest(_Merged(registries))
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"content-type", CONTENT_TYPE_LATEST.encode()), (b"content-length", str(len(body)).encode()),
@@ -274,8 +276,11 @@ class FollowingApp:
         self.metrics.serving(version, old.version)
         logger.info("Serving version %s of %s (%s@%s moved from %s; checked in %.1f s)", version, self.watch.name,
                     self.watch.name, self.watch.alias, old.version, time.monotonic() - started)
-        self.retired.append(old)
-        asyncio.create_task(self._retire(old))
+        if old.app.metrics is not None:
+            self.retired_metrics.append(old.app.metrics.registry)
+        retiring = asyncio.create_task(self._retire(old))
+        self._retiring.add(retiring)
+        retiring.add_done_callback(self._retiring.discard)
         return True
 
     async def _retire(self, old: _Version) -> None:
