@@ -3,6 +3,7 @@ dies (the OOM killer) fails the stage at once, names its chunk and publishes not
 
 from __future__ import annotations
 
+import logging
 import re
 import signal
 import threading
@@ -13,6 +14,7 @@ import psutil
 import pytest
 from kedro.io import DatasetError
 
+from tests.corpus.executors import assert_eta_lines
 from tests.helpers.corpus import encode, output_bytes, stopped_mid_chunk
 from tests.helpers.project import corpus_params, publish
 from train_deploy.corpus.readers import people_daily_path
@@ -91,3 +93,13 @@ def test_a_killed_helper_fails_the_stage_within_a_minute_naming_its_chunk(tmp_pa
     assert [p.name for p in tmp_path.iterdir()] == ["tokens"]  # no staging folder left
     assert not [c for c in psutil.Process().children() if "spawn_main" in " ".join(c.cmdline())], \
         "a helper outlived the stage"
+
+
+
+def test_encoding_logs_its_eta_line_over_the_plans_chunks_monotone_to_the_end(tmp_path, tiny_tokenizer, caplog,
+                                                                                 capsys, monkeypatch):
+    monkeypatch.setattr("train_deploy.corpus.executors.progress.LOG_EVERY_S", 0.0)  # a line for every chunk
+    with caplog.at_level(logging.INFO, logger="train_deploy.corpus.executors.progress"):
+        _, manifest = encode(tmp_path, tiny_tokenizer, encoding={"workers": 2})
+    assert_eta_lines(caplog.records, manifest.input["chunks"])
+    assert "\r" not in "".join(capsys.readouterr())  # no bar: standard error is not a terminal

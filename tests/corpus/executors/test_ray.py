@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import re
 import shutil
@@ -23,6 +24,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.corpus.executors import assert_eta_lines
 from tests.helpers.corpus import GOOD, encode, multistream_dump, output_bytes, sample_pages, stopped_mid_chunk
 from tests.helpers.project import TINY_SLICE, TINY_TOKENIZER, cli_params, corpus_params, publish
 from train_deploy.atomic import atomic_folder
@@ -189,6 +191,13 @@ def test_ray_tasks_write_the_local_executors_bytes_and_manifest_counts(tmp_path,
     assert (remote.documents, remote.tokens, remote.splits) == (local.documents, local.tokens, local.splits)
     assert 1 <= remote.workers <= 2 and len(remote.peak_rss_mb["helpers"]) == remote.workers  # Ray's processes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local", "ray"]
+
+
+def test_ray_encoding_logs_its_eta_line_as_chunks_finish(tmp_path, tiny_tokenizer, ray_driver, caplog, monkeypatch):
+    monkeypatch.setattr("train_deploy.corpus.executors.progress.LOG_EVERY_S", 0.0)  # a line for every chunk
+    with caplog.at_level(logging.INFO, logger="train_deploy.corpus.executors.progress"):
+        _, manifest = encode(tmp_path, tiny_tokenizer, encoding=RAY)
+    assert_eta_lines(caplog.records, manifest.input["chunks"])
 
 
 @pytest.mark.slow

@@ -24,7 +24,7 @@ from typing import Any
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.encode import ChunkEncoder, ChunkResult, chunk_place
 from train_deploy.corpus.errors import CorpusError
-from train_deploy.corpus.executors.progress import ProgressBar
+from train_deploy.corpus.executors.progress import EncodingProgress
 from train_deploy.corpus.readers import Chunk, CorpusPlan
 from train_deploy.handoffs import TokenizerInfo
 from train_deploy.run_control.processes import stop_process_tree
@@ -37,29 +37,29 @@ def run_local(config: CorpusConfig, plan: CorpusPlan, tokenizer: TokenizerInfo, 
     """Encode every chunk of ``plan`` into shards in ``work`` with ``workers`` processes; return their statistics."""
     workers = min(config.workers, len(plan.chunks))
     ctx = mp.get_context("spawn")  # no fork: the parent may hold MLflow threads and Paddle state
-    progress = (ctx.Value("q", 0), ctx.Value("q", 0))
+    progress = (ctx.Value("q", 0), ctx.Value("q", 0), ctx.Value("q", 0))  # chunks finished, documents, tokens
     cursor = ctx.Value("q", 0)
     claimed = ctx.Array("q", [-1] * workers, lock=False)
     init_args = (config, tokenizer, work, progress, cursor, claimed)
     helpers = _Helpers(ctx, workers - 1, init_args, plan.chunks)  # first: their start-up overlaps this one's
-    bar = ProgressBar(config.encoding.progress)
+    bar = EncodingProgress(len(plan.chunks), config.encoding.progress)
 
     def show() -> None:
-        bar.show(progress[0].value, progress[1].value)
+        bar.show(progress[0].value, progress[1].value, progress[2].value)
 
-    try:
-        encoder = ChunkEncoder(config, tokenizer, progress=partial(_bump, progress), watch=helpers.check)
-        results = _drain(encoder, work, plan.chunks, cursor, claimed, 0, show)
-        results += helpers.wait(show)
-        show()
-    finally:
-        helpers.stop()
-        bar.close()
+    with bar:
+        try:
+            encoder = ChunkEncoder(config, tokenizer, progress=partial(_bump, progress), watch=helpers.check)
+            results = _drain(encoder, work, plan.chunks, cursor, claimed, 0, progress[0], show)
+            results += helpers.wait(show)
+            show()
+        finally:
+            helpers.stop()
     return results
 
 
-def _bump(progress: tuple[Any, Any], documents: int, tokens: int) -> None:
-    docs_counter, tokens_counter = progress
+def _bump(progress: tuple[Any, Any, Any], documents: int, tokens: int) -> None:
+    _, docs_counter, tokens_counter = progress
     with docs_counter.get_lock():
         docs_counter.value += documents
     with tokens_counter.get_lock():
@@ -67,8 +67,9 @@ def _bump(progress: tuple[Any, Any], documents: int, tokens: int) -> None:
 
 
 def _drain(encoder: ChunkEncoder, work: Path, chunks: list[Chunk], cursor: Any, claimed: Any, slot: int,
-           between_chunks: Callable[[], None]) -> list[ChunkResult]:
-    """Encode chunks until none is left unclaimed; ``claimed[slot]`` holds the chunk this process is encoding."""
+           finished: Any, between_chunks: Callable[[], None]) -> list[ChunkResult]:
+    """Encode chunks until none is left unclaimed; ``claimed[slot]`` holds the chunk this process is encoding,
+    ``finished`` counts the chunks every process has encoded."""
     results = []
     while True:
         with cursor.get_lock():
@@ -81,6 +82,8 @@ def _drain(encoder: ChunkEncoder, work: Path, chunks: list[Chunk], cursor: Any, 
         result = encoder.encode(chunks[index], work)
         claimed[slot] = -1
         results.append(result.stamp())
+        with finished.get_lock():
+            finished.value += 1
         between_chunks()
 
 
@@ -157,7 +160,8 @@ def _help(slot: int, init_args: tuple, chunks: list[Chunk], sender: Connection, 
     try:
         config, tokenizer, work, progress, cursor, claimed = init_args
         encoder = ChunkEncoder(config, tokenizer, progress=partial(_bump, progress))
-        sender.send((_drain(encoder, work, chunks, cursor, claimed, slot, lambda: _exit_if_orphaned(parent)), None))
+        sender.send((_drain(encoder, work, chunks, cursor, claimed, slot, progress[0],
+                            lambda: _exit_if_orphaned(parent)), None))
     except Exception as exc:
         exc.add_note(f"in corpus helper {os.getpid()}:\n{''.join(traceback.format_exception(exc))}")
         try:

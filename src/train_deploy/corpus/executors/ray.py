@@ -24,7 +24,7 @@ from typing import Any
 from train_deploy.corpus.config import CorpusConfig, EncodingConfig
 from train_deploy.corpus.encode import ChunkEncoder, ChunkResult, chunk_place
 from train_deploy.corpus.errors import CorpusError
-from train_deploy.corpus.executors.progress import ProgressBar
+from train_deploy.corpus.executors.progress import EncodingProgress
 from train_deploy.corpus.readers import Chunk, CorpusPlan
 from train_deploy.handoffs import TokenizerInfo
 
@@ -133,23 +133,22 @@ def _read_probe(path: str) -> tuple[str, str | None]:
 
 
 def _collect(ray: Any, pending: dict[Any, Chunk], work: Path, e: EncodingConfig) -> list[ChunkResult]:
-    """Wait for every chunk's task (the progress bar counts documents and tokens as chunks finish); write shards
+    """Wait for every chunk's task (the progress counts chunks, documents and tokens as chunks finish); write shards
     returned through the object store into ``work``; raise the first failure after cancelling the other tasks."""
-    bar = ProgressBar(e.progress)
     results: list[ChunkResult] = []
-    try:
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.5)
-            for ref in done:
-                result, shards = _result(ray, ref, pending.pop(ref), e.max_retries)
-                for name, data in (shards or {}).items():
-                    (work / name).write_bytes(data)
-                results.append(result)
-                bar.add(result.documents_read - sum(result.dropped.values()), result.tokens_encoded)
-    finally:
-        for ref in pending:
-            ray.cancel(ref, force=True)
-        bar.close()
+    with EncodingProgress(len(pending), e.progress) as bar:
+        try:
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0.5)
+                for ref in done:
+                    result, shards = _result(ray, ref, pending.pop(ref), e.max_retries)
+                    for name, data in (shards or {}).items():
+                        (work / name).write_bytes(data)
+                    results.append(result)
+                    bar.add(1, result.documents_read - sum(result.dropped.values()), result.tokens_encoded)
+        finally:
+            for ref in pending:
+                ray.cancel(ref, force=True)
     return results
 
 
