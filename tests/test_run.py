@@ -22,6 +22,7 @@ from tests.helpers.export import fused_here
 from tests.helpers.project import REPO, TINY_SLICE, cli_params, tiny_runtime_params, tiny_train_deploy_params
 from train_deploy.baselines import Baselines
 from train_deploy.export import LanguageModel
+from train_deploy.hashing import file_record
 from train_deploy.registry.evalstore import ASSETS_TAG
 
 pytest_plugins = ["tests.mlflow_server"]
@@ -147,7 +148,8 @@ def test_packaged_train_deploy_against_a_tracking_server_puts_the_bundle_in_the_
     env = deployed_env(MLFLOW_TRACKING_URI=mlflow_server.uri)
     for name in ("MLFLOW_TRACKING_PASSWORD", "AWS_SECRET_ACCESS_KEY"):  # credentials a scheduler would hold
         env[name] = f"canary-{name.lower()}-4f1c"
-    params = ",".join(cli_params(tiny_train_deploy_params(2)))
+    # system metrics every second: a 4-step run may end before the default interval's first sample
+    params = ",".join(cli_params(tiny_train_deploy_params(2)) + ["training.monitoring.system_metrics_interval=1"])
     command = [packaged.python, "-m", "train_deploy", "--pipelines", "train_deploy", f"--conf-source={packaged.conf}",
                "--params", params]
     completed = subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
@@ -171,6 +173,8 @@ def test_packaged_train_deploy_against_a_tracking_server_puts_the_bundle_in_the_
     assert run.info.artifact_uri.startswith("mlflow-artifacts:")  # the server holds the artifacts
     assert [m.step for m in client.get_metric_history(run.info.run_id, "train.loss")] == [1, 2, 3, 4]
     assert "train.val_loss" in run.data.metrics and "train.mfu" in run.data.metrics
+    assert "system/cpu_utilization_percentage" in run.data.metrics  # MLflow's system metrics, on by default
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "visualdl")][0].startswith("visualdl/vdlrecords.")
     assert run.data.params["training.resolved.dp"] == "2"
     assert run.data.params["training.resolved.accumulation_steps"] == "1"
     assert run.data.params["training.model.preset"] == "tiny"
@@ -188,6 +192,7 @@ def test_packaged_train_deploy_against_a_tracking_server_puts_the_bundle_in_the_
     meta = json.loads((folder / "bundle.json").read_text(encoding="utf-8"))
     assert meta["source"]["checkpoint"] == selected["checkpoint"]["path"]
     assert (folder / "edge/model.int8.onnx").is_file() and (folder / "server_portable/model.pdiparams").is_file()
+    assert meta["files"]["edge/model.int8.ort"] == file_record(folder / "edge/model.int8.ort")  # ORT Mobile, hashed
     assert (folder / "server/model.pdiparams").is_file() == fused_here()  # the fused graph where this CPU runs it
     paddle_form = "paddle_inference" if fused_here() else "paddle_portable"
     assert run.data.metrics[f"export.max_logit_diff_{paddle_form}"] <= 1e-4
