@@ -1,4 +1,4 @@
-"""Every numeric key of every stage is checked at start-up, naming the key; a bad run is refused before any node.
+"""Every numeric key of every block is checked at start-up, naming the key; a bad run is refused before any node.
 
 The probes come from the blocks' JSON schema (``train_deploy.config.schema``): each numeric key is tried at each
 bound it states (accepted) and just past it (refused with one line that starts with its dotted key and says the
@@ -14,11 +14,12 @@ import mlflow
 import pytest
 from kedro.framework.session import KedroSession
 
+from tests.helpers.config import BLOCKS
 from tests.helpers.project import tiny_runtime_params
 from train_deploy.config import ConfigError, numeric_part, schema
 from train_deploy.run_control.preflight import STAGE_CONFIGS, check_run, check_validation_split
 
-# Each stage's block the probes change one key of: valid, and with every key meaningful on its own (a master, so
+# Each block the probes change one key of: valid, and with every key meaningful on its own (a master, so
 # that nnodes is judged by itself).
 BASE: dict[str, dict[str, Any]] = {
     "corpus": {},
@@ -28,6 +29,9 @@ BASE: dict[str, dict[str, Any]] = {
     "export": {},
     "registry": {},
     "retention": {},
+    "retrain": {},
+    "run": {},
+    "notify": {},
 }
 
 # Numeric keys the schema leaves unbounded on purpose.
@@ -45,8 +49,8 @@ REFUSED_AT_BOUND = {
 
 def numeric_keys(stage: str) -> list[tuple[str, dict[str, Any], bool]]:
     """(dotted key, its numeric schema, whether the key holds a list of numbers) of every numeric field of the
-    stage's block, nested blocks too."""
-    root = schema(STAGE_CONFIGS[stage])
+    block, nested blocks too."""
+    root = schema(BLOCKS[stage])
     definitions = root.get("$defs", {})
 
     def walk(node: dict[str, Any], where: str) -> list[tuple[str, dict[str, Any], bool]]:
@@ -62,7 +66,7 @@ def numeric_keys(stage: str) -> list[tuple[str, dict[str, Any], bool]]:
     return walk(root, stage)
 
 
-KEYS = [entry for stage in STAGE_CONFIGS for entry in numeric_keys(stage)]
+KEYS = [entry for stage in BLOCKS for entry in numeric_keys(stage)]
 
 
 def _probes(key: str, numeric: dict[str, Any]) -> list[tuple[Any, bool]]:
@@ -98,7 +102,7 @@ def with_value(key: str, value: Any) -> tuple[str, dict[str, Any]]:
 def test_every_numeric_key_accepts_its_bounds_and_refuses_past_them_naming_the_key(key, value, accepted, is_list):
     stage, block = with_value(key, [value] if is_list else value)
     try:
-        STAGE_CONFIGS[stage].from_params(block)
+        BLOCKS[stage].from_params(block)
         refusal = None
     except ConfigError as exc:
         refusal = str(exc)
@@ -136,11 +140,14 @@ def test_the_base_blocks_are_valid():
     ("registry.min_improvement", 1.0, "registry.min_improvement: must be in [0, 1) (got 1.0)"),
     ("registry.int8", True, "registry.int8: true needs backend: onnx"),
     ("registry.model_name", "my model", "registry.model_name: 'my model' is not a model name"),
+    ("run.wait_timeout", 0, "run.wait_timeout: must be a positive number of seconds or null (got 0)"),
+    ("notify.timeout_seconds", 0, "notify.timeout_seconds: must be a positive number of seconds (got 0)"),
+    ("notify.events", ["failed", "exploded"], "notify.events[1]: 'exploded' is not one of 'failed', 'skipped', "),
 ])
 def test_refusals_say_what_is_allowed(key, value, message):
     stage, block = with_value(key, value)
     with pytest.raises(ConfigError) as exc:
-        STAGE_CONFIGS[stage].from_params(block)
+        BLOCKS[stage].from_params(block)
     assert message in str(exc.value)
 
 
@@ -156,7 +163,7 @@ def test_refusals_say_what_is_allowed(key, value, message):
 def test_a_wrong_value_is_one_line_naming_the_key_and_at_most_40_characters_of_it(key, value, message):
     stage, block = with_value(key, value)
     with pytest.raises(ConfigError) as exc:
-        STAGE_CONFIGS[stage].from_params(block)
+        BLOCKS[stage].from_params(block)
     assert str(exc.value) == message
 
 

@@ -80,6 +80,7 @@ def test_the_reference_in_the_docs_is_the_one_the_types_generate():
     text = (REPO / "docs" / "configuration.md").read_text(encoding="utf-8")
     assert reference.reference() in text, "docs/configuration.md: run .venv/bin/python tools/config_reference.py"
     assert "`training.optimizer.beta2` (number; default `0.95`; must be in [0, 1)): AdamW decay rate" in text
+    assert "`notify.attempts` (integer; default `2`; must be at least 1): Tries of a webhook" in text  # run control too
 
 
 def test_gpu_environment_overrides_only_known_keys():

@@ -28,12 +28,13 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from train_deploy.atomic import write_json
-from train_deploy.config import check, from_mapping
+from train_deploy.config import block, from_mapping, setting
 
 logger = logging.getLogger(__name__)
 
@@ -42,18 +43,14 @@ HANDED_FD_VARIABLE = "TRAIN_DEPLOY_RUN_LOCK_FD"
 """Set by a parent that holds the lock for its child: the number of the child's inherited lock file descriptor."""
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class RunConfig:
     """The ``run`` parameter block: how runs of one project share it."""
 
     lock: Literal["fail", "wait"] = "fail"
     """A second run while one holds the project: stop at once naming the holder, or wait until it ends."""
-    wait_timeout: float | None = None
+    wait_timeout: Annotated[float, Field(gt=0)] | None = setting(None, unit="seconds or null")
     """With ``lock: wait``: give up after this many seconds (null waits as long as it takes)."""
-
-    def __post_init__(self) -> None:
-        check(self.wait_timeout is None or self.wait_timeout > 0, "run.wait_timeout",
-              f"must be a positive number of seconds or null, got {self.wait_timeout}")
 
     @classmethod
     def from_params(cls, params: dict[str, Any] | None) -> RunConfig:

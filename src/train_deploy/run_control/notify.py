@@ -44,16 +44,20 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
-from train_deploy.config import check, check_range, from_mapping
+from pydantic import Field
+
+from train_deploy.config import block, check, from_mapping, setting
 from train_deploy.redaction import one_line, redact_value, treat_as_secret
 
 logger = logging.getLogger(__name__)
 
-EVENTS = ("failed", "skipped", "promoted", "rejected", "validation_stopped")
+Event = Literal["failed", "skipped", "promoted", "rejected", "validation_stopped"]
+"""A run outcome a message reports (its ``event``)."""
+EVENTS: tuple[str, ...] = get_args(Event)
 TIMESTAMP_HEADER, SIGNATURE_HEADER = "X-Train-Deploy-Timestamp", "X-Train-Deploy-Signature"
 _FROM_ENV = "env:"
 _MAX_FIELD = 2000  # characters of one text field a message carries (a reason is one line; a report is short)
@@ -63,7 +67,7 @@ MAX_DELIVERY_SECONDS = 600.0
 """The longest one delivery may take, whatever ``attempts`` × ``timeout_seconds`` say."""
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class NotifyConfig:
     """The ``notify`` parameter block: who is told of each run's outcome."""
 
@@ -73,12 +77,12 @@ class NotifyConfig:
     carries a token: parameters are logged to MLflow, the environment is not."""
     command: str | None = None
     """A command line run with each message as JSON on its standard input (e.g. ``mail -s … team@…``)."""
-    events: list[str] = field(default_factory=lambda: list(EVENTS))
+    events: list[Event] = field(default_factory=lambda: list(EVENTS))
     """The outcomes that are sent: failed, skipped, promoted, rejected, validation_stopped."""
-    timeout_seconds: float = 10.0
+    timeout_seconds: float = setting(10.0, gt=0, unit="seconds")
     """How long one try (one POST, or the command) may wait; a delivery ends by ``attempts`` × this plus a second
     between tries (at most 600 s), whatever the receiver does, and a failure is logged."""
-    attempts: int = 2
+    attempts: int = Field(2, ge=1)
     """Tries of a webhook that cannot be reached or answers 5xx, a second apart."""
     secret_env: str | None = None
     """The name of an environment variable holding a secret: each POST is then HMAC-signed with it (its value,
@@ -92,10 +96,6 @@ class NotifyConfig:
             parts = urllib.parse.urlsplit(url)
             check(parts.scheme in ("http", "https") and bool(parts.netloc), f"notify.webhooks[{i}]",
                   f"expected an http(s) URL, got one with scheme {parts.scheme!r}")
-        unknown = sorted(set(self.events) - set(EVENTS))
-        check(not unknown, "notify.events", f"unknown event {unknown[:1]} (known: {', '.join(EVENTS)})")
-        check_range("notify.timeout_seconds", self.timeout_seconds, 0, open_low=True)
-        check_range("notify.attempts", self.attempts, 1)
         check(self.command is None or bool(shlex.split(self.command)), "notify.command", "is empty")
         treat_as_secret(*(url.removeprefix(_FROM_ENV) for url in self.webhooks if url.startswith(_FROM_ENV)),
                         self.secret_env or "")

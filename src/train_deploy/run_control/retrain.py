@@ -23,7 +23,7 @@ from typing import Any
 
 from mlflow import MlflowClient
 
-from train_deploy.config import from_mapping
+from train_deploy.config import block, from_mapping
 from train_deploy.corpus.config import CorpusConfig
 from train_deploy.corpus.fingerprints import source_fingerprint
 from train_deploy.corpus.readers import plan_corpus
@@ -42,7 +42,7 @@ REASON_TAG, OUTCOME_TAG = "retrain.reason", "outcome"
 CHECKED_NODES = frozenset({"train_model", "register_bundle"})
 
 
-@dataclass(kw_only=True, slots=True)
+@block
 class RetrainConfig:
     """The ``retrain`` parameter block: when a run of the whole chain trains."""
 
