@@ -155,6 +155,9 @@ class OnnxRuntimeBackend:
             raise BundleError(f"{path}: no ONNX model")
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = self._threads, 1
+        # Idle pool threads sleep instead of spinning: on a busy host the spinners took the cores the next step
+        # needed (one 16-sequence decode step at load 9.6: 27.8 ms spinning, 4.1 ms not; docs/benchmarks.md).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3
         session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         return session, [output.name for output in session.get_outputs()]
