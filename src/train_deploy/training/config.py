@@ -229,6 +229,10 @@ class TrainingConfig:
     (``train_deploy.training.pretrained``)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """Model shape (`training.model`)."""
+    layout: Literal["manual", "auto"] = "manual"
+    """manual: `parallel`, `batch.micro_batch_size` and `precision.recompute` as set; auto: chosen at launch from
+    the parameter count, the devices, their memory and the global batch, logged in one line with the reason and
+    the memory estimate per device (``train_deploy.training.layout``)."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """Parallel degrees (`training.parallel`)."""
     batch: BatchConfig = field(default_factory=BatchConfig)

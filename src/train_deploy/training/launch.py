@@ -30,6 +30,7 @@ Safe to leave unattended:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import logging
 import os
@@ -51,7 +52,7 @@ from train_deploy.environment import first_cpu, mkl_cpu_type
 from train_deploy.handoffs import DescriptionError, TrainingResult, read_json, write_json
 from train_deploy.redaction import redact_uri
 from train_deploy.run_control.processes import stop_process_tree
-from train_deploy.training import elastic, worker
+from train_deploy.training import elastic, layout, worker
 from train_deploy.training.config import TrainingConfig, resolve_layout
 from train_deploy.training.metrics import MetricsForwarder
 from train_deploy.training.spec import RunSpec
@@ -108,6 +109,8 @@ def run_training(spec: RunSpec, mlflow_run_id: str | None = None) -> TrainingRes
     :class:`TrainingStopped` when stopped by a signal. Sends rank 0's metrics to the MLflow run
     ``mlflow_run_id`` (through this process's tracking URI) while the job runs.
     """
+    if spec.training.layout == "auto":
+        spec = plan_layout(spec)
     config = spec.training
     logs = _private_folder(Path(spec.logs))
     spec_file = logs / RUN_FILE
@@ -119,6 +122,38 @@ def run_training(spec: RunSpec, mlflow_run_id: str | None = None) -> TrainingRes
     with forwarding:
         run_launcher(config, spec_file, logs)
     return read_json(TrainingResult, spec.result_path)
+
+
+def plan_layout(spec: RunSpec) -> RunSpec:
+    """``training.layout: auto``: ``spec`` with the degrees, micro-batch and recomputation
+    :func:`~train_deploy.training.layout.choose_layout` picks for this job's devices, logged in one line. ``dp``
+    stays inferred, so that an elastic job re-forms at any world size; the plan is for its largest."""
+    config, la = spec.training, spec.training.launch
+    nodes = la.elastic.max_nodes if la.elastic is not None else la.nnodes
+    devices = layout.Devices(kind=config.device.type, world=la.nproc_per_node * nodes, per_node=la.nproc_per_node,
+                             memory_bytes=device_memory(config))
+    shape = config.model.shape()
+    vocab = shape.get("vocab_size", spec.data.vocab_size)
+    work = layout.Workload(shape=shape, vocab_size=vocab, global_batch_size=config.batch.global_batch_size,
+                           seq_length=config.batch.seq_length, low_precision=config.precision.amp)
+    choice = layout.choose_layout(work, devices)
+    logger.info("%s", layout.describe(choice, devices))
+    parallel = dataclasses.replace(config.parallel, dp=-1, mp=choice.mp, sharding_stage=choice.sharding_stage)
+    training = dataclasses.replace(
+        config, parallel=parallel,
+        batch=dataclasses.replace(config.batch, micro_batch_size=choice.micro_batch_size),
+        precision=dataclasses.replace(config.precision, recompute=choice.recompute))
+    return dataclasses.replace(spec, training=training, layout=resolve_layout(training, training.world_size, vocab))
+
+
+def device_memory(config: TrainingConfig) -> int:
+    """Bytes one worker may use: its GPU's memory (``nvidia-smi``, not Paddle: importing it here would install its
+    signal handlers in the training node), or the node's available memory shared by its CPU workers."""
+    if config.device.type == "gpu":
+        found = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, check=True).stdout.split()
+        return int(found[0]) * 2**20
+    return psutil.virtual_memory().available // config.launch.nproc_per_node
 
 
 def check_elastic(spec: RunSpec) -> None:
