@@ -93,18 +93,17 @@ ui: $(STAMP)
 
 # Two worker processes, a test file each (a file's module fixtures and servers stay in one process): much of the
 # suite waits on servers and process start-up, so two workers on 2 cores halve its time (docs/benchmarks.md).
-# --no-loadscope-reorder keeps tests/conftest.py's order, the longest files first (xdist orders files by their
-# number of tests); worksteal or load would split a file over both workers and start its module servers twice.
+# Files go out longest first (tests/conftest.py: LONGEST_FILES, xdist's reordering by test count switched off);
+# worksteal or load would split a file over both workers and start its module servers twice.
 TEST_WORKERS ?= 2
-TEST_DIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: check-paddle
-	$(BIN)/python -m pytest $(TEST_DIST)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The edit-test loop (under 2 minutes on 2 cores: docs/development.md): the suite without its end-to-end runs,
 # emulated CPUs, the team server, and the tests that need the session's trained tiny model (tests/conftest.py TRAINED).
 .PHONY: test-quick
 test-quick: check-paddle
-	$(BIN)/python -m pytest $(TEST_DIST) -m "not slow and not team and not emulated and not trained"
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not slow and not team and not emulated and not trained"
 
 # Mutation testing of the modules that decide something for the user ([tool.mutmut], docs/development.md).
 .PHONY: mutation

@@ -19,8 +19,8 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 
 
 # The longest test files (by the fresh-clone CI's durations, longest first) start first: `make test` hands whole
-# files to two workers (--dist loadfile --no-loadscope-reorder keeps this order; xdist would otherwise order files
-# by their number of tests), so a five-minute file that came last would leave one worker idle at the end.
+# files to two workers (--dist loadfile; pytest_configure keeps this order, which xdist would otherwise sort by the
+# files' numbers of tests), so a five-minute file that came last would leave one worker idle at the end.
 LONGEST_FILES = (
     "tests/team/test_team_server.py",
     "tests/test_gate_end_to_end.py",
@@ -45,6 +45,12 @@ TRAINED = frozenset({"tiny_run", "tiny_checkpoint", "tiny_training_logs", "tiny_
                      "seed_champion", "step_bundles", "champion"})
 """Fixtures that train or export a model: a test using one is marked ``trained`` (``make mutation`` and
 ``make test-quick`` leave those tests out: building them takes minutes, once per session or per mutant)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """xdist hands out whole files (``--dist loadfile``) in the collected order, not reordered by test count."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by the marks
