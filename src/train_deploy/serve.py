@@ -297,7 +297,9 @@ def serve(*, project: Path | None = None, env: str | None = None, model_name: st
     if poll_interval is not None:
         sys.stderr.write(f"  following {name}@{alias}: the registry is asked every {poll_interval:g} s; a new version "
                          "is checked, then served without a failed request\n")
-        served |= {"TRAIN_DEPLOY_FOLLOW_ALIAS": alias, "TRAIN_DEPLOY_FOLLOW_POLL_S": str(poll_interval)}
+        served |= {"TRAIN_DEPLOY_FOLLOW_ALIAS": alias, "TRAIN_DEPLOY_FOLLOW_POLL_S": str(poll_interval),
+                   "TRAIN_DEPLOY_FOLLOW_NOTIFY": json.dumps(  # a refused version is alerted like a run's outcome
+                       project_config(folder, env)["parameters"].get("notify") or {})}
     sys.stderr.flush()
     os.execve(command[0], command, {**server_environment(tracking, registry), **(admission or {}), **served,
                                     **ray_settings})

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from tests.helpers.project import copy_project
 from tests.helpers.registry import REGISTERED_MODEL, ModelServer, ModelStore
+from tests.http_receiver import Receiver
 
 pytest_plugins = ["tests.mlflow_server"]
 
@@ -88,11 +89,24 @@ def versions(tmp_path_factory, tiny_bundle) -> tuple[ModelStore, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, versions) -> Iterator[ModelServer]:
-    """``train-deploy serve --follow --poll-interval 0.5`` of ``champion``, started as users start it."""
+def receiver() -> Iterator[Receiver]:
+    """The webhook the following server's project alerts (its ``notify`` block in conf/local)."""
+    receiver = Receiver()
+    try:
+        yield receiver
+    finally:
+        receiver.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, versions, receiver) -> Iterator[ModelServer]:
+    """``train-deploy serve --follow --poll-interval 0.5`` of ``champion``, started as users start it, from a project
+    whose ``notify`` block names ``receiver``."""
     store, _ = versions
     served = ModelServer(f"models:/{REGISTERED_MODEL}@champion", store, tmp_path_factory.mktemp("follow") / "empty")
     project = copy_project(tmp_path_factory.mktemp("follow_project") / "project")
+    (project / "conf" / "local" / "parameters_notify.yml").write_text(
+        f"notify:\n  webhooks: [{receiver.url}]\n  attempts: 1\n  timeout_seconds: 5\n")
     served.command = [str(Path(sys.executable).parent / "train-deploy"), "serve", "--project", str(project),
                       "--model", REGISTERED_MODEL, "--follow", "--poll-interval", str(POLL_S), "--port",
                       served.url.rsplit(":", 1)[1]]
@@ -123,7 +137,7 @@ def _wait_for(condition, what: str, server: ModelServer, timeout: float = 240.0)
 
 
 @pytest.mark.slow
-def test_a_damaged_version_is_refused_and_a_good_one_taken_with_no_failed_request(server, versions):
+def test_a_damaged_version_is_refused_alerted_and_a_good_one_taken_with_no_failed_request(server, versions, receiver):
     store, (first, second, damaged) = versions
     assert _served_version(server) == first
     refused = (f'train_deploy_follow_refused_total{{model="{REGISTERED_MODEL}",version="{damaged}"}} 1.0')
@@ -152,6 +166,13 @@ def test_a_damaged_version_is_refused_and_a_good_one_taken_with_no_failed_reques
     assert f'train_deploy_served_version_info{{model="{REGISTERED_MODEL}",version="{first}"}}' not in metrics
     assert f'train_deploy_follow_switches_total{{model="{REGISTERED_MODEL}",version="{second}"}} 1.0' in metrics
     assert refused in metrics
+    [(_, alert)] = receiver.wait_for(1, 30)
+    alert = json.loads(alert)
+    assert {key: alert[key] for key in ("event", "stage", "model", "alias", "version", "serving")} == {
+        "event": "failed", "stage": "serve --follow", "model": REGISTERED_MODEL, "alias": "champion",
+        "version": damaged, "serving": first}
+    assert alert["reason"].startswith("BundleError: ")
+    assert len(receiver.received) == 1
 
 
 def test_following_a_version_number_is_refused_in_one_line():

@@ -15,8 +15,10 @@ process, while the old app keeps answering. Only then is the served app swapped,
 loop: a request runs to its end on the app it arrived at, new ones go to the new app, and the old app's lanes and
 batcher are closed once its last request has finished. A version that fails any step is refused: one ERROR line
 naming it and why, ``train_deploy_follow_refused_total{version=…}`` counted (alert on any increase), the old version
-keeps serving and the refused one is not tried again. A registry that does not answer is logged once per outage and
-polled again; the served version goes on answering.
+keeps serving and the refused one is not tried again; the project's ``notify`` receivers (the block ``train-deploy
+serve`` read, in ``TRAIN_DEPLOY_FOLLOW_NOTIFY``) are sent one ``failed`` message (``stage``: ``serve --follow``, the
+model, version and reason) through ``run_control.notify``'s sender, whose deadline bounds it. A registry that does
+not answer is logged once per outage and polled again; the served version goes on answering.
 
 Every answer carries the version that produced it in the ``x-model-version`` header; ``/v1/models``, ``/version``
 and ``/metrics`` (``train_deploy_served_version_info``) name the version being served now.
@@ -39,6 +41,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from train_deploy.handoffs import CARD_FILE
+from train_deploy.run_control.notify import NotifyConfig, message, send
 from train_deploy.serving.app import (
     GRACE_S,
     MODEL_NAME,
@@ -57,6 +60,8 @@ logger = logging.getLogger(__name__)
 
 FOLLOW_ALIAS, POLL_INTERVAL = "TRAIN_DEPLOY_FOLLOW_ALIAS", "TRAIN_DEPLOY_FOLLOW_POLL_S"
 """The alias to follow and the seconds between two looks at the registry (``train-deploy serve`` sets both)."""
+FOLLOW_NOTIFY = "TRAIN_DEPLOY_FOLLOW_NOTIFY"
+"""The project's ``notify`` block as JSON: who is alerted of a refused version."""
 DEFAULT_POLL_S = 30.0
 VERSION_HEADER = b"x-model-version"
 CHECK_TEXT, CHECK_PROMPT = "今天天气很好。", "今天"
@@ -149,6 +154,8 @@ class Watch:
     tracking_uri: str
     registry_uri: str
     interval_s: float = DEFAULT_POLL_S
+    alerts: NotifyConfig = field(default_factory=NotifyConfig)
+    """Who is told of a refused version (none by default)."""
 
     def current(self) -> Any:
         """The ``ModelVersion`` the alias names now (MLflow's error when the registry does not answer)."""
@@ -271,6 +278,7 @@ class FollowingApp:
                          str(error).splitlines()[0][:300] if str(error) else "", self.current.version)
             if candidate is not None:
                 await asyncio.to_thread(close_app, candidate)
+            await self._alert(version, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
             return False
         old, self.current = self.current, _Version(candidate, version)
         self.metrics.serving(version, old.version)
@@ -282,6 +290,13 @@ class FollowingApp:
         self._retiring.add(retiring)
         retiring.add_done_callback(self._retiring.discard)
         return True
+
+    async def _alert(self, version: str, reason: str) -> None:
+        """One ``failed`` message about the refused ``version`` to the ``notify`` receivers, if any (never raises)."""
+        if self.watch.alerts.enabled:
+            body = message("failed", stage="serve --follow", model=self.watch.name, alias=self.watch.alias,
+                           version=version, serving=self.current.version, reason=reason)
+            await asyncio.to_thread(send, self.watch.alerts, body)
 
     async def _retire(self, old: _Version) -> None:
         """Close ``old``'s threads once its last request has been answered (at most its time budget on)."""
@@ -347,5 +362,6 @@ def create_app() -> FollowingApp:
     name, version = os.environ.get(MODEL_NAME, "train_deploy_lm"), os.environ.get(MODEL_VERSION, "unregistered")
     tracking = os.environ["MLFLOW_TRACKING_URI"]
     watch = Watch(name, os.environ[FOLLOW_ALIAS], tracking, os.environ.get("MLFLOW_REGISTRY_URI", tracking),
-                  float(os.environ.get(POLL_INTERVAL, DEFAULT_POLL_S)))
+                  float(os.environ.get(POLL_INTERVAL, DEFAULT_POLL_S)),
+                  NotifyConfig.from_params(json.loads(os.environ.get(FOLLOW_NOTIFY) or "{}") or None))
     return FollowingApp(load_app(Path(os.environ[MODEL_PATH]), name, version), watch)
