@@ -35,6 +35,15 @@ def test_nested_records_and_unknown_keys_are_checked_with_the_file_named(tiny_to
         from_json(TokenManifest, data, "m.json")
     with pytest.raises(DescriptionError, match=r"^m.json: surprise: unknown key"):
         from_json(TokenManifest, {"surprise": 1}, "m.json")
+    del data["format"]
+    data["splits"]["valid"]["tokens"] = 5
+    with pytest.raises(DescriptionError, match=r"^m.json: format: required$"):
+        from_json(TokenManifest, data, "m.json")
+    data["tokenizer"]["surprise"] = 1
+    with pytest.raises(DescriptionError, match=r"^m.json: tokenizer.surprise: unknown key$"):
+        from_json(TokenManifest, data, "m.json")
+    with pytest.raises(DescriptionError, match=r"^m.json: expected a mapping, got list$"):
+        from_json(TokenManifest, [data], "m.json")
 
 
 def test_a_checkpoint_reference_comes_from_its_state(tmp_path):

@@ -12,8 +12,8 @@ hand-offs' JSON (``train_deploy.handoffs.to_json``) keep working where stages pa
 :func:`from_mapping` builds a block from a parameter mapping and turns pydantic's errors into one line that names
 the dotted key and what is allowed, never the whole value: ``corpus.tokenizer.vocab_size: must be in [32, 1000000]
 (got 7)``. Strict pydantic dataclasses take nested blocks only as instances, so :func:`from_mapping` builds the
-nested ones first (which also gives every error its dotted prefix). Plain dataclasses (run control's small blocks,
-the hand-off descriptions) still go through the older coercion below until their modules move.
+nested ones first (which also gives every error its dotted prefix). The hand-off descriptions
+(``train_deploy.handoffs``) are read back by pydantic too, with :func:`error_text` for their errors.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import types
 import typing
 from collections.abc import Mapping
 from functools import cache
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, TypeVar, get_args, get_origin
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic.dataclasses import dataclass as pydantic_dataclass
@@ -70,7 +70,7 @@ def from_mapping(cls: type[T], data: Mapping[str, Any] | T | None, where: str) -
     if not isinstance(data, Mapping):
         raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
     if not is_pydantic_dataclass(cls):
-        return _from_plain_mapping(cls, data, where)
+        raise TypeError(f"{cls.__name__} is not a configuration block (made by @block)")  # a bug, not user input
     fields = cls.__pydantic_fields__
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -123,20 +123,29 @@ def _one_line(cls: type, error: Mapping[str, Any], where: str) -> str:
         return str(error["ctx"]["error"])  # a cross-field rule names its own key
     key = where + "".join(f".{part}" if i == 0 else f"[{part}]" for i, part in enumerate(loc)
                           if i == 0 or isinstance(part, int))
-    kind, shown = error["type"], _shown(error.get("input"))
-    if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+    if error["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         field = schema(cls)["properties"][loc[0]]
         note = f"; {field['note']}" if "note" in field else ""
+        shown = _shown(error.get("input"))
         return f"{key}: must {allowed_range(numeric_part(field) or {}, field.get('unit', ''))} (got {shown}){note}"
+    return f"{key}: {error_text(error)}"
+
+
+def error_text(error: Mapping[str, Any]) -> str:
+    """What pydantic's ``error`` says is wrong, in the project's words, without the key: ``expected an integer, got
+    'many'``, ``required``, ``unknown key``; a refused value is cut to 40 characters."""
+    kind, shown = error["type"], _shown(error.get("input"))
     if kind == "literal_error":
-        return f"{key}: {shown} is not one of {error['ctx']['expected'].replace(' or ', ', ')}"
+        return f"{shown} is not one of {error['ctx']['expected'].replace(' or ', ', ')}"
     if kind.endswith("_type") and kind.removesuffix("_type") in _EXPECTED:
-        return f"{key}: expected {_EXPECTED[kind.removesuffix('_type')]}, got {shown}"
+        return f"expected {_EXPECTED[kind.removesuffix('_type')]}, got {shown}"
     if kind == "too_short":
-        return f"{key}: must hold at least {error['ctx']['min_length']} (got {shown})"
-    if kind == "missing_keyword_only_argument":
-        return f"{key}: required"
-    return f"{key}: {error['msg'].removeprefix('Value error, ')}"
+        return f"must hold at least {error['ctx']['min_length']} (got {shown})"
+    if kind in ("missing_keyword_only_argument", "missing", "missing_argument"):
+        return "required"
+    if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+        return "unknown key"
+    return error["msg"].removeprefix("Value error, ")
 
 
 def _shown(value: Any) -> str:
@@ -169,71 +178,6 @@ def allowed_range(field: Mapping[str, Any], unit: str = "") -> str:
     if high is not None:
         return f"be below {high}" if open_high else f"be at most {high}"
     return "be a number"
-
-
-def _from_plain_mapping(cls: type[T], data: Mapping[str, Any], where: str) -> T:
-    """Plain dataclass ``cls`` from ``data`` by :func:`_coerce` (blocks not yet made with :func:`block`)."""
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(fields))})")
-    hints = typing.get_type_hints(cls)
-    kwargs = {name: _coerce(hints[name], data[name], f"{where}.{name}") for name in fields if name in data}
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:  # a required field is missing
-        raise ConfigError(f"{where}: {exc}") from None
-
-
-def _coerce(hint: Any, value: Any, key: str) -> Any:
-    origin = get_origin(hint)
-    if origin in (typing.Union, types.UnionType):
-        args = get_args(hint)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(arg, value, key)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(errors[0])
-    if origin is Literal:
-        allowed = get_args(hint)
-        if value not in allowed:
-            raise ConfigError(f"{key}: {value!r} is not one of {', '.join(map(repr, allowed))}")
-        return value
-    if origin in (list, tuple):
-        if isinstance(value, str) or not isinstance(value, list | tuple):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        (item,) = get_args(hint)[:1] or (Any,)
-        return [_coerce(item, v, f"{key}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
-        item = get_args(hint)[1] if len(get_args(hint)) == 2 else Any
-        return {k: _coerce(item, v, f"{key}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(hint):
-        return from_mapping(hint, value, key)
-    if hint is Any:
-        return value
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{key}: expected a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {value!r}")
-        return value
-    raise TypeError(f"{key}: unsupported annotation {hint!r}")  # a bug in a config class, not user input
 
 
 def check(condition: bool, key: str, message: str) -> None:

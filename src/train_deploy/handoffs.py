@@ -4,8 +4,10 @@ Each stage returns one of these instead of a dict: the corpus stage a :class:`To
 :class:`TokenManifest`, training a :class:`TrainingResult` (its workers get a ``RunSpec``,
 ``train_deploy.training.spec``, which holds the stage's own configuration),
 averaging a :class:`CheckpointRef` per candidate and a :class:`SelectedCheckpoint`, export a
-:class:`Bundle`. :func:`to_json` / :func:`from_json` convert them; reading checks every key and type and
-names the file and the key in its one-line error (the same validation as the parameter blocks).
+:class:`Bundle`. :func:`to_json` / :func:`from_json` convert them; reading is pydantic's, as for the parameter
+blocks (:data:`DESCRIPTION`: unknown keys refused, strict types), and its one-line error names the file and the key.
+The descriptions stay plain dataclasses: stages build them from values they computed, so only JSON read back from
+disk is validated.
 
 A description of a folder has a ``path`` that is never written into its JSON: the folder is staged under
 one name and published under another, and may be copied elsewhere (an MLflow artifact store).
@@ -14,13 +16,17 @@ one name and published under another, and may be copied elsewhere (an MLflow art
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+
 from train_deploy import atomic
-from train_deploy.config import ConfigError, from_mapping
+from train_deploy.config import ConfigError, error_text
 
 T = TypeVar("T")
 
@@ -31,6 +37,9 @@ METRICS_FILE = "metrics.jsonl"
 """Rank 0's per-step training metrics, one JSON object per line, in a run's log folder."""
 
 _LOCAL = {"json": False}  # metadata of fields that describe this machine or this run, not the artifact
+
+DESCRIPTION = ConfigDict(extra="forbid", strict=True)
+"""How a description is read back (``@with_config(DESCRIPTION)`` on each): unknown keys refused, no coercion."""
 
 
 class DescriptionError(ValueError):
@@ -51,13 +60,26 @@ def to_json(obj: Any) -> Any:
 
 def from_json(cls: type[T], data: Any, where: str) -> T:
     """Build ``cls`` from its JSON form; ``where`` (a file) names the source in the error."""
-    try:
-        return from_mapping(cls, data, where)
-    except ConfigError as exc:  # "<file>.<key>: …" → "<file>: <key>: …"
-        message = str(exc)
-        if message.startswith(where + "."):
-            message = f"{where}: {message[len(where) + 1:]}"
-        raise DescriptionError(message) from None
+    if not isinstance(data, Mapping):
+        raise DescriptionError(f"{where}: expected a mapping, got {type(data).__name__}")
+    try:  # as JSON: strict mode takes a nested configuration block (a RunSpec's training) only as an object there
+        return _reader(cls).validate_json(json.dumps(data), strict=True)
+    except ValidationError as exc:  # an unknown key first: a misspelt key also leaves one missing
+        first = min(exc.errors(), key=lambda error: error["type"] != "unexpected_keyword_argument")
+        raise DescriptionError(f"{where}: {_problem(first)}") from None
+
+
+@functools.cache
+def _reader(cls: type[T]) -> TypeAdapter[T]:
+    return TypeAdapter(cls)
+
+
+def _problem(error: Mapping[str, Any]) -> str:
+    """Pydantic's ``error`` as ``<key>: <what is wrong>`` (``splits.valid.tokens: expected an integer, got 'many'``)."""
+    if error["type"] == "value_error" and isinstance(error["ctx"]["error"], ConfigError):
+        return str(error["ctx"]["error"])  # a nested configuration block's own rule names its key
+    key = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error["loc"]).removeprefix(".")
+    return f"{key}: {error_text(error)}" if key else error_text(error)
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -82,6 +104,7 @@ def read_json(cls: type[T], file: Path, **local: Any) -> T:
 # --- corpus ------------------------------------------------------------------------------------------
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class TokenizerInfo:
     """What the encoder and later stages need to know about a saved tokenizer folder."""
@@ -106,6 +129,7 @@ class TokenizerInfo:
         return read_json(cls, Path(folder) / TOKENIZER_FILE, path=str(folder))
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class SplitInfo:
     """One split of the token files: ``<prefix>.bin`` and ``<prefix>.idx`` in the token folder."""
@@ -117,6 +141,7 @@ class SplitInfo:
     idx_bytes: int = 0
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class DocumentCounts:
     read: int
@@ -127,6 +152,7 @@ class DocumentCounts:
     """By kind of bad input, with ``reader.on_error: skip``."""
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class TokenManifest:
     """The token folder: ``{train,valid}.{bin,idx}`` in PaddleNLP's mmap format, and how they were made."""
@@ -165,6 +191,7 @@ class TokenManifest:
 # --- training ----------------------------------------------------------------------------------------
 
 
+@with_config(DESCRIPTION)
 @dataclass(frozen=True, slots=True)
 class WorkFolder:
     """A folder that processes fill while a node runs (checkpoints, launcher logs); one sub-folder a run."""
@@ -175,6 +202,7 @@ class WorkFolder:
         return Path(self.path) / run_name
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class DataSpec:
     """The token files and tokenizer a training run reads."""
@@ -196,6 +224,7 @@ class DataSpec:
                    corpus_fingerprint=token_files.fingerprint, tokenizer_hash=tokenizer.hash)
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class InitSource:
     """Where training starts (``training.init_from``), resolved before the corpus stage, which takes the
@@ -233,6 +262,7 @@ class InitSource:
         return "champion" if self.requested == "champion" else "folder"
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class CurveDiagnosis:
     """What a training run's own loss curves say (``training.diagnosis.diagnose``, which states the rule)."""
@@ -251,6 +281,7 @@ class CurveDiagnosis:
     """The validation loss of the last evaluation, nats/token."""
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class TrainingResult:
     """Where a training run ended: its last checkpoint and the numbers rank 0 saw."""
@@ -286,6 +317,7 @@ class TrainingResult:
 # --- averaging ---------------------------------------------------------------------------------------
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class FileRecord:
     """What ``state.json`` records of each other file of its checkpoint (``verify_checkpoint`` compares)."""
@@ -294,6 +326,7 @@ class FileRecord:
     xxh3_128: str
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class AveragedSource:
     """One checkpoint an average was made of."""
@@ -304,6 +337,7 @@ class AveragedSource:
     """Of its model file, as averaging read it."""
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class Averaging:
     """How an averaged checkpoint's weights were made (``state.json``'s ``averaged``)."""
@@ -327,6 +361,7 @@ _TRAINED_ORDER = ("step", "consumed_samples", "val_loss", "lr", "layout", "model
 _AVERAGED_ORDER = ("step", "model_config", "data", "training", "parameters", "val_loss", "averaged", "files")
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class CheckpointState:
     """A checkpoint folder's ``state.json``, written by the training workers (rank 0) and by averaging, read
@@ -375,6 +410,7 @@ class CheckpointState:
         (Path(folder) / STATE_FILE).write_text(json.dumps(self.record(), indent=2), encoding="utf-8")
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class CheckpointRef:
     """One checkpoint folder (``model.safetensors`` + ``state.json``) and what its state says of it."""
@@ -399,6 +435,7 @@ class CheckpointRef:
                    fingerprint=averaged.fingerprint)
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class SelectedCheckpoint:
     """The checkpoint export gets, and why."""
@@ -420,6 +457,7 @@ HASHED_BUNDLE_FORMAT = 9
 """The first ``format`` whose ``files`` record each file's size and xxh3-128 hash (before: sizes only)."""
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class BundleSource:
     """What a bundle was exported from (``bundle.json`` ``source``)."""
@@ -441,6 +479,7 @@ class BundleSource:
     """What the training run's loss curves said (bundles made before the diagnosis have none)."""
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class BundleModel:
     """The exported model's shape (``bundle.json`` ``model``)."""
@@ -457,6 +496,7 @@ class BundleModel:
     kv_heads: int | None = None
 
 
+@with_config(DESCRIPTION)
 @dataclass(frozen=True, slots=True)
 class ServerGraph:
     """One Paddle Inference graph of a bundle (``bundle.json`` ``graphs.<folder>``)."""
@@ -467,6 +507,7 @@ class ServerGraph:
     """What a host needs to run it: ``probe:<kernel>`` (the kernel probe passes on this CPU, or a GPU)."""
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class BundleMeta:
     """``bundle.json``: what a bundle is (``train_deploy.export.bundle``), read by :meth:`read` alone."""
@@ -518,6 +559,7 @@ class BundleMeta:
         return {name: record.bytes if isinstance(record, FileRecord) else record for name, record in self.files.items()}
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class ParityReport:
     """``parity.json``: every form's logits against the trained model (``train_deploy.export.checks``)."""
@@ -553,6 +595,7 @@ class ParityReport:
         return from_json(cls, _bundle_part(path, Path(folder)), str(path))
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class LatencyReport:
     """``latency.json``: each form's forward pass (p50/p95 by batch) and generation speed, measured at export."""
@@ -583,6 +626,7 @@ def _bundle_part(path: Path, folder: Path) -> Any:
         raise DescriptionError(f"{path}: unreadable ({exc})") from None
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class Bundle:
     """An exported bundle folder (see ``train_deploy.export.bundle``) with its proofs."""
