@@ -99,6 +99,7 @@ def locked(client: MlflowClient, name: str = MODEL) -> bool:
         tag.startswith(CLAIM_PREFIX) for tag in client.get_registered_model(name).tags)
 
 
+@pytest.mark.slow  # a move killed after each of its calls: about a minute (make test-quick leaves it out)
 def test_a_move_killed_after_any_of_its_calls_is_completed_by_the_next_run_then_rollback_works(tmp_path):
     store = ModelStore(tmp_path / "store")
     retry = Retrying(RetryConfig(attempts=1), store.tracking_uri)
