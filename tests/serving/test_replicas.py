@@ -188,3 +188,18 @@ def test_a_killed_replica_is_replaced_and_a_new_champion_rolled_over_under_load_
     assert [vars(answer) for answer in after if answer.status != 200] == []
     assert {answer.version for answer in after} == {first, second}
     assert {answer.version for answer in load.since(rolled)} == {second}
+
+
+def test_max_replicas_makes_ray_serve_autoscale_by_the_requests_at_each_replica():
+    from train_deploy.serving.replicas import MAX_REPLICAS, REPLICAS, deployment_options
+
+    scaled = deployment_options({REPLICAS: "1", MAX_REPLICAS: "3", "TRAIN_DEPLOY_SERVE_BATCH": "8",
+                                 "TRAIN_DEPLOY_SERVE_QUEUE": "3", "MLFLOW_TRACKING_URI": "sqlite:///x.db"})
+    assert scaled["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 4}
+    assert "num_replicas" not in scaled and scaled["max_ongoing_requests"] == 1 + 8 + 2 * 3
+    assert scaled["ray_actor_options"]["runtime_env"]["env_vars"] == {
+        "TRAIN_DEPLOY_SERVE_BATCH": "8", "TRAIN_DEPLOY_SERVE_QUEUE": "3", "MLFLOW_TRACKING_URI": "sqlite:///x.db",
+        REPLICAS: "1", MAX_REPLICAS: "3"}
+    fixed = deployment_options({REPLICAS: "2", MAX_REPLICAS: "2", "TRAIN_DEPLOY_SERVE_BATCH": "1"})
+    assert fixed["num_replicas"] == 2 and "autoscaling_config" not in fixed
+    assert fixed["ray_actor_options"]["num_cpus"] == 1
