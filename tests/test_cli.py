@@ -203,5 +203,6 @@ def test_every_console_script_and_each_of_its_commands_answers_help_in_click_s_w
         for command in re.findall(r"^  (\S+)", listed, re.M):  # wrapped descriptions are indented further
             assert _help(script, command).startswith(f"Usage: {script} {command} "), (script, command)
             asked.append(f"{script} {command}")
-    assert asked == ["train-deploy gc", "train-deploy run", "train-deploy schedule", "train-deploy serve",
+    assert asked == ["train-deploy gc", "train-deploy relocate", "train-deploy run", "train-deploy schedule",
+                     "train-deploy serve",
                      "train-deploy-registry history", "train-deploy-registry rollback"]

@@ -64,8 +64,9 @@ SCORE_COLUMNS = {"text": "string", "tokens": "long", "chars": "long", "log_prob"
 GENERATE_COLUMNS = {"prompt": "string", "generated": "string"}
 INPUT_EXAMPLE = ["今天天气很好。", "人民日报"]
 SERVING_DISTRIBUTIONS = ("mlflow", "paddlepaddle", "paddlenlp", "sentencepiece", "onnxruntime", "numpy", "pandas",
-                         "safetensors", "xxhash", "zstandard")
-"""What serving imports (the model, its tokenizer, both backends); pinned to this environment's versions."""
+                         "safetensors", "xxhash", "zstandard", "pydantic")
+"""What serving imports (the model, its tokenizer, both backends, the configuration types); pinned to this
+environment's versions."""
 _PYTHON_TYPES = {"string": (str,), "long": (int,), "double": (int, float), "boolean": (bool,)}
 _MODEL_SCRIPT = '''"""The train_deploy export bundle as an MLflow model (see train_deploy.registry.model)."""
 import mlflow
