@@ -46,7 +46,7 @@ def test_the_same_statistics_pass_every_default_bound():
 
 
 @pytest.mark.parametrize(("key", "kept", "finding"), [
-    ("max_documents_decrease", 750, None),  # 0.75 - 1 is -0.25 exactly in floating point (0.7 - 1 is not 0.3)
+    ("max_documents_decrease", 750, None),
     ("max_documents_decrease", 749, Finding("documents_kept", 1000, 749, "a relative decrease of at most 0.25 "
                                             "(validation.max_documents_decrease); tonight -25.1%")),
     ("max_documents_increase", 5000, None),
@@ -56,6 +56,15 @@ def test_the_same_statistics_pass_every_default_bound():
 def test_the_document_count_may_move_up_to_its_bounds(key, kept, finding):
     assert _only(key, {"max_documents_decrease": 0.25, "max_documents_increase": 4.0}[key],
                  documents_kept=kept) == ([finding] if finding else [])
+
+
+@pytest.mark.parametrize(("kept", "characters", "refused"), [(700, 130_000, []), (699, 130_001, [
+    "documents_kept", "characters"])])
+def test_a_bound_reached_exactly_passes_though_its_float_is_not_exact(kept, characters, refused):
+    """0.3 and 1.3 as written: 700/1000 - 1 is not -0.3 and 130000/100000 - 1 is not 0.3 in floating point."""
+    bounds = ValidationConfig(**{**OFF, "max_documents_decrease": 0.3, "max_characters_increase": 0.3})
+    findings = compare(replace(THEN, documents_kept=kept, characters=characters), THEN, bounds)
+    assert [finding.statistic for finding in findings] == refused
 
 
 def test_the_character_count_has_its_own_bounds_and_an_unknown_count_is_not_checked():

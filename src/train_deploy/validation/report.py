@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from typing import Any, Literal
 
 from train_deploy.validation.config import ValidationConfig
@@ -223,9 +224,10 @@ def _relative(now: int | None, then: int | None, statistic: str, c: ValidationCo
     if now is None or not then:
         return None
     change = now / then - 1
-    for limit, name, past in ((getattr(c, f"max_{key}_decrease"), f"max_{key}_decrease", -change),
-                              (getattr(c, f"max_{key}_increase"), f"max_{key}_increase", change)):
-        if limit is not None and past > limit:
+    exact = Fraction(now - then, then)  # counts compared exactly: 700/1000 - 1 is not -0.3 in floating point
+    for limit, name, past in ((getattr(c, f"max_{key}_decrease"), f"max_{key}_decrease", -exact),
+                              (getattr(c, f"max_{key}_increase"), f"max_{key}_increase", exact)):
+        if limit is not None and past > Fraction(repr(limit)):  # the bound as written (0.3 is 3/10)
             which = "decrease" if name.endswith("decrease") else "increase"
             return Finding(statistic, then, now, f"a relative {which} of at most {limit:g} (validation.{name}); "
                                                  f"tonight {change:+.1%}")
