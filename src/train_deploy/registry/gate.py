@@ -58,8 +58,9 @@ import mlflow
 import pandas as pd
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
+from pydantic import with_config
 
-from train_deploy.handoffs import Bundle, TokenManifest, TrainingResult
+from train_deploy.handoffs import DESCRIPTION, Bundle, TokenManifest, TrainingResult
 from train_deploy.redaction import one_line as redacted_one_line
 from train_deploy.registry.aliases import AliasLock, Move
 from train_deploy.registry.config import RegistryConfig
@@ -87,6 +88,7 @@ class GateError(RuntimeError):
     """The gate cannot compare the candidate with the champion; the message names the version and why."""
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class RegistryDecision:
     """What the registry stage did with a bundle (``data/08_reporting/registry_decision.json``)."""

@@ -11,10 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from train_deploy.handoffs import METRICS_FILE, DataSpec, InitSource
+from pydantic import with_config
+
+from train_deploy.handoffs import DESCRIPTION, METRICS_FILE, DataSpec, InitSource
 from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
 
 
+@with_config(DESCRIPTION)
 @dataclass(kw_only=True, slots=True)
 class RunSpec:
     """Everything a worker needs: written by the training node as ``run.json``, read by every rank."""
