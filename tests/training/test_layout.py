@@ -158,6 +158,7 @@ def test_the_launch_applies_the_choice_and_logs_it_in_one_line(tmp_path, tiny_to
     p = spec.training.parallel
     assert (p.dp, p.mp, p.sharding_stage, spec.training.batch.micro_batch_size) == (-1, 1, 0, 4)
     assert (spec.layout.dp, spec.layout.mp, spec.layout.accumulation_steps) == (2, 1, 1)
+    assert spec.training.layout == "manual"  # planned once: the node plans, the launch does not plan again
     (line,) = [r.getMessage() for r in caplog.records]
     assert re.fullmatch(r"Layout auto: dp 2 x mp 1, sharding stage 0, micro-batch 4 x 1 accumulation steps, "
                         r"recompute off \(below 1 B parameters: data parallel\); estimate 8\.6 MiB per CPU device "

@@ -140,7 +140,7 @@ def plan_layout(spec: RunSpec) -> RunSpec:
     logger.info("%s", layout.describe(choice, devices))
     parallel = dataclasses.replace(config.parallel, dp=-1, mp=choice.mp, sharding_stage=choice.sharding_stage)
     training = dataclasses.replace(
-        config, parallel=parallel,
+        config, parallel=parallel, layout="manual",  # planned once: the workers and a resume read these degrees
         batch=dataclasses.replace(config.batch, micro_batch_size=choice.micro_batch_size),
         precision=dataclasses.replace(config.precision, recompute=choice.recompute))
     return dataclasses.replace(spec, training=training, layout=resolve_layout(training, training.world_size, vocab))

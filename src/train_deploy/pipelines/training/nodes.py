@@ -14,7 +14,7 @@ from train_deploy.registry.champion import record_init_source
 from train_deploy.training.config import Layout, TrainingConfig, resolve_layout
 from train_deploy.training.diagnosis import beat_advice, diagnose, read_curves
 from train_deploy.training.evaluation import validation_windows
-from train_deploy.training.launch import run_training
+from train_deploy.training.launch import plan_layout, run_training
 from train_deploy.training.monitoring import monitored_training
 from train_deploy.training.pretrained import check_layout, check_source_current, init_identity, warm_start
 from train_deploy.training.spec import RunSpec
@@ -52,7 +52,9 @@ def train_model(config: TrainingConfig, token_files: TokenManifest, checkpoints:
     spec = RunSpec(run_name=run_name, training=config, layout=layout, data=data,
                    checkpoints=str(checkpoints.run(run_name)), logs=str(training_logs.run(run_name)),
                    init=init_source)
-    _log_resolved(layout, config)
+    if config.layout == "auto":  # planned here, so that the resolved parameters logged below are the run's
+        spec = plan_layout(spec)
+    _log_resolved(spec.layout, spec.training)
     record_init_source(init_source)
     with monitored_training(config.monitoring, _mlflow_run_id(), Path(spec.logs)):  # system metrics, VisualDL
         result = run_training(spec, mlflow_run_id=_mlflow_run_id())
