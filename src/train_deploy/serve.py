@@ -298,6 +298,9 @@ def serve(*, project: Path | None = None, env: str | None = None, model_name: st
         sys.stderr.write(f"  following {name}@{alias}: the registry is asked every {poll_interval:g} s; a new version "
                          "is checked, then served without a failed request\n")
         served |= {"TRAIN_DEPLOY_FOLLOW_ALIAS": alias, "TRAIN_DEPLOY_FOLLOW_POLL_S": str(poll_interval),
+                   # where the tracking server's webhook reaches this server (serving/webhook.py)
+                   "TRAIN_DEPLOY_SERVE_HOST": host, "TRAIN_DEPLOY_SERVE_PORT": str(port),
+                   "TRAIN_DEPLOY_SERVE_WORKERS": str(workers),
                    "TRAIN_DEPLOY_FOLLOW_NOTIFY": json.dumps(  # a refused version is alerted like a run's outcome
                        project_config(folder, env)["parameters"].get("notify") or {})}
     sys.stderr.flush()

@@ -4,9 +4,11 @@ version the alias moves to once that version has proved itself, without a failed
 ``uvicorn --factory train_deploy.serving.follow:create_app`` (as :func:`train_deploy.serve.serve` starts it) serves
 the downloaded version in ``$TRAIN_DEPLOY_SERVED_MODEL`` with the app of ``serving/app.py``, wrapped in a
 :class:`FollowingApp`. Every ``TRAIN_DEPLOY_FOLLOW_POLL_S`` seconds it asks the registry (``MLFLOW_REGISTRY_URI``)
-which version ``TRAIN_DEPLOY_FOLLOW_ALIAS`` names. The registry is polled: MLflow's registry webhooks are sent by a
-tracking server to an endpoint it can reach, which a local SQLite store (no server) never does and a serving host
-behind a firewall may not offer, so polling is the one way that always works.
+which version ``TRAIN_DEPLOY_FOLLOW_ALIAS`` names. When the registry is an ``mlflow server`` that keeps webhooks and
+one uvicorn worker serves, the server also registers an MLflow webhook for alias events (``serving/webhook.py``) whose
+deliveries reach ``POST /hooks/mlflow`` here: a signed one for the alias followed makes it look at the registry at
+once; an unsigned or wrongly signed one is a 401. Delivery is best effort, so polling goes on beside it; the webhook
+is deleted at shutdown.
 
 When the alias names another version, that version is downloaded into the per-version cache (``serve.cached_model``:
 hashes recorded at download, a damaged copy downloaded again, a restart downloads nothing), its bundle checked against
@@ -47,6 +49,7 @@ from train_deploy.serving.app import (
     MODEL_NAME,
     MODEL_PATH,
     MODEL_VERSION,
+    Exchange,
     Receive,
     Send,
     Served,
@@ -55,6 +58,8 @@ from train_deploy.serving.app import (
     card_line,
 )
 from train_deploy.serving.metrics import ServerMetrics
+from train_deploy.serving.requests import HttpRefusal, RequestHead, parse_json, read_body
+from train_deploy.serving.webhook import HOOK_PATH, MAX_HOOK_BYTES, AliasHook, alias_moved, callback_url, signed
 
 logger = logging.getLogger(__name__)
 
@@ -174,8 +179,11 @@ class Watch:
 class FollowingApp:
     """The ASGI app answering with the version served now, and the task that moves it along the alias (module)."""
 
-    def __init__(self, first: ServingApp, watch: Watch) -> None:
-        self.watch = watch
+    def __init__(self, first: ServingApp, watch: Watch, hook: AliasHook | None = None) -> None:
+        self.watch, self.hook = watch, hook
+        self._wake = asyncio.Event()  # set by a signed alias event: look at the registry now
+        self._hook_again = False  # the webhook was not registered because the registry did not answer
+        self._routed(first)
         self.current = _Version(first, first.served.version)
         self.retired_metrics: list[CollectorRegistry] = []
         """The request series of the versions served before (their models are let go once closed)."""
@@ -231,6 +239,8 @@ class FollowingApp:
                     self._task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await self._task
+                if self.hook is not None:
+                    await asyncio.to_thread(self.hook.delete)
                 close_app(self.current.app)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -239,9 +249,16 @@ class FollowingApp:
         """Look at the alias every interval, for as long as the server runs."""
         logger.info("Following %s@%s (version %s served), polling the registry every %g s", self.watch.name,
                     self.watch.alias, self.current.version, self.watch.interval_s)
+        if self.hook is not None:
+            self._hook_again = not await asyncio.to_thread(self.hook.register) and not await self._look()
         while True:
-            await asyncio.sleep(self.watch.interval_s)
+            with contextlib.suppress(TimeoutError):  # a webhook delivery ends the wait early
+                await asyncio.wait_for(self._wake.wait(), self.watch.interval_s)
+            self._wake.clear()
             found = await self._look()
+            if found is not None and self._hook_again and self.hook is not None:
+                self._hook_again = False
+                await asyncio.to_thread(self.hook.register)
             if found is not None and str(found.version) not in (self.current.version, *self.refused):
                 await self.take(found)
 
@@ -280,6 +297,7 @@ class FollowingApp:
                 await asyncio.to_thread(close_app, candidate)
             await self._alert(version, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
             return False
+        self._routed(candidate)
         old, self.current = self.current, _Version(candidate, version)
         self.metrics.serving(version, old.version)
         logger.info("Serving version %s of %s (%s@%s moved from %s; checked in %.1f s)", version, self.watch.name,
@@ -290,6 +308,29 @@ class FollowingApp:
         self._retiring.add(retiring)
         retiring.add_done_callback(self._retiring.discard)
         return True
+
+    def _routed(self, app: ServingApp) -> None:
+        """Give ``app`` the webhook's route, so its deliveries are read like any request (``requests.py``)."""
+        if self.hook is not None:
+            app.routes[("POST", HOOK_PATH)] = self._delivery
+
+    async def _delivery(self, exchange: Exchange) -> None:
+        """``POST /hooks/mlflow``: a signed alias event for the alias followed wakes the watch; 401 if unsigned."""
+        head = RequestHead.of(exchange.scope)
+        head.require_json()
+        deadline = exchange.arrival + self.current.app.settings.body_timeout_s
+        body = await read_body(exchange.receive, MAX_HOOK_BYTES, deadline,
+                               f"webhook: over {MAX_HOOK_BYTES} bytes, more than an MLflow delivery holds")
+        headers = {name.lower(): value for name, value in exchange.scope.get("headers") or []}
+        if self.hook is None or not signed(self.hook.secret, headers, body):
+            raise HttpRefusal(401, "webhook: no valid X-MLflow-Signature; only the tracking server that holds this "
+                                   "server's webhook may post here")
+        version = alias_moved(parse_json(body), self.watch.name, self.watch.alias)
+        if version is not None:
+            logger.info("Webhook: %s@%s moved to version %s; looking at the registry now", self.watch.name,
+                        self.watch.alias, version[:40])
+            self._wake.set()
+        await exchange.json(200, {})
 
     async def _alert(self, version: str, reason: str) -> None:
         """One ``failed`` message about the refused ``version`` to the ``notify`` receivers, if any (never raises)."""
@@ -364,4 +405,6 @@ def create_app() -> FollowingApp:
     watch = Watch(name, os.environ[FOLLOW_ALIAS], tracking, os.environ.get("MLFLOW_REGISTRY_URI", tracking),
                   float(os.environ.get(POLL_INTERVAL, DEFAULT_POLL_S)),
                   NotifyConfig.from_params(json.loads(os.environ.get(FOLLOW_NOTIFY) or "{}") or None))
-    return FollowingApp(load_app(Path(os.environ[MODEL_PATH]), name, version), watch)
+    url = callback_url(dict(os.environ))
+    hook = AliasHook(watch.registry_uri, url, name, watch.alias) if url is not None else None
+    return FollowingApp(load_app(Path(os.environ[MODEL_PATH]), name, version), watch, hook)
