@@ -48,6 +48,18 @@ LOCK = "lm.aliases-lock"
 RETRY = Retrying(RetryConfig(attempts=1, wait_seconds=0), "sqlite:///unused.db")
 
 
+class Named(Retrying):
+    """The registry's retries, recording what each call is named (a failure's message names it)."""
+
+    def __init__(self) -> None:
+        super().__init__(RetryConfig(attempts=1, wait_seconds=0), "sqlite:///unused.db")
+        self.names: list[str] = []
+
+    def __call__(self, what, call):
+        self.names.append(what)
+        return super().__call__(what, call)
+
+
 class Store:
     """The registered models, their tags, aliases and version tags, as MLflow's SQL store keeps them: the same
     exceptions (error codes and messages) for a model, an alias or a name that is missing or taken."""
@@ -55,8 +67,17 @@ class Store:
     def __init__(self, page_size: int = 1000) -> None:
         self.models: dict[str, dict] = {}
         self.calls: list[tuple] = []
+        self.written: list[tuple[str, str]] = []  # every registered-model tag set, in order
         self.page_size = page_size
         self.refuse_read: set[str] = set()  # models this account may not read (HTTP 403)
+        self.reads = 0
+
+    def _tick(self) -> None:
+        """No test needs this many reads: a mover past it is looping (a mutant of ``make mutation``), stopped at once
+        rather than after the 11-minute default wait of ``acquire``."""
+        self.reads += 1
+        if self.reads > 2000:
+            raise AssertionError("the mover is looping: more than 2000 registry reads")
 
     def _model(self, name: str) -> dict:
         if name not in self.models:
@@ -69,6 +90,7 @@ class Store:
 
     def create_registered_model(self, name: str, tags: dict | None = None, description: str | None = None):
         self.calls.append(("create", name))
+        self._tick()
         if name in self.models:
             raise MlflowException(f"Registered Model (name={name}) already exists.", RESOURCE_ALREADY_EXISTS)
         self.add(name, tags)
@@ -87,6 +109,7 @@ class Store:
 
     def set_registered_model_tag(self, name: str, key: str, value: str) -> None:
         self.calls.append(("tag", name, key))
+        self.written.append((key, value))
         self._model(name)["tags"][key] = value
 
     def delete_registered_model_tag(self, name: str, key: str) -> None:
@@ -94,6 +117,7 @@ class Store:
         self._model(name)["tags"].pop(key, None)
 
     def search_registered_models(self, filter_string: str, max_results: int, page_token: str | None = None):
+        self._tick()
         prefix = re.fullmatch(r"name LIKE '(.*)%'", filter_string).group(1)
         names = sorted(n for n in self.models if n.startswith(prefix) and n not in self.refuse_read)  # READ only
         start = int(page_token or 0)
@@ -133,6 +157,12 @@ def _claim_of(store: Store, lock: str, key: str, created_ms: int, **holder) -> s
 
 def _live_holder() -> dict:
     return {**holder_identity(), "what": "a gate", "by": "ops@box", "since": "2026-12-04T08:00:00+00:00"}
+
+
+@pytest.fixture(autouse=True)
+def _no_wait(monkeypatch) -> None:
+    """Waits between tries last no time (a test that waits sets its own)."""
+    monkeypatch.setattr(aliases, "POLL_S", 0.0)
 
 
 @pytest.fixture
@@ -206,8 +236,11 @@ def test_the_lock_models_are_the_exact_names_over_every_page():
 
 
 def test_the_lock_is_a_claim_then_a_lock_model_and_release_removes_both(store):
-    lock = AliasLock(store, NAME, "a gate", RETRY)
+    retry = Named()
+    lock = AliasLock(store, NAME, "a gate", retry)
     with lock:
+        assert retry.names == ["list the lock models", "read the registered model", "claim the lock", "take the lock",
+                               "list the lock models", "read the registered model"]
         ((tag, claim),) = store.claims().items()
         key = store.tags(LOCK)[KEY_TAG]
         assert (claim["lock"], claim["key_sha256"], claim["what"], claim["pid"]) == (
@@ -216,6 +249,8 @@ def test_the_lock_is_a_claim_then_a_lock_model_and_release_removes_both(store):
         assert lock._held == (LOCK, key, tag)
         lock.check()
     assert store.calls[-2:] == [("untag", NAME, tag), ("delete", LOCK)]
+    assert retry.names[6:] == ["list the lock models", "read the registered model", "read the registered model",
+                               "drop the claim", "read the lock", "delete the lock"]
     assert sorted(store.models) == [NAME] and store.tags() == {"other": "x"} and lock._held is None
     lock.release()  # released twice: nothing more
     assert store.calls[-1] == ("delete", LOCK)
@@ -224,8 +259,10 @@ def test_the_lock_is_a_claim_then_a_lock_model_and_release_removes_both(store):
 def test_a_move_makes_its_calls_in_the_recorded_order_and_clears_its_record(store):
     move = Move(champion="2", previous="1", start="1", event="history.x", tags={"gate.decision": "promoted"})
     event = {"time": "2026-12-02T01:02:03.000004+00:00", "event": "gate", "version": "2"}
-    with AliasLock(store, NAME, "a gate", RETRY) as lock:
+    retry = Named()
+    with AliasLock(store, NAME, "a gate", retry) as lock:
         store.calls.clear()
+        retry.names.clear()
         steps = [what for what, _ in lock.move_steps(move, event)]
         assert steps == ["record the alias move", "tag the version", "record the history", "move previous",
                          "move champion", "clear the alias move"]
@@ -233,6 +270,9 @@ def test_a_move_makes_its_calls_in_the_recorded_order_and_clears_its_record(stor
         assert store.calls == [("tag", NAME, MOVE_TAG), ("version tag", "2", "gate.decision", "promoted"),
                                ("tag", NAME, "history.20261202T010203.000004Z"), ("alias", "previous", "1"),
                                ("alias", "champion", "2"), ("untag", NAME, MOVE_TAG)]
+        assert retry.names == steps[:3] + ["move previous", "list the lock models", "read the registered model",
+                                           "move champion", "list the lock models", "read the registered model",
+                                           "clear the alias move"]
     assert store.models[NAME]["aliases"] == {"champion": "2", "previous": "1"}
     assert json.loads(store.tags()["history.20261202T010203.000004Z"])["version"] == "2"
     assert MOVE_TAG not in store.tags()
@@ -411,8 +451,11 @@ def test_claims_older_than_the_lease_without_a_lock_model_are_dropped(store):
     store.tags()[CLAIM_PREFIX + "old"] = json.dumps({"lock": "x", "key_sha256": "s", "claimed": stamp})
     store.tags()[CLAIM_PREFIX + "young"] = json.dumps({"lock": "y", "key_sha256": "s", "claimed": young})
     store.tags()[CLAIM_PREFIX + "undated"] = json.dumps({"lock": "z", "key_sha256": "s"})
-    with AliasLock(store, NAME, "a gate", RETRY):
-        assert sorted(t.removeprefix(CLAIM_PREFIX) for t in store.claims())[1:] == ["undated", "young"]
+    store.tags()[CLAIM_PREFIX + "number"] = json.dumps({"lock": "z", "key_sha256": "s", "claimed": 5})
+    retry = Named()
+    with AliasLock(store, NAME, "a gate", retry):
+        assert sorted(t.removeprefix(CLAIM_PREFIX) for t in store.claims())[2:] == ["undated", "young"]
+        assert "number" in "".join(store.claims()) and retry.names[-1] == "drop an orphan claim"
         assert CLAIM_PREFIX + "old" not in store.tags()
 
 
@@ -428,8 +471,11 @@ def test_release_leaves_a_lock_whose_claim_was_removed_and_never_raises(store, c
     lock.acquire()
     store.refuse_read.add(NAME)
     lock.release()
-    assert any(r.getMessage().startswith(f"Registered model lm: could not release the lock {LOCK} (")
-               for r in caplog.records)
+    assert any(r.getMessage() == f"Registered model lm: could not release the lock {LOCK} (MLflow tracking server "
+               "sqlite:///unused.db refused read the registered model for 'no credentials' (HTTP 403): the account "
+               "needs READ on the registered model to read it, EDIT to register versions or move aliases, and the "
+               "right to create registered models for a model's first version and the registry lock "
+               "(docs/team-server.md))" for r in caplog.records)
 
 
 def test_a_lock_model_with_another_key_is_not_deleted(store):
@@ -448,9 +494,9 @@ def _record(store: Store, **move) -> None:
     store.tags()[MOVE_TAG] = json.dumps({"start": "1", "event": "history.x", **move})
 
 
-@pytest.mark.parametrize("champion", ["1", "2"])
-def test_an_interrupted_move_is_completed_when_champion_is_at_its_start_or_its_end(store, champion, caplog):
-    store.models[NAME]["aliases"]["champion"] = champion
+@pytest.mark.parametrize("at", ["1", "2"])  # not `champion`: a fixture of that name marks a test `trained`
+def test_an_interrupted_move_is_completed_when_champion_is_at_its_start_or_its_end(store, at, caplog):
+    store.models[NAME]["aliases"]["champion"] = at
     _record(store, champion="2", previous="1", tags={"gate.decision": "promoted"})
     done = repair_interrupted(store, NAME, RETRY)
     assert done == "completed an interrupted alias move: champion → version 2, previous → version 1 (history.x)"
@@ -460,7 +506,9 @@ def test_an_interrupted_move_is_completed_when_champion_is_at_its_start_or_its_e
     (history,) = [json.loads(v) for k, v in store.tags().items() if k.startswith("history.")]
     assert {k: history[k] for k in ("event", "decision", "version", "champion", "previous")} == {
         "event": "repair", "decision": "repair", "version": "2", "champion": "2", "previous": "1"}
-    assert history["reason"].startswith(done + ", by ")
+    assert history["reason"].startswith(done + ", by ") and history["time"].endswith("+00:00")
+    assert [json.loads(v)["what"] for k, v in store.written if k.startswith(CLAIM_PREFIX)] == [
+        "repair of an interrupted alias move"]
     assert any(r.getMessage() == f"Registered model lm: {done}" for r in caplog.records)
 
 
@@ -492,7 +540,9 @@ def test_an_unreadable_record_is_dropped(store, text):
 
 
 def test_no_record_is_one_read_and_no_lock(store):
-    assert repair_interrupted(store, NAME, RETRY) is None
+    retry = Named()
+    assert repair_interrupted(store, NAME, retry) is None
+    assert retry.names == ["read the registered model"]
     assert repair_interrupted(store, "absent", RETRY) is None
     assert store.calls == []
     with AliasLock(store, NAME, "a gate", RETRY) as lock:
@@ -505,7 +555,10 @@ def test_rollback_swaps_champion_and_previous_and_records_it(store):
     assert {k: event[k] for k in ("event", "decision", "version", "champion", "previous")} == {
         "event": "rollback", "decision": "rollback", "version": "0", "champion": "0", "previous": "1"}
     assert re.fullmatch(r"rolled back by .+: champion from version 1 to version 0", event["reason"])
-    assert json.loads(store.tags()[aliases.event_key(event["time"])]) == event
+    assert json.loads(store.tags()[aliases.event_key(event["time"])]) == event and event["time"].endswith("+00:00")
+    assert [json.loads(v)["what"] for k, v in store.written if k.startswith(CLAIM_PREFIX)] == ["rollback"]
+    assert [json.loads(v) for k, v in store.written if k == MOVE_TAG] == [{
+        "champion": "0", "previous": "1", "start": "1", "event": aliases.event_key(event["time"]), "tags": {}}]
     assert sorted(store.models) == [NAME]
 
 
@@ -539,3 +592,62 @@ def test_the_model_tags_of_a_missing_model_are_none_and_other_errors_raise(store
         aliases._model_tags(store, NAME)
     with pytest.raises(RegistryRefused):
         RETRY("read", lambda: store.get_registered_model(NAME))
+
+
+def test_a_claim_whose_release_failed_is_broken_at_the_next_try(store, monkeypatch, caplog):
+    lock = AliasLock(store, NAME, "a gate", RETRY)
+    lock.acquire()
+    ((tag, _),) = store.claims().items()
+    untag = store.delete_registered_model_tag
+    monkeypatch.setattr(store, "delete_registered_model_tag", lambda name, key: 1 / 0)
+    lock.release()  # the claim and the lock model stay: a live holder, this process
+    assert tag in store.tags() and LOCK in store.models
+    monkeypatch.setattr(store, "delete_registered_model_tag", untag)
+    lock.acquire(timeout=0.05)
+    assert tag not in store.tags() and lock._held[0] == LOCK and lock._held[2] != tag
+    assert any(r.getMessage().endswith(": left by an earlier try of this mover)") for r in caplog.records)
+
+
+def test_a_broken_lock_model_this_account_may_not_delete_stays(store, caplog):
+    gone = {**_live_holder(), "pid": 2**22 + 12345}
+    tag = _claim_of(store, LOCK, "k", int(time.time() * 1000), **gone)
+    store.refuse_read.add(LOCK)  # made by another account: no READ, so never deleted
+    retry = Named()
+    caplog.set_level(logging.INFO, logger="train_deploy.registry.aliases")
+    lock = AliasLock(store, NAME, "a gate", retry)
+    lock._break(LockModel(LOCK, "k", 1), Claim(tag, LOCK, aliases._sha256("k"), gone), "why")
+    assert tag not in store.tags() and LOCK in store.models
+    assert retry.names == ["break a stale lock", "read the lock"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Registered model lm: the broken lock model {LOCK} stays, unclaimed (MLflow tracking server "
+        "sqlite:///unused.db refused read the lock for 'no credentials' (HTTP 403): the account needs READ on the "
+        "registered model to read it, EDIT to register versions or move aliases, and the right to create registered "
+        "models for a model's first version and the registry lock (docs/team-server.md))",
+        f"Registered model lm: broke the stale lock {LOCK} (a gate by ops@box, pid {gone['pid']} on {gone['host']}, "
+        "since 2026-12-04T08:00:00+00:00: why)"]
+
+
+def test_a_repair_and_a_rollback_name_each_registry_call():
+    store = Store()
+    store.add(NAME, champion="1", previous="0")
+    _record(store, champion="2", previous="1")
+    retry = Named()
+    with AliasLock(store, NAME, "a gate", retry) as lock:
+        retry.names.clear()
+        lock.repair()
+        assert retry.names[:2] == ["read the registered model", "find the champion"]
+        assert retry.names[2:5] == ["record the alias move", "tag the version", "record the history"]
+        retry.names.clear()
+        rollback(store, NAME, retry, lock)
+        assert retry.names[:3] == ["read the registered model", "find the champion", "find the previous champion"]
+    store.tags()[MOVE_TAG] = "not json"
+    retry.names.clear()
+    with AliasLock(store, NAME, "a gate", retry) as lock:
+        retry.names.clear()
+        lock.repair()
+        assert retry.names == ["read the registered model", "find the champion", "clear the alias move"]
+
+
+def test_an_errors_first_line_or_its_type():
+    assert aliases._first_line(ValueError("  first\nsecond")) == "first"
+    assert aliases._first_line(ValueError(" ")) == "ValueError(' ')"
