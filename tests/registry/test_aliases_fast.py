@@ -71,6 +71,7 @@ class Store:
         self.page_size = page_size
         self.refuse_read: set[str] = set()  # models this account may not read (HTTP 403)
         self.reads = 0
+        self.descriptions: dict[str, str | None] = {}
 
     def _tick(self) -> None:
         """No test needs this many reads: a mover past it is looping (a mutant of ``make mutation``), stopped at once
@@ -94,6 +95,7 @@ class Store:
         if name in self.models:
             raise MlflowException(f"Registered Model (name={name}) already exists.", RESOURCE_ALREADY_EXISTS)
         self.add(name, tags)
+        self.descriptions[name] = description
         return self.get_registered_model(name)
 
     def get_registered_model(self, name: str):
@@ -118,6 +120,9 @@ class Store:
 
     def search_registered_models(self, filter_string: str, max_results: int, page_token: str | None = None):
         self._tick()
+        if max_results > 1000:  # SEARCH_REGISTERED_MODEL_MAX_RESULTS_THRESHOLD
+            raise MlflowException("Invalid value for request parameter max_results. It must be at most 1000, but got "
+                                  f"value {max_results}", INVALID_PARAMETER_VALUE)
         prefix = re.fullmatch(r"name LIKE '(.*)%'", filter_string).group(1)
         names = sorted(n for n in self.models if n.startswith(prefix) and n not in self.refuse_read)  # READ only
         start = int(page_token or 0)
@@ -246,6 +251,10 @@ def test_the_lock_is_a_claim_then_a_lock_model_and_release_removes_both(store):
         assert (claim["lock"], claim["key_sha256"], claim["what"], claim["pid"]) == (
             LOCK, aliases._sha256(key), "a gate", holder_identity()["pid"])
         assert store.calls == [("tag", NAME, tag), ("create", LOCK)]
+        assert (claim["by"], claim["since"][-6:], claim["claimed"][-6:], re.fullmatch("[0-9a-f]{32}", key) is not None,
+                store.descriptions[LOCK]) == (
+            aliases.who(), "+00:00", "+00:00", True, "train_deploy: held while the aliases of lm move; deleted by its "
+            "holder")
         assert lock._held == (LOCK, key, tag)
         lock.check()
     assert store.calls[-2:] == [("untag", NAME, tag), ("delete", LOCK)]
@@ -254,6 +263,10 @@ def test_the_lock_is_a_claim_then_a_lock_model_and_release_removes_both(store):
     assert sorted(store.models) == [NAME] and store.tags() == {"other": "x"} and lock._held is None
     lock.release()  # released twice: nothing more
     assert store.calls[-1] == ("delete", LOCK)
+    never = AliasLock(store, NAME, "a gate", RETRY)
+    never.release()
+    with pytest.raises(AliasMoveError, match="the lock was taken over"):
+        never.check()
 
 
 def test_a_move_makes_its_calls_in_the_recorded_order_and_clears_its_record(store):
@@ -316,18 +329,19 @@ def test_the_lock_is_not_held_once_its_model_changed(store, change):
 
 
 def test_a_live_holder_is_waited_for_and_the_timeout_names_it(store, monkeypatch, caplog):
-    tag = _claim_of(store, LOCK, "k", int(time.time() * 1000), **_live_holder())
+    store.add(LOCK, {}, created_ms=int(time.time() * 1000))  # unclaimed: holds nothing
+    tag = _claim_of(store, LOCK + ".1", "k", int(time.time() * 1000), **_live_holder())
     monkeypatch.setattr(aliases, "POLL_S", 0.01)
     caplog.set_level(logging.INFO, logger="train_deploy.registry.aliases")
     holder = _live_holder()
     with pytest.raises(AliasMoveError, match=re.escape(
-            f"registered model lm: the lock {LOCK} is still held (a gate by ops@box, pid {holder['pid']} on "
+            f"registered model lm: the lock {LOCK}.1 is still held (a gate by ops@box, pid {holder['pid']} on "
             f"{holder['host']}, since 2026-12-04T08:00:00+00:00) after 0 s; no alias was changed")):
         AliasLock(store, NAME, "another", RETRY).acquire(timeout=0.05)
     waits = [r.getMessage() for r in caplog.records if "waiting for the lock" in r.getMessage()]
-    assert waits == [f"Registered model lm: waiting for the lock {LOCK} (a gate by ops@box, pid {holder['pid']} on "
+    assert waits == [f"Registered model lm: waiting for the lock {LOCK}.1 (a gate by ops@box, pid {holder['pid']} on "
                      f"{holder['host']}, since 2026-12-04T08:00:00+00:00)"]
-    assert tag in store.tags() and LOCK in store.models
+    assert tag in store.tags() and LOCK + ".1" in store.models
     assert [c for c in store.claims() if c != tag] == []  # each try's own claim was dropped
 
 
@@ -378,9 +392,14 @@ def test_a_name_taken_meanwhile_moves_on_and_an_unreadable_one_is_skipped(store,
         return created(name, tags, description)
 
     monkeypatch.setattr(store, "create_registered_model", create)
-    lock = AliasLock(store, NAME, "a gate", RETRY)
+    retry = Named()
+    lock = AliasLock(store, NAME, "a gate", retry)
     with lock:
         assert lock._held[0] == LOCK + ".1" and lock._unreadable == {LOCK}
+        assert retry.names == ["list the lock models", "read the registered model", "claim the lock", "take the lock",
+                               "read the lock", "read the registered model", "drop the claim",
+                               "list the lock models", "read the registered model", "claim the lock", "take the lock",
+                               "list the lock models", "read the registered model"]
         assert [c["lock"] for c in store.claims().values()] == [LOCK + ".1"]
     assert sorted(store.models) == [NAME, LOCK]
 
@@ -396,9 +415,12 @@ def test_a_lost_answer_to_the_create_counts_when_the_key_is_this_movers(store, m
         return created(name, tags, description)  # the retried create finds its own model
 
     monkeypatch.setattr(store, "create_registered_model", create)
-    lock = AliasLock(store, NAME, "a gate", RETRY)
+    retry = Named()
+    lock = AliasLock(store, NAME, "a gate", retry)
     with lock:
         assert lock._held[0] == LOCK and store.tags(LOCK)[KEY_TAG] == lock._held[1]
+        assert [c for c in store.calls if c[0] in ("create", "delete")] == [("create", LOCK), ("create", LOCK)]
+        assert retry.names[2:5] == ["claim the lock", "take the lock", "read the lock"]
 
 
 def test_a_create_meeting_a_released_lock_tries_the_same_name_again(store, monkeypatch):
@@ -411,8 +433,52 @@ def test_a_create_meeting_a_released_lock_tries_the_same_name_again(store, monke
         return created(name, tags, description)
 
     monkeypatch.setattr(store, "create_registered_model", create)
-    with AliasLock(store, NAME, "a gate", RETRY) as lock:
+    retry = Named()
+    with AliasLock(store, NAME, "a gate", retry) as lock:
         assert lock._held[0] == LOCK
+        assert retry.names[2:5] == ["claim the lock", "take the lock", "take the lock"]
+
+
+def test_a_lock_released_between_the_create_and_its_read_is_created_again(store, monkeypatch):
+    created, reads = store.create_registered_model, store.get_registered_model
+    state = {"taken": 0, "gone": 0}
+
+    def create(name, tags=None, description=None):
+        if not state["taken"]:  # another mover's lock has the name ...
+            state["taken"] = 1
+            raise MlflowException(f"Registered Model (name={name}) already exists.", RESOURCE_ALREADY_EXISTS)
+        return created(name, tags, description)
+
+    def read(name):
+        if name == LOCK and not state["gone"]:  # ... and is released before this one reads it
+            state["gone"] = 1
+            raise MlflowException(f"Registered Model with name={name} not found", RESOURCE_DOES_NOT_EXIST)
+        return reads(name)
+
+    monkeypatch.setattr(store, "create_registered_model", create)
+    monkeypatch.setattr(store, "get_registered_model", read)
+    retry = Named()
+    with AliasLock(store, NAME, "a gate", retry) as lock:
+        assert lock._held[0] == LOCK
+        assert retry.names[2:6] == ["claim the lock", "take the lock", "read the lock", "take the lock"]
+
+
+def test_another_error_reading_a_taken_lock_name_is_raised(store, monkeypatch):
+    store.add(LOCK + "x", {})  # found by the search's prefix, not a lock name
+    reads = store.get_registered_model
+
+    def create(name, tags=None, description=None):
+        raise MlflowException(f"Registered Model (name={name}) already exists.", RESOURCE_ALREADY_EXISTS)
+
+    def read(name):
+        if name == LOCK:
+            raise MlflowException("bad", INVALID_PARAMETER_VALUE)
+        return reads(name)
+
+    monkeypatch.setattr(store, "create_registered_model", create)
+    monkeypatch.setattr(store, "get_registered_model", read)
+    with pytest.raises(MlflowException, match="^bad$"):
+        AliasLock(store, NAME, "a gate", RETRY).acquire()
 
 
 def test_another_error_of_the_create_drops_the_claim_and_is_raised(store, monkeypatch):
@@ -436,11 +502,13 @@ def test_a_rival_that_created_its_lock_meanwhile_keeps_it(store, monkeypatch):
         return result
 
     monkeypatch.setattr(store, "create_registered_model", create)
-    monkeypatch.setattr(aliases, "POLL_S", 0.0)
+    pauses: list[tuple] = []
+    monkeypatch.setattr(aliases, "random", SimpleNamespace(uniform=lambda low, high: pauses.append((low, high)) or 0))
     lock = AliasLock(store, NAME, "a gate", RETRY)
     holder = lock._try()
     assert holder == {**_live_holder(), "lock": LOCK + ".1"}
     assert lock._held is None and LOCK not in store.models and list(store.claims()) == rival
+    assert pauses == [(0, 0.0)]  # up to POLL_S (0 here)
 
 
 def test_claims_older_than_the_lease_without_a_lock_model_are_dropped(store):
@@ -519,6 +587,13 @@ def test_a_repair_without_previous_says_so():
     assert repair_interrupted(store, NAME, RETRY) == (
         "completed an interrupted alias move: champion → version 2 (history.x)")
     assert store.models[NAME]["aliases"] == {"champion": "2"}
+
+
+def test_a_long_record_is_named_by_its_first_200_characters(store):
+    store.tags()[MOVE_TAG] = "x" * 300
+    assert repair_interrupted(store, NAME, RETRY) == (
+        f"dropped the record of an interrupted alias move ({'x' * 200}): champion is at version 1, set since by "
+        "someone else; the aliases stay as they are")
 
 
 def test_a_record_the_aliases_moved_away_from_is_dropped(store):
@@ -651,3 +726,11 @@ def test_a_repair_and_a_rollback_name_each_registry_call():
 def test_an_errors_first_line_or_its_type():
     assert aliases._first_line(ValueError("  first\nsecond")) == "first"
     assert aliases._first_line(ValueError(" ")) == "ValueError(' ')"
+
+
+def test_an_unclaimed_lock_model_is_warned_about_only_once_older_than_ten_seconds(store, monkeypatch, caplog):
+    monkeypatch.setattr(aliases.time, "time", lambda: 1000.0)
+    store.add(LOCK, {}, created_ms=1000_000 - 10_000)
+    store.add(LOCK + ".1", {}, created_ms=1000_000 - 10_001)
+    AliasLock(store, NAME, "a gate", RETRY)._warn_unclaimed(aliases.LockState(aliases._lock_models(store, LOCK), []))
+    assert [r.getMessage().split(",")[0] for r in caplog.records] == [f"Registered model lm: ignoring {LOCK}.1"]
