@@ -6,7 +6,10 @@ scored. These run once per mutant of ``make mutation``; tests/registry/test_gate
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from types import SimpleNamespace
 
+import mlflow
 import numpy as np
 import pytest
 
@@ -15,6 +18,7 @@ from train_deploy.registry import gate
 from train_deploy.registry.config import RegistryConfig, ServingCheckConfig
 from train_deploy.registry.evalstore import EvalSet
 from train_deploy.registry.gate import GateError, RegistryDecision, decision_tags, gate_version, promotion_event
+from train_deploy.registry.infra import ServingCheckFailed
 from train_deploy.registry.paired import TextScores
 from train_deploy.registry.rules import BaselineCheck
 
@@ -184,3 +188,101 @@ def test_the_history_entry_names_who_holds_champion_after_the_decision():
                                      interval=None, val_loss=None, baseline_loss=None))
     assert (kept["champion"], kept["previous"], kept["champion_value"], kept["improvement"], kept["interval"],
             kept["val_loss"], kept["baseline_loss"]) == ("1", None, None, None, None, None, None)
+
+
+@pytest.fixture
+def serving(monkeypatch):
+    """The serving check stood in (``tests/registry/test_infra.py`` runs the real one): the versions it checked; a
+    version in ``fail`` fails with that message."""
+    state = SimpleNamespace(checked=[], fail={})
+
+    def check(uri, tracking_uri, registry_uri, config, folder):
+        assert (tracking_uri, registry_uri, config.enabled, folder) == (
+            mlflow.get_tracking_uri(), mlflow.get_registry_uri(), True, Path.cwd())
+        version = uri.removeprefix(f"models:/{NAME}/")
+        state.checked.append(version)
+        if version in state.fail:
+            raise ServingCheckFailed(state.fail[version])
+        return "answered in 1.2 s"
+
+    monkeypatch.setattr(gate, "check_serving", check)
+    return state
+
+
+def _served(**changes) -> RegistryConfig:
+    return RegistryConfig(model_name=NAME, **changes)
+
+
+def test_the_serving_check_tags_its_outcome_and_names_a_failure(serving, caplog):
+    store = _store(champion="1")
+    retry = Named()
+    assert gate.serving_failure(store, retry, _served(), "2") is None
+    assert store.models[NAME]["versions"]["2"] == {"gate.serving_check": "passed: answered in 1.2 s"}
+    serving.fail["3"] = "no answer in 60 s " + "x" * 6000
+    assert gate.serving_failure(store, retry, _served(), "3") == serving.fail["3"]
+    assert store.models[NAME]["versions"]["3"] == {"gate.serving_check": ("failed: " + serving.fail["3"])[:5000]}
+    assert retry.names == ["tag the serving check", "tag the serving check"] and serving.checked == ["2", "3"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "lm version 2: serving check passed (answered in 1.2 s)",
+        f"lm version 3: the serving check failed, so it cannot be promoted: {serving.fail['3']}"]
+
+
+def test_a_candidate_is_served_once_before_promotion_and_a_failure_rejects_it(scored, serving):
+    store = _store(champion="1")
+    scored.update({"1": _scores(2.0), "2": _scores(1.5), "3": _scores(2.5)})
+    assert gate_version(store, Named(), _served(), "3", "run3", TEXTS, BASELINE).decision == "rejected"
+    assert serving.checked == []  # a rejected candidate is not served
+    assert gate_version(store, Named(), _served(), "2", "run2", TEXTS, BASELINE).decision == "promoted"
+    assert serving.checked == ["2"]
+    serving.fail["4"] = "exited with code 1"
+    scored["4"] = _scores(1.0)
+    result = gate_version(store, Named(), _served(), "4", "run4", TEXTS, BASELINE)
+    assert (result.decision, store.models[NAME]["aliases"]["champion"]) == ("rejected", "2")
+    assert result.reason.startswith("the serving check failed: exited with code 1 (the score: the candidate's ")
+
+
+def test_a_candidate_promoted_only_when_compared_again_is_served_then(scored, serving, monkeypatch, caplog):
+    store = _store(champion="1")
+    scored.update({"1": _scores(1.0), "3": _scores(2.5), "2": _scores(2.0)})
+    alias_version, seen = gate.alias_version, []
+
+    def moved(client, name, alias):
+        seen.append(alias)
+        if len(seen) == 2:
+            store.models[NAME]["aliases"]["champion"] = "3"
+        return alias_version(client, name, alias)
+
+    monkeypatch.setattr(gate, "alias_version", moved)
+    caplog.set_level("INFO", logger="train_deploy.registry.gate")
+    retry = Named()
+    result = gate_version(store, retry, _served(), "2", "run2", TEXTS, BASELINE)
+    assert (result.decision, serving.checked) == ("promoted", ["2"])
+    assert "find the champion again" in retry.names
+    assert [json.loads(v)["what"] for k, v in store.written if k.startswith("aliases-lock.claim.")] == [
+        "gate of version 2"]
+    assert "Registered model lm: champion moved from version 1 to 3 while version 2 was scored; comparing again" in [
+        r.getMessage() for r in caplog.records]
+
+
+def test_the_decision_record_holds_the_comparison_and_the_baseline(scored):
+    store = _store(champion="1")
+    scored.update({"1": _scores(2.0), "2": _scores(1.5)})
+    result = gate_version(store, Named(), _config(), "2", "run2", TEXTS, BASELINE)
+    assert (result.metric, result.candidate_value, result.champion_value, result.eval_set_sha256,
+            result.eval_texts, result.val_loss, result.baseline, result.baseline_loss) == (
+        "nats_per_char", pytest.approx(1.5), pytest.approx(2.0), "abc", 20, 2.5, "unigram", 4.0)
+    assert result.improvement == pytest.approx(0.25) and result.confidence == 0.95
+    assert len(result.interval) == 2 and result.interval[0] <= 0.25 <= result.interval[1]
+    assert result.decided_at.endswith("+00:00")
+
+
+def test_a_forced_candidate_over_an_unscorable_champion_says_why(scored, caplog):
+    store = _store(champion="1")
+    scored["2"] = _scores(2.0)
+    retry = Named()
+    result = gate_version(store, retry, _config(force=True), "2", "run2", TEXTS, BASELINE)
+    assert "OSError: model files of version 1 are gone" in result.reason
+    assert retry.names[:3] == ["find the champion", "score the candidate", "score the champion"]
+    assert ("Registered model lm: champion version 1 could not be scored (OSError: model files of version 1 are "
+            "gone); registry.force promotes the candidate without a comparison") in [
+        r.getMessage() for r in caplog.records]
