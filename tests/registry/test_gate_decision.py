@@ -216,6 +216,7 @@ def _served(**changes) -> RegistryConfig:
 def test_the_serving_check_tags_its_outcome_and_names_a_failure(serving, caplog):
     store = _store(champion="1")
     retry = Named()
+    caplog.set_level("INFO", logger="train_deploy.registry.gate")
     assert gate.serving_failure(store, retry, _served(), "2") is None
     assert store.models[NAME]["versions"]["2"] == {"gate.serving_check": "passed: answered in 1.2 s"}
     serving.fail["3"] = "no answer in 60 s " + "x" * 6000
