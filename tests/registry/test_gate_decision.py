@@ -44,7 +44,7 @@ def scored(monkeypatch):
     scores.asked = asked = []
 
     def score(uri: str, texts: list[str], config: RegistryConfig) -> TextScores:
-        assert uri.startswith(f"models:/{NAME}/") and texts == TEXTS.texts
+        assert uri.startswith(f"models:/{NAME}/") and texts == TEXTS.texts and config.model_name == NAME
         version = uri.rsplit("/", 1)[1]
         asked.append(version)
         if version not in scores:
@@ -203,7 +203,7 @@ def serving(monkeypatch):
         state.checked.append(version)
         if version in state.fail:
             raise ServingCheckFailed(state.fail[version])
-        return "answered in 1.2 s"
+        return "answered in 1.2 s" + " " * 6000 + "end"
 
     monkeypatch.setattr(gate, "check_serving", check)
     return state
@@ -218,13 +218,14 @@ def test_the_serving_check_tags_its_outcome_and_names_a_failure(serving, caplog)
     retry = Named()
     caplog.set_level("INFO", logger="train_deploy.registry.gate")
     assert gate.serving_failure(store, retry, _served(), "2") is None
-    assert store.models[NAME]["versions"]["2"] == {"gate.serving_check": "passed: answered in 1.2 s"}
+    passed = "passed: answered in 1.2 s" + " " * 6000 + "end"
+    assert store.models[NAME]["versions"]["2"] == {"gate.serving_check": passed[:5000]}
     serving.fail["3"] = "no answer in 60 s " + "x" * 6000
     assert gate.serving_failure(store, retry, _served(), "3") == serving.fail["3"]
     assert store.models[NAME]["versions"]["3"] == {"gate.serving_check": ("failed: " + serving.fail["3"])[:5000]}
     assert retry.names == ["tag the serving check", "tag the serving check"] and serving.checked == ["2", "3"]
     assert [r.getMessage() for r in caplog.records] == [
-        "lm version 2: serving check passed (answered in 1.2 s)",
+        f"lm version 2: serving check passed ({passed.removeprefix('passed: ')})",
         f"lm version 3: the serving check failed, so it cannot be promoted: {serving.fail['3']}"]
 
 
@@ -287,3 +288,19 @@ def test_a_forced_candidate_over_an_unscorable_champion_says_why(scored, caplog)
     assert ("Registered model lm: champion version 1 could not be scored (OSError: model files of version 1 are "
             "gone); registry.force promotes the candidate without a comparison") in [
         r.getMessage() for r in caplog.records]
+
+
+def test_a_candidate_rejected_when_compared_again_is_not_served(scored, serving, monkeypatch):
+    store = _store(champion="1")
+    scored.update({"1": _scores(1.0), "3": _scores(1.2), "2": _scores(2.0)})
+    alias_version, seen = gate.alias_version, []
+
+    def moved(client, name, alias):
+        seen.append(alias)
+        if len(seen) == 2:
+            store.models[NAME]["aliases"]["champion"] = "3"
+        return alias_version(client, name, alias)
+
+    monkeypatch.setattr(gate, "alias_version", moved)
+    result = gate_version(store, Named(), _served(), "2", "run2", TEXTS, BASELINE)
+    assert (result.decision, result.previous_champion, serving.checked) == ("rejected", "3", [])
