@@ -119,7 +119,7 @@ def test_the_conversion_timeout_is_configured_and_must_be_positive():
 
     assert ExportConfig.from_params({}).edge.convert_timeout == 1800
     assert ExportConfig.from_params({"edge": {"convert_timeout": 60}}).edge.convert_timeout == 60
-    with pytest.raises(ConfigError, match=r"^export\.edge\.convert_timeout: must be positive \(got 0\.0\); seconds$"):
+    with pytest.raises(ConfigError, match=r"^export\.edge\.convert_timeout: must be positive \(got 0\); seconds$"):
         ExportConfig.from_params({"edge": {"convert_timeout": 0}})
 
 

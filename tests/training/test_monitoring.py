@@ -79,6 +79,7 @@ def test_the_training_run_gets_system_metrics_and_the_visualdl_folder(mlflow_ser
     import mlflow
 
     mlflow.set_tracking_uri(mlflow_server.uri)
+    mlflow.set_experiment("monitoring")  # not an experiment id an earlier test of this worker left active
     board = tmp_path / "logs" / "visualdl"
     board.mkdir(parents=True)
     (board / "vdlrecords.train.log").write_bytes(b"records")
@@ -99,6 +100,7 @@ def test_with_both_off_the_run_gets_neither(mlflow_server, tmp_path):  # noqa: F
     import mlflow
 
     mlflow.set_tracking_uri(mlflow_server.uri)
+    mlflow.set_experiment("monitoring")  # not an experiment id an earlier test of this worker left active
     (tmp_path / "logs" / "visualdl").mkdir(parents=True)
     (tmp_path / "logs" / "visualdl" / "vdlrecords.train.log").write_bytes(b"records")
     off = MonitoringConfig(visualdl=False, system_metrics=False, system_metrics_interval=0.5)
