@@ -78,6 +78,7 @@ def _task_nodes(tree: ast.Module) -> dict[str, list[str]]:
     return tasks
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_kedro_airflow_create_writes_a_dag_of_one_run_at_a_time_with_retries(generated_dag):
     tree = ast.parse(generated_dag.read_text(), filename=str(generated_dag))
     dag = _call_keywords(_dag_call(tree))

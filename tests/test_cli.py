@@ -35,6 +35,7 @@ from train_deploy.run_control.retrain import CORPUS_TAG, TRAINING_TAG, compare
 pytest_plugins = ["tests.mlflow_server"]
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_a_project_error_is_one_line_and_its_traceback_is_in_the_log_file(project, tmp_path):
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlruns.db'}"}
     done = subprocess.run([sys.executable, "-m", "kedro", "run", "--pipelines", "train_deploy", "--params",
@@ -67,6 +68,7 @@ def test_a_failed_node_is_one_line_and_its_mlflow_run_is_said_closed_once(projec
     assert console.count("was closed because of an error in the pipeline") == 1, console[-3000:]
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_python_m_train_deploy_is_the_projects_kedro_run(project, tmp_path):
     """Kedro's way to run a packaged project finds the project's ``run`` (its one-line errors included)."""
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlruns.db'}"}
@@ -188,6 +190,7 @@ def _help(*argv: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_every_console_script_and_each_of_its_commands_answers_help_in_click_s_words():
     """One CLI framework for every console script (issue 37): each command, and each sub-command its help lists,
     answers ``--help`` with click's ``Usage: <the command as typed>`` (argparse wrote ``usage:``)."""

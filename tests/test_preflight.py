@@ -25,6 +25,7 @@ def _refused_before_any_node(done: subprocess.CompletedProcess, project: Path, e
     assert not (project / "data" / "04_feature").exists()
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_an_output_folder_that_cannot_be_made_stops_the_run_before_the_first_node(project, tmp_path):
     (project / "data").mkdir()
     (project / "data" / "07_model_output").write_text("a file where the bundles' folder should be")
@@ -37,6 +38,7 @@ def _can_mount_read_only() -> bool:
         ["unshare", "--mount", "true"], capture_output=True, check=False).returncode == 0
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_a_read_only_output_folder_stops_the_run_before_the_first_node(project, tmp_path):
     bundles = project / "data" / "07_model_output"
     bundles.mkdir(parents=True)
@@ -56,6 +58,7 @@ def test_a_read_only_output_folder_stops_the_run_before_the_first_node(project, 
     assert not list(bundles.iterdir())
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_a_run_past_the_disk_budget_stops_before_the_first_node_naming_what_uses_the_space(project, tmp_path):
     checkpoints = project / "data" / "06_models" / "checkpoints" / "an-old-run"
     checkpoints.mkdir(parents=True)

@@ -114,6 +114,7 @@ def test_once_runs_in_the_project_as_a_scheduled_run_and_exits_with_its_code(sta
     assert re.search(rf"^\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ INFO .*finished: rc {rc} after \d+\.\d s$", err, re.M)
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_failed_run_is_retried_with_doubling_backoff_then_waits_for_the_next_slot(stand_in):
     project, script = stand_in
     scheduler = _schedule(project, script, "fail", "--cron", "* * * * * */2", "--retries", "2", "--backoff", "0.2")
@@ -135,6 +136,7 @@ def test_a_night_the_data_gate_stopped_is_not_retried(stand_in):
     assert "stopped by the data gate (rc 3): not retried" in err and "retry" not in err.replace("not retried", "")
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_second_trigger_while_a_run_holds_the_project_is_skipped_naming_the_holder_and_notified(stand_in):
     project, script = stand_in
     receiver = Receiver()
@@ -171,6 +173,7 @@ def _holder(project: Path) -> dict | None:
         return None
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_two_schedulers_at_once_one_runs_the_other_skips_the_slot(stand_in):
     """The run takes the lock seconds after it starts (kedro run's start-up): the scheduler holds it meanwhile and
     hands it over, so the other scheduler skips the slot instead of starting a run that fails on the lock."""
@@ -190,6 +193,7 @@ def test_two_schedulers_at_once_one_runs_the_other_skips_the_slot(stand_in):
     assert len(_runs(project)) == 1 and _holder(project) is None  # one run; the lock given back, undescribed
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_a_run_past_max_hours_is_stopped_alerted_as_timed_out_and_the_next_slot_runs(stand_in):
     project, script = stand_in
     receiver = Receiver()
@@ -243,6 +247,7 @@ def test_a_run_killed_by_a_signal_is_named_and_its_record_left_for_the_next_run(
         lock.release()
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_held_run_lock_skips_a_slot_and_the_scheduler_keeps_going(stand_in):
     project, script = stand_in
     lock = RunLock(project / "data")
@@ -294,6 +299,7 @@ def _stderr_has(process: subprocess.Popen, text: str) -> bool:
     return text in line
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_a_run_outlasting_several_slots_is_followed_by_one_late_run_not_a_backlog(stand_in):
     project, script = stand_in
     scheduler = _schedule(project, script, "long_first", "--cron", "* * * * * *")

@@ -57,6 +57,7 @@ def test_a_missing_store_is_named_with_what_to_do(tmp_path):
                        "champion")
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_serving_a_model_the_store_lacks_says_so_in_one_line_from_any_folder(project, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     MlflowClient(uri).search_experiments()  # a store with its tables and no model

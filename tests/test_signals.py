@@ -52,6 +52,7 @@ def _after_paddle(tmp_path: Path, mode: str, end: str, imports: str = "paddle") 
 
 
 @pytest.mark.parametrize(("mode", "imports"), [("keep", "paddle"), ("late", "paddle"), ("keep", "paddlenlp")])
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_sigterm_after_paddle_is_imported_runs_the_process_handler_and_its_exit_handlers(tmp_path, mode, imports):
     done = _after_paddle(tmp_path, mode, "sigterm", imports)
     assert done.returncode == 143, done.stderr[-2000:]

@@ -18,6 +18,7 @@ needs_kernels = pytest.mark.skipif(native.compiled is None, reason="the C kernel
 
 
 @needs_kernels
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_compiled_tag_stripping_equals_numpy_on_the_corpus_and_random_text():
     data = people_daily_path().read_bytes()
     assert native.compiled.strip_pos_tags(data) == strip_pos_tag_bytes_numpy(data)

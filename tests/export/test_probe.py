@@ -57,6 +57,7 @@ def test_sigill_in_the_probe_is_one_logged_line_and_the_portable_choice_kept_on_
     assert time.perf_counter() - start < 0.5 and cache.stat().st_mtime_ns == written
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_the_real_kernels_verdict_is_kept_and_a_timeout_is_not(own_cache, monkeypatch):
     verdict = fused_kernels()  # Paddle 3.3.1's CPU fused_rms_norm runs where the CPU has AVX-512
     avx512 = "avx512f" in this_cpu().get("flags", "").split()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from mlflow import MlflowClient
 
@@ -37,6 +38,7 @@ def _project_with_model(root: Path, model: str) -> Path:
     return project
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_history_from_the_project_reads_its_store_and_its_model_name(tmp_path):
     project = _project_with_model(tmp_path / "project", "edu_lm")
     (project / "conf" / "local" / "parameters_registry.yml").write_text(
@@ -53,6 +55,7 @@ def test_history_from_the_project_reads_its_store_and_its_model_name(tmp_path):
     assert done.returncode == 0 and done.stdout.splitlines()[1] == row, done.stderr
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_history_before_the_model_exists_says_there_are_no_versions_yet(tmp_path):
     project = _project_with_model(tmp_path / "project", "other_lm")
     done = _typed(["history", "--model", "edu_lm"], project)

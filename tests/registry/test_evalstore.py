@@ -80,6 +80,7 @@ def test_a_failed_first_version_then_retention_with_no_grace_leaves_the_third_ni
         assert stored_eval_set(client, MODEL).texts == TEXTS
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_a_set_left_in_a_training_run_is_kept_by_retention_then_moved_to_the_models_assets_run(tmp_path):
     store = ModelStore(tmp_path / "store")
     client = MlflowClient(store.tracking_uri, store.tracking_uri)

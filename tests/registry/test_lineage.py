@@ -54,6 +54,7 @@ def _model_with_eval_set_from(client: MlflowClient, name: str, **params: str) ->
     client.create_registered_model(name, tags={"eval_set.uri": f"runs:/{run.info.run_id}/registry/eval_set.jsonl"})
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_the_corpus_of_the_evaluation_set_decides_refused_compared_or_free(tmp_path, caplog):
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"
     client = MlflowClient(uri, uri)

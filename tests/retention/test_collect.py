@@ -96,6 +96,7 @@ def test_champion_and_previous_survive_the_most_aggressive_collection(registered
         assert len(model.predict(pd.DataFrame({"text": ["今天天气很好。"]}))) == 1
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_the_scheduler_collects_after_a_successful_run_under_its_own_lock(project):
     import sys
 
@@ -212,6 +213,7 @@ def _version_of(client, experiment: str, model: str, night: str, status: str = "
     return run.info.run_id
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_another_models_champion_files_survive_gc_and_keep_last_whatever_the_model_name(tmp_path):
     from tests.helpers.registry import ModelStore
 
@@ -269,6 +271,7 @@ def test_another_models_champion_files_survive_gc_and_keep_last_whatever_the_mod
     assert {client.get_run(run_id).info.lifecycle_stage for run_id in (run_a, run_b)} == {"active"}
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_an_account_without_delete_on_a_team_server_is_told_the_permission_it_needs(mlflow_auth_server,  # noqa: F811
                                                                                       monkeypatch):
     """On the guide's basic-auth server MLflow's EDIT cannot delete runs: the collection stops with one line naming

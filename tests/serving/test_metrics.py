@@ -95,6 +95,7 @@ def _metrics_app(metrics: ServerMetrics) -> Starlette:
 
 
 @pytest.mark.skipif(not prometheus.installed(), reason=prometheus.MISSING)
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_a_real_prometheus_scrapes_the_request_counter_with_the_models_labels(tmp_path):
     metrics = ServerMetrics("train_deploy_lm", "4")
     with served(_metrics_app(metrics)) as url:

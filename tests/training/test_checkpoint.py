@@ -280,6 +280,7 @@ write_checkpoint(sys.argv[1], 3, weights, moments, {"step": 3}, keep_last=1)
 """
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_the_same_tensors_written_by_different_processes_are_the_same_bytes(tmp_path):
     """safetensors writes its metadata in a per-process hash order; the checkpoint's files must not vary with it."""
     import subprocess

@@ -28,6 +28,7 @@ def _peak_in_a_worker_like_process(**env: str) -> float:
 
 
 @pytest.mark.skipif(mkl_cpu_type(first_cpu()) is None, reason="MKL_DEBUG_CPU_TYPE is set for AMD CPUs with AVX2 only")
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_the_peak_calibrated_with_the_workers_mkl_kernels_is_not_below_the_generic_ones():
     generic = _peak_in_a_worker_like_process()
     workers = _peak_in_a_worker_like_process(MKL_DEBUG_CPU_TYPE=mkl_cpu_type(first_cpu()))

@@ -179,6 +179,7 @@ def corpora(tmp_path_factory) -> dict[str, dict]:
 
 @pytest.mark.parametrize(("corpus", "shards"), [("people_daily", "shared_folder"), ("text", "object_store"),
                                                  ("jsonl", "shared_folder"), ("wiki", "object_store")])
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_ray_tasks_write_the_local_executors_bytes_and_manifest_counts(tmp_path, tiny_tokenizer, ray_driver, corpora,
                                                                       corpus, shards):
     cleaning = {"max_repeated_ngram_share": 1.0, "near_dedup": False} if corpus == "wiki" else {}  # pages alike

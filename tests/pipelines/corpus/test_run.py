@@ -40,6 +40,7 @@ def kedro_run(project: Path, tmp_path: Path, pipeline: str, params: str) -> subp
                           cwd=project, env=env, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow  # over 3 s on 2 cores (CI durations): left out of make test-quick
 def test_a_validation_split_too_small_to_evaluate_is_refused_before_training_starts_naming_the_key(project, tmp_path):
     site = write_site(tmp_path / "site", 15)
     params = f"corpus.reader.source=html,corpus.reader.paths=[{site}],corpus.encoding.workers=1"
