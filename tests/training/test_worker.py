@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -21,25 +22,53 @@ def reference(tiny_run):
     return Path(tiny_run.checkpoints).parent
 
 
+LAYOUTS = {"plain-1": (1, {"dp": 1, "single_process": "plain"}), "dp2": (2, {"dp": 2}),
+           "mp2": (2, {"mp": 2, "dp": 1}), "dp2xmp2": (4, {"dp": 2, "mp": 2}),
+           "dp2-sharding1": (2, {"dp": 2, "sharding_stage": 1})}
+"""Five layouts of the same six steps (``training_params(nproc, parallel=…)``) by name."""
+
+
+@pytest.fixture(scope="module")
+def layout_run(tmp_path_factory, tiny_tokens, request):
+    """``layout_run(name)``: the folder of the six-step run of :data:`LAYOUTS`' ``name``, launched once per module
+    (the resume tests start from its step-3 checkpoint, as a run stopped there would have left it)."""
+    folders: dict[str, Path] = {}
+
+    def run(name: str) -> Path:
+        if name not in folders:
+            if name == "dp2":  # the session's dp2 run (the two-node test's reference too)
+                folders[name] = request.getfixturevalue("dp2_run")
+            else:
+                nproc, parallel = LAYOUTS[name]
+                folders[name] = tmp_path_factory.mktemp(name)
+                launch(folders[name], tiny_tokens, training_params(nproc, parallel=parallel))
+        return folders[name]
+
+    return run
+
+
+def stopped_at_step_3(source: Path, folder: Path) -> None:
+    """``folder`` as a run of ``source``'s layout stopped after step 3 leaves it: the step-3 checkpoint and the
+    metrics of steps 1 to 3 (a six-step run's first three steps are the same: the schedule is that of max_steps)."""
+    shutil.copytree(source / "checkpoints" / "step_00000003", folder / "checkpoints" / "step_00000003")
+    (folder / "logs").mkdir()
+    lines = (source / "logs" / "metrics.jsonl").read_text().splitlines(keepends=True)
+    (folder / "logs" / "metrics.jsonl").write_text("".join(line for line in lines if json.loads(line)["step"] <= 3))
+
+
 def assert_losses_match(folder, reference, rtol=1e-5):
     got, expected = np.array(losses(folder)), np.array(losses(reference))
     assert len(got) == len(expected) == 6
     assert np.max(np.abs(got - expected) / expected) <= rtol, (got, expected)
 
 
-@pytest.mark.parametrize("nproc,parallel", [(1, {"dp": 1, "single_process": "plain"}), (2, {"dp": 2}),
-                                            (2, {"mp": 2, "dp": 1}), (4, {"dp": 2, "mp": 2}),
-                                            (2, {"dp": 2, "sharding_stage": 1})],
-                         ids=["plain-1", "dp2", "mp2", "dp2xmp2", "dp2-sharding1"])
-def test_parallel_layouts_match_the_single_process_loss(tmp_path, tiny_tokens, reference, nproc, parallel, request):
-    if (nproc, parallel) == (2, {"dp": 2}):  # the session's dp2 run (the two-node test's reference too)
-        tmp_path = request.getfixturevalue("dp2_run")
-        got = result(tmp_path)
-    else:
-        got = launch(tmp_path, tiny_tokens, training_params(nproc, parallel=parallel))
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_parallel_layouts_match_the_single_process_loss(layout_run, reference, name):
+    folder, (_, parallel) = layout_run(name), LAYOUTS[name]
+    got = result(folder)
     assert got.finished and got.layout["dp"] == parallel["dp"]
     assert got.layout["mp"] == parallel.get("mp", 1)
-    assert_losses_match(tmp_path, reference)
+    assert_losses_match(folder, reference)
     # Every rank evaluates its share of the same windows; the loss is over all of them.
     expected = result(reference)
     assert got.eval_windows == expected.eval_windows == TINY_EVAL_WINDOWS
@@ -81,16 +110,16 @@ def test_a_truncated_newest_checkpoint_is_moved_aside_and_every_rank_resumes_fro
     assert max(float(np.abs(resumed[k] - uninterrupted[k]).max()) for k in uninterrupted) <= 1e-4
 
 
-def test_a_plain_single_process_checkpoint_resumes_wrapped_in_auto_parallel(tmp_path, tiny_tokens, reference):
-    plain = {"single_process": "plain"}  # no distributed tensors
-    launch(tmp_path, tiny_tokens, training_params(1, parallel=plain, schedule={"stop_after": 3}))
+def test_a_plain_single_process_checkpoint_resumes_wrapped_in_auto_parallel(tmp_path, tiny_tokens, reference,
+                                                                           layout_run):
+    stopped_at_step_3(layout_run("plain-1"), tmp_path)  # no distributed tensors
     assert launch(tmp_path, tiny_tokens, training_params(1)).finished  # wrapped, the default
     resumed, uninterrupted = weights(tmp_path, 6), weights(reference, 6)
     assert max(float(np.abs(resumed[k] - uninterrupted[k]).max()) for k in uninterrupted) <= 1e-6
 
 
-def test_tensor_parallel_checkpoint_resumes_with_data_parallel(tmp_path, tiny_tokens, reference):
-    launch(tmp_path, tiny_tokens, training_params(2, parallel={"mp": 2, "dp": 1}, schedule={"stop_after": 3}))
+def test_tensor_parallel_checkpoint_resumes_with_data_parallel(tmp_path, tiny_tokens, reference, layout_run):
+    stopped_at_step_3(layout_run("mp2"), tmp_path)
     resumed = launch(tmp_path, tiny_tokens, training_params(2, parallel={"dp": 2}))
     assert resumed.finished and resumed.layout["dp"] == 2
     log = (tmp_path / "logs" / "node0" / "workerlog.0").read_text()
@@ -104,9 +133,9 @@ def test_activation_recompute_gives_the_same_loss(tmp_path, tiny_tokens, referen
     assert_losses_match(tmp_path, reference, rtol=1e-6)
 
 
-def test_sharded_optimizer_state_checkpoints_unified_and_resumes(tmp_path, tiny_tokens, reference):
-    sharded = training_params(2, parallel={"dp": 2, "sharding_stage": 1})
-    launch(tmp_path, tiny_tokens, {**sharded, "schedule": {**sharded["schedule"], "stop_after": 3}})
+def test_sharded_optimizer_state_checkpoints_unified_and_resumes(tmp_path, tiny_tokens, reference, layout_run):
+    sharded = training_params(2, parallel=LAYOUTS["dp2-sharding1"][1])
+    stopped_at_step_3(layout_run("dp2-sharding1"), tmp_path)
     from safetensors.numpy import load_file
 
     moments = load_file(str(tmp_path / "checkpoints" / "step_00000003" / "optimizer.safetensors"))
