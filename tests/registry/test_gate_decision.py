@@ -66,6 +66,19 @@ def _store(**aliases_: str) -> Store:
     return store
 
 
+def _champion_moves_while_scored(store: Store, monkeypatch, to: str) -> None:
+    """A rollback lands while the candidate is scored: champion is ``to`` from the gate's second look on."""
+    alias_version, seen = gate.alias_version, []
+
+    def moved(client, name, alias):
+        seen.append(alias)
+        if len(seen) == 2:
+            store.models[NAME]["aliases"]["champion"] = to
+        return alias_version(client, name, alias)
+
+    monkeypatch.setattr(gate, "alias_version", moved)
+
+
 def test_a_better_candidate_is_promoted_in_one_recorded_move(scored):
     store = _store(champion="1")
     scored.update({"1": _scores(2.0), "2": _scores(1.5)})
@@ -110,16 +123,7 @@ def test_the_first_version_becomes_champion(scored):
 def test_a_champion_moved_while_scoring_is_compared_again_saying_so(scored, monkeypatch):
     store = _store(champion="1")
     scored.update({"1": _scores(1.0), "3": _scores(2.5), "2": _scores(2.0)})
-    alias_version = gate.alias_version
-    seen: list[str] = []
-
-    def moved(client, name, alias):  # a rollback lands while version 2 is scored
-        seen.append(alias)
-        if len(seen) == 2:
-            store.models[NAME]["aliases"]["champion"] = "3"
-        return alias_version(client, name, alias)
-
-    monkeypatch.setattr(gate, "alias_version", moved)
+    _champion_moves_while_scored(store, monkeypatch, "3")
     result = gate_version(store, Named(), _config(), "2", "run2", TEXTS, BASELINE)
     assert (result.decision, result.previous_champion) == ("promoted", "3")
     assert result.reason.endswith(" (compared again: champion moved from version 1 to 3 while the candidate was "
@@ -246,15 +250,7 @@ def test_a_candidate_is_served_once_before_promotion_and_a_failure_rejects_it(sc
 def test_a_candidate_promoted_only_when_compared_again_is_served_then(scored, serving, monkeypatch, caplog):
     store = _store(champion="1")
     scored.update({"1": _scores(1.0), "3": _scores(2.5), "2": _scores(2.0)})
-    alias_version, seen = gate.alias_version, []
-
-    def moved(client, name, alias):
-        seen.append(alias)
-        if len(seen) == 2:
-            store.models[NAME]["aliases"]["champion"] = "3"
-        return alias_version(client, name, alias)
-
-    monkeypatch.setattr(gate, "alias_version", moved)
+    _champion_moves_while_scored(store, monkeypatch, "3")
     caplog.set_level("INFO", logger="train_deploy.registry.gate")
     retry = Named()
     result = gate_version(store, retry, _served(), "2", "run2", TEXTS, BASELINE)
@@ -293,14 +289,6 @@ def test_a_forced_candidate_over_an_unscorable_champion_says_why(scored, caplog)
 def test_a_candidate_rejected_when_compared_again_is_not_served(scored, serving, monkeypatch):
     store = _store(champion="1")
     scored.update({"1": _scores(1.0), "3": _scores(1.2), "2": _scores(2.0)})
-    alias_version, seen = gate.alias_version, []
-
-    def moved(client, name, alias):
-        seen.append(alias)
-        if len(seen) == 2:
-            store.models[NAME]["aliases"]["champion"] = "3"
-        return alias_version(client, name, alias)
-
-    monkeypatch.setattr(gate, "alias_version", moved)
+    _champion_moves_while_scored(store, monkeypatch, "3")
     result = gate_version(store, Named(), _served(), "2", "run2", TEXTS, BASELINE)
     assert (result.decision, result.previous_champion, serving.checked) == ("rejected", "3", [])

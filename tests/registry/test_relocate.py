@@ -147,12 +147,16 @@ def _store_with_locations(root: Path) -> Path:
     return root / "mlruns.db"
 
 
+def _copied_store(original: Path, copy: Path) -> tuple[Path, Path]:
+    """A folder holding :func:`_store_with_locations`' store at ``original``, copied whole to ``copy``."""
+    original.mkdir()
+    _store_with_locations(original)
+    shutil.copytree(original, copy)
+    return original, copy
+
+
 def test_relocate_rewrites_every_location_in_one_transaction_and_a_dry_run_writes_nothing(tmp_path):
-    old = tmp_path / "old"
-    old.mkdir()
-    _store_with_locations(old)
-    new = tmp_path / "new"
-    shutil.copytree(old, new)
+    old, new = _copied_store(tmp_path / "old", tmp_path / "new")
     shutil.rmtree(old)
     database = new / "mlruns.db"
     before = _stored(database)
@@ -185,11 +189,7 @@ def test_relocate_rewrites_every_location_in_one_transaction_and_a_dry_run_write
 
 
 def test_a_copy_whose_store_still_names_the_original_is_warned_and_relocated_with_from(tmp_path):
-    original = tmp_path / "original"
-    original.mkdir()
-    _store_with_locations(original)
-    copy = tmp_path / "copy"
-    shutil.copytree(original, copy)
+    original, copy = _copied_store(tmp_path / "original", tmp_path / "copy")
     database = copy / "mlruns.db"
     assert check_locations(f"sqlite:///{database}", copy) == (
         f"MLflow store {database}: its artifact locations name {original}, another folder holding this project's "
