@@ -230,3 +230,61 @@ def test_a_waiting_job_cancelled_or_past_its_deadline_ends_while_the_batch_is_fu
         batcher.close()
     assert seen == {"reasons": ("deadline", "cancelled"), "waiting": 0, "running": None}
     assert late.tokens == gone.tokens == []
+
+
+class Recording:
+    """An engine that records how many rows each prefill pass computes."""
+
+    def __init__(self, form) -> None:
+        self.form, self.prefills = form, []
+
+    def prefill(self, ids, mask):
+        self.prefills.append(len(ids))
+        return self.form.prefill(ids, mask)
+
+    def decode(self, *args):
+        return self.form.decode(*args)
+
+
+def test_a_sequence_that_fills_the_context_slides_alone_while_the_others_keep_decoding_with_their_cache(model):
+    long, short = _ids(model, PROMPTS[2]), _ids(model, PROMPTS[1])
+    engine = Recording(model._form)
+    small = LanguageModel(engine, model.tokenizer, context=len(long) + 2, eos_id=model.eos_id)
+    assert len(short) + 8 <= small.context  # the short one never slides
+    alone = [[token for _, token in small.stream_ids([ids], 8, _greedy)] for ids in (long, short)]
+    engine.prefills.clear()
+    hooks = StepHooks()
+    batcher = Batcher(small, on_step=hooks)
+    jobs: list[Job] = []
+    try:
+        jobs.append(batcher.submit(short, 8, GREEDY, _later()))
+        hooks.arm({1: lambda: jobs.append(batcher.submit(long, 8, GREEDY, _later()))})
+        outputs = [jobs[0].wait(60), jobs[1].wait(60) if len(jobs) > 1 else None]
+    finally:
+        batcher.close()
+    assert outputs == [alone[1], alone[0]]
+    # the two prompts, then the long one's window alone for its 4th to 8th tokens (every row was prefilled again
+    # while one slid: [1, 1, 2, 2, 2, 2, 1])
+    assert engine.prefills == [1, 1, 1, 1, 1, 1, 1]
+    assert hooks.sizes == [1, 2, 2, 2, 2, 2, 2, 1]
+
+
+def test_a_burst_is_prefilled_in_groups_of_at_most_prefill_tokens_positions(model, monkeypatch):
+    from train_deploy.serving import batching
+
+    ids = _ids(model, PROMPTS[0])
+    monkeypatch.setattr(batching, "PREFILL_TOKENS", 2 * len(ids))
+    engine = Recording(model._form)
+    recorded = LanguageModel(engine, model.tokenizer, context=model.context, eos_id=model.eos_id)
+    hooks = StepHooks()
+    batcher = Batcher(recorded, on_step=hooks)
+    try:
+        hooks.arm({})
+        with batcher._wake:  # all five are waiting when the thread looks
+            jobs = [batcher.submit(ids, 4, GREEDY, _later()) for _ in range(5)]
+        outputs = [job.wait(60) for job in jobs]
+    finally:
+        batcher.close()
+    assert outputs == [_alone(model, PROMPTS[0], 4)] * 5
+    assert engine.prefills == [2, 2, 1]  # 5 prompts at once: one pass of 5 rows before
+    assert hooks.sizes == [5, 5, 5]
