@@ -24,7 +24,6 @@ Prints a markdown table and writes it with every figure to ``results.json`` in `
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import io
 import json
@@ -41,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from bench_llm_server import HOST, MODEL, PROMPT, PROSE, log_model, new_server_command, start
+import serving_harness as harness  # the same folder: benchmarks run as scripts
+from serving_harness import HOST, MODEL, PROMPT, PROSE
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "benchmarks" / ".work" / "attack_rss"
@@ -208,11 +208,7 @@ def report(results: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bundle", type=Path, required=True, help="the bundle folder (with bundle.json)")
-    parser.add_argument("--out", type=Path, default=None, help="keep results.json here (default: not kept)")
-    args = parser.parse_args()
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    args = harness.arguments(__doc__).parse_args()
     from train_deploy.registry.model import Limits
     from train_deploy.serving.app import ServerSettings
 
@@ -220,19 +216,11 @@ def main() -> None:
     WORK.mkdir(parents=True)
     process = None
     try:
-        uri, model = log_model(args.bundle, WORK)
-        bin_dir = Path(sys.executable).parent
-        env = {"MLFLOW_TRACKING_URI": uri, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-               "MLFLOW_DISABLE_TELEMETRY": "true", "TRAIN_DEPLOY_SERVED_MODEL": model,
-               "TRAIN_DEPLOY_SERVED_NAME": MODEL, "TRAIN_DEPLOY_SERVED_VERSION": "1"}
-        process, port = start("new", new_server_command(model), env, WORK)
+        uri, model = harness.log_model(args.bundle, WORK)
+        process, port = harness.start("new", harness.new_server_command(model), harness.server_env(uri, model), WORK)
         limits = Limits()  # as log_bundle_model records them by default
         results = measure(process, port, limits, ServerSettings().body_timeout_s)
-        table = report(results)
-        sys.stdout.write("\n" + table)
-        if args.out is not None:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "results.json").write_text(json.dumps({"results": results, "table": table}, indent=2))
+        harness.save_results(args.out, results, report(results))
     finally:
         if process is not None:
             os.killpg(process.pid, signal.SIGTERM)

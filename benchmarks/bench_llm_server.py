@@ -26,7 +26,6 @@ worse; scoring p99 under load within 2x of alone) and writes them with every fig
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import os
@@ -40,63 +39,32 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from bench_serve import answering, free_port  # the same folder: benchmarks run as scripts
+from serving_harness import (  # the same folder: benchmarks run as scripts
+    HOST,
+    MODEL,
+    PROMPT,
+    PROSE,
+    arguments,
+    log_model,
+    new_server_command,
+    save_results,
+    server_env,
+    start,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 WORK = REPO / "benchmarks" / ".work" / "llm_server"
-HOST, MODEL = "127.0.0.1", "bench_llm_server"
-PROMPT = "新华社北京一月一日电"
-PROSE = "新华社北京一月一日电国家主席江泽民发表一九九八年新年讲话。今天天气很好，首都群众在天安门广场欢度元旦。"
 Outcome = tuple[int, float, int, float | None]
 """One request's status, seconds, generated tokens and seconds to its first streamed token (None: not streamed)."""
-
-
-def log_model(bundle: Path, work: Path = WORK) -> tuple[str, str]:
-    """Log ``bundle`` as version 1 of MODEL in a store under ``work``; return the tracking URI and the model's
-    folder downloaded for the new server."""
-    import mlflow
-
-    from train_deploy.registry.model import log_bundle_model
-
-    uri = f"sqlite:///{work / 'mlflow.db'}"
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
-    experiment = mlflow.create_experiment("bench_llm_server", artifact_location=str(work / "artifacts"))
-    with mlflow.start_run(experiment_id=experiment):
-        info = log_bundle_model(bundle, registered_model_name=MODEL)
-    folder = mlflow.artifacts.download_artifacts(artifact_uri=info.model_uri, dst_path=str(work / "model"))
-    return uri, folder
-
-
-def new_server_command(model: str) -> list[str]:
-    """The new server as ``train-deploy serve`` runs it: uvicorn over the app logged with ``model``."""
-    bin_dir = Path(sys.executable).parent
-    return [str(bin_dir / "uvicorn"), "--factory", "--app-dir", str(Path(model) / "code"), "--host", HOST, "--port",
-            "{port}", "--log-level", "warning", "train_deploy.serving.app:create_app"]
-
-
-def start(name: str, command: list[str], env: dict[str, str], work: Path = WORK) -> tuple[subprocess.Popen, int]:
-    """Start a server (``{port}`` in ``command`` filled in) from an empty folder; return it once /ping answers."""
-    port, folder, log = free_port(), work / name, work / f"{name}.log"
-    folder.mkdir()
-    process = subprocess.Popen([part.format(port=port) for part in command], cwd=folder,
-                               env={**os.environ, **env}, stdout=log.open("wb"), stderr=subprocess.STDOUT,
-                               start_new_session=True)
-    return process, answering(process, port, log, 300)
 
 
 def servers(tracking_uri: str, model: str, running: dict[str, tuple[subprocess.Popen, int]]) -> None:
     """Start MLflow's scoring server (``today``) and the new server (``new``) of the same model into ``running``
     (so that the caller stops the first should the second fail), both answering."""
-    bin_dir = Path(sys.executable).parent
-    env = {"MLFLOW_TRACKING_URI": tracking_uri, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
-           "MLFLOW_DISABLE_TELEMETRY": "true"}
-    today = [str(bin_dir / "mlflow"), "models", "serve", "-m", f"models:/{MODEL}/1", "--env-manager", "local",
-             "-h", HOST, "-p", "{port}"]
-    running["today"] = start("today", today, env)
-    served = {"TRAIN_DEPLOY_SERVED_MODEL": model, "TRAIN_DEPLOY_SERVED_NAME": MODEL,
-              "TRAIN_DEPLOY_SERVED_VERSION": "1"}
-    running["new"] = start("new", new_server_command(model), {**env, **served})
+    today = [str(Path(sys.executable).parent / "mlflow"), "models", "serve", "-m", f"models:/{MODEL}/1",
+             "--env-manager", "local", "-h", HOST, "-p", "{port}"]
+    running["today"] = start("today", today, server_env(tracking_uri), WORK)
+    running["new"] = start("new", new_server_command(model), server_env(tracking_uri, model), WORK)
 
 
 def generation(server: str, new_tokens: int, stream: bool = False) -> tuple[str, dict]:
@@ -222,14 +190,11 @@ def report(bundle: Path, args, results: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--bundle", type=Path, required=True, help="the bundle folder (with bundle.json)")
+    parser = arguments(__doc__)
     parser.add_argument("--seconds", type=float, default=10, help="length of each measurement")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16], help="concurrent clients")
     parser.add_argument("--new", type=int, nargs="+", default=[32, 256], help="new tokens per generation")
-    parser.add_argument("--out", type=Path, default=None, help="keep results.json here (default: not kept)")
     args = parser.parse_args()
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from train_deploy.export.runtime import bundle_tokenizer, read_bundle
 
     tokenizer = bundle_tokenizer(args.bundle, read_bundle(args.bundle))
@@ -238,13 +203,9 @@ def main() -> None:
     WORK.mkdir(parents=True)
     running: dict[str, tuple[subprocess.Popen, int]] = {}
     try:
-        servers(*log_model(args.bundle), running)
+        servers(*log_model(args.bundle, WORK), running)
         results = measure({name: port for name, (_, port) in running.items()}, args, count)
-        table = report(args.bundle, args, results)
-        sys.stdout.write("\n" + table)
-        if args.out is not None:
-            args.out.mkdir(parents=True, exist_ok=True)
-            (args.out / "results.json").write_text(json.dumps({"results": results, "table": table}, indent=2))
+        save_results(args.out, results, report(args.bundle, args, results))
     finally:
         for process, _ in running.values():
             os.killpg(process.pid, signal.SIGTERM)

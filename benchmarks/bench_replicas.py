@@ -107,7 +107,7 @@ def main() -> None:
     WORK.mkdir(parents=True)
     results: dict[str, dict] = {}
     try:
-        tracking_uri, model = log_model(args.bundle)
+        tracking_uri, model = log_model(args.bundle, WORK)
         for name, replicas in SERVERS.items():
             process, port = start(name, replicas, tracking_uri, model)
             try:
