@@ -67,9 +67,10 @@ def _wait_ready(process: subprocess.Popen, health: str, log: Path) -> None:
         time.sleep(0.2)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def etcd(tmp_path_factory) -> Iterator[str]:
-    """A fresh etcd for one test: its ``etcd://127.0.0.1:PORT`` URL."""
+    """An etcd for one test module: its ``etcd://127.0.0.1:PORT`` URL. Its tests share it: each elastic job keeps
+    its keys under its own ``launch.job_id``."""
     if not installed():
         pytest.skip(MISSING)
     with etcd_server(tmp_path_factory.mktemp("etcd")) as url:

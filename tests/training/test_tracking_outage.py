@@ -14,6 +14,7 @@ import mlflow
 import pytest
 from kedro.framework.session import KedroSession
 
+from tests.helpers.polling import wait_for
 from tests.helpers.project import tiny_runtime_params
 from tests.helpers.training import run_spec, training_params
 from tests.mlflow_server import MlflowServer, free_port
@@ -41,14 +42,6 @@ def _metric_lines(folder: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} within {timeout:.0f} s")
-        time.sleep(0.1)
-
-
 def test_training_goes_on_while_the_tracking_server_is_down_and_every_step_reaches_the_run_once(
         tmp_path: Path, tiny_tokens, mlflow_server: MlflowServer, tracking_uri, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
@@ -65,7 +58,8 @@ def test_training_goes_on_while_the_tracking_server_is_down_and_every_step_reach
 
     def stop_after_the_first_metrics_then_restart() -> None:
         try:
-            _wait_for(lambda: client.get_metric_history(run_id, "train.loss"), 120, "no metric reached the run")
+            wait_for(lambda: client.get_metric_history(run_id, "train.loss"), 120, "no metric reached the run",
+                     interval=0.1)
             mlflow_server.stop()
             outage["steps_at_stop"] = len(_metric_lines(tmp_path))
             time.sleep(OUTAGE_S)

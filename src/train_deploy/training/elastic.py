@@ -15,32 +15,55 @@ with the global batch kept by gradient accumulation (docs/training.md says why).
 
 Each formation after the first is a re-form: rank 0 records it (:func:`record_formation`) in the log and as
 ``elastic_*`` metrics at the step it resumed from, which the training node sends to the MLflow run.
+
+The launcher's training script is this module (:func:`main`), which runs ``worker.py`` as its child and, when the
+worker fails, stays alive up to :data:`HOLD_S` seconds before failing with it: Paddle's launcher must learn of a
+lost node from etcd (the node's lease expiring), not from its own worker's failure, or a second survivor ends
+with "peer not ready" (:func:`hold_failed_worker` says why; docs/training.md shows the log lines).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import signal
 import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
+from types import FrameType
 
 from pydantic import ConfigDict, Field
 from pydantic.dataclasses import dataclass
 
 from train_deploy.config import CONFIG, ConfigError, check, check_range
 from train_deploy.redaction import redact_uri
+from train_deploy.run_control.processes import stop_process_tree
 
 logger = logging.getLogger(__name__)
 
 SCHEME = "etcd://"
-LAUNCHER_ENVIRONMENT = {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"}
-"""Set only in the elastic launcher's environment: ``etcd3`` 0.12 (the client Paddle's ``ETCDMaster`` imports)
-ships protobuf code generated before protobuf 4, which the installed protobuf's C implementation refuses to load."""
+LAUNCHER_ENVIRONMENT = {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python", "GRPC_ENABLE_FORK_SUPPORT": "0"}
+"""Set only in the elastic launcher's environment (the workers inherit it). ``etcd3`` 0.12 (the client Paddle's
+``ETCDMaster`` imports) ships protobuf code generated before protobuf 4, which the installed protobuf's C
+implementation refuses to load. And the launcher forks each worker while etcd3's gRPC threads (heartbeat, watch)
+are busy: with gRPC's fork handlers on, some children die before they run ("Other threads are currently calling
+into gRPC, skipping fork() handlers", then "epoll_wait error: Bad file descriptor"; 2-3 of 60 forks measured here),
+and the launcher takes that for a failed worker."""
 FORMATIONS_FILE = "elastic_formations.jsonl"
 """Rank 0's record of each formation (time, world size, step resumed from), one JSON object per line, in the
 run's log folder."""
 REACH_TIMEOUT_S = 5.0
+LEASE_S = 10
+"""Paddle's heartbeat lease (``ETCDMaster.register_heartbeat(ttl=10)``, refreshed every 5 s): a killed node's key
+expires 5-10 s after its last refresh."""
+HOLD_S = 6.0 * LEASE_S
+"""How long a failed worker's process stays alive before failing (:func:`hold_failed_worker`): six leases, so
+that the lost node's key has expired and every launcher has seen it (its watch polls every 2 s) even on a loaded
+machine. What it costs: a worker that fails on its own (a bug, out of memory) is reported a minute later."""
+STOP_GRACE_S = 20.0
+"""After the launcher's SIGTERM, how long the worker may take to end before SIGKILL (Paddle's launcher waits 30 s)."""
 
 
 # A pydantic dataclass like every configuration block (``train_deploy.config.CONFIG``, frozen besides): each key's
@@ -121,3 +144,43 @@ def record_formation(logs: Path, world_size: int, step: int, now: float | None =
                 world_size, step)
     return {"elastic_reform": float(len(lines)), "elastic_previous_world_size": float(previous["world_size"]),
             "elastic_world_size": float(world_size), "elastic_reform_time": formation["time"]}
+
+
+def hold_failed_worker(command: list[str], hold_s: float = HOLD_S) -> int:
+    """Run the worker ``command`` and return its exit status; when it fails, first stay alive up to ``hold_s``
+    seconds, ended early (with the worker) by the launcher's SIGTERM.
+
+    Why: a lost node makes every other worker abort at once (gloo: "Connection reset by peer"). A launcher that sees
+    its own worker fail sets its status to FAILED and deletes every node's heartbeat key (Paddle 3.3.1
+    ``controller.py`` ``watch``, ``master.py`` ``restart_peer``). Only an etcd event on those keys turns FAILED into
+    RESTARTING; the second survivor's deletion finds no key left, so no event comes, and ``wait_peer_ready``, whose
+    loop runs only while the status is not done, counts the live heartbeats at once (none: they were just deleted),
+    logs "peer not ready" and ends the launcher; its heartbeat thread, which also stops on FAILED, may already be
+    gone. With the worker held alive the launcher sees no failure: the lost node's lease expires, every survivor
+    gets that event (RESTARTING), stops its worker and re-forms from the heartbeats alive."""
+    worker = subprocess.Popen(command)  # in the launcher's process group: its SIGTERM reaches both
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        stop_process_tree(worker, STOP_GRACE_S)
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        code = worker.wait()
+        if code != 0:
+            logger.warning("The worker ended with status %d; holding up to %.0f s so that the launcher re-forms the "
+                           "job if a node was lost", code, hold_s)
+            time.sleep(hold_s)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return 128 - code if code < 0 else code  # a signal's death as a shell shows it (SIGABRT: 134)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python elastic.py WORKER.py ARGS...``: the elastic launcher's training script (:func:`hold_failed_worker`)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s elastic %(levelname)s %(message)s", stream=sys.stdout)
+    sys.exit(hold_failed_worker([sys.executable, "-u", *(sys.argv[1:] if argv is None else argv)]))
+
+
+if __name__ == "__main__":
+    main()

@@ -186,7 +186,9 @@ def launcher_command(config: TrainingConfig, spec_file: Path, log_dir: Path, nod
         command += ["--nnodes", str(la.nnodes), "--master", str(la.master), "--rank", str(rank)]
     if config.device.type == "cpu":
         command += cpu_job_devices(la.nproc_per_node)
-    return command + [worker.__file__, "--run", str(spec_file)]
+    # elastic: the worker runs under elastic.py, which holds a failed worker until etcd tells of a lost node
+    script = [elastic.__file__, worker.__file__] if la.elastic is not None else [worker.__file__]
+    return command + script + ["--run", str(spec_file)]
 
 
 def cpu_job_devices(nproc: int) -> list[str]:
