@@ -223,8 +223,7 @@ def served_copy(project: Path, tracking: str, registry: str, name: str, alias: s
     """The version ``alias`` names and its downloaded copy (:func:`cached_model`), recorded as the alias's last
     served copy; when a tracking server does not answer at all, that last copy (verified by its hashes), with a
     warning, so a serving host restarted during an outage serves on (``--follow`` then polls until it answers)."""
-    last = cache_dir() / "serve" / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', f'{name}@{alias}')[:80]}-" \
-        f"{digest([registry, name, alias], 8)}.json"
+    last = _last_served(registry, name, alias)
     if not alias.isdigit() and not _answers(tracking):
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             record = json.loads(last.read_text(encoding="utf-8"))
@@ -236,10 +235,22 @@ def served_copy(project: Path, tracking: str, registry: str, name: str, alias: s
     check_store(tracking, project)
     os.chdir(project)  # a store written before locations were absolute resolves them from the project folder
     model = cached_model(found, tracking, registry)
-    with atomic_path(last, "the last served copy's record") as staged:
-        staged.write_text(json.dumps({"version": str(found.version), "folder": str(_version_folder(model))}) + "\n",
-                          encoding="utf-8")
+    record_served(registry, name, alias, str(found.version), model)
     return str(found.version), model
+
+
+def _last_served(registry: str, name: str, alias: str) -> Path:
+    """The record of the copy last served for ``name@alias`` of ``registry``, beside the cached versions."""
+    return cache_dir() / "serve" / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', f'{name}@{alias}')[:80]}-" \
+        f"{digest([registry, name, alias], 8)}.json"
+
+
+def record_served(registry: str, name: str, alias: str, version: str, model: Path) -> None:
+    """Record the cached ``model`` (version ``version``) as the copy served for ``name@alias``: what a start while
+    the tracking server does not answer serves (:func:`served_copy`); ``--follow`` records each version it moves to."""
+    with atomic_path(_last_served(registry, name, alias), "the last served copy's record") as staged:
+        staged.write_text(json.dumps({"version": version, "folder": str(_version_folder(model))}) + "\n",
+                          encoding="utf-8")
 
 
 def _version_folder(model: Path) -> Path:

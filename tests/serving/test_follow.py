@@ -4,14 +4,11 @@ to with no failed request, every answer naming the version that produced it."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
-import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import mlflow
@@ -21,52 +18,18 @@ from click.testing import CliRunner
 from tests.helpers.project import copy_project
 from tests.helpers.registry import REGISTERED_MODEL, ModelServer, ModelStore
 from tests.http_receiver import Receiver
+from tests.serving.conftest import (
+    CLIENTS,
+    SCORE,
+    Load,
+    TrackingServerStore,
+    follow_command,
+    request,
+    served_version,
+    wait_for,
+)
 
 pytest_plugins = ["tests.mlflow_server"]
-
-CLIENTS = 8
-POLL_S = 0.5
-SCORE = json.dumps({"dataframe_split": {"columns": ["text"], "data": [["今天天气很好。"]]},
-                    "params": {"task": "score"}}).encode()
-
-
-def _request(server: ModelServer, method: str, path: str, body: bytes | None = None) -> tuple[int, str, bytes]:
-    """One request on its own connection: the status, the ``x-model-version`` header and the body."""
-    host, port = server.url.split("//")[1].rsplit(":", 1)
-    connection = http.client.HTTPConnection(host, int(port), timeout=120)
-    try:
-        connection.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})
-        response = connection.getresponse()
-        return response.status, response.getheader("x-model-version") or "", response.read()
-    finally:
-        connection.close()
-
-
-class Clients:
-    """``CLIENTS`` threads scoring one text after another until stopped; each keeps (status, version) answers."""
-
-    def __init__(self, server: ModelServer) -> None:
-        self.server, self.stopping = server, threading.Event()
-        self.answers: list[list[tuple[int, str]]] = [[] for _ in range(CLIENTS)]
-        self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(CLIENTS)]
-
-    def _loop(self, i: int) -> None:
-        while not self.stopping.is_set():
-            try:
-                status, version, _ = _request(self.server, "POST", "/invocations", SCORE)
-            except OSError as error:  # a refused or dropped connection is a failed request too
-                status, version = 0, type(error).__name__
-            self.answers[i].append((status, version))
-
-    def __enter__(self) -> Clients:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout=180)
 
 
 @pytest.fixture(scope="module")
@@ -107,9 +70,7 @@ def server(tmp_path_factory, versions, receiver) -> Iterator[ModelServer]:
     project = copy_project(tmp_path_factory.mktemp("follow_project") / "project")
     (project / "conf" / "local" / "parameters_notify.yml").write_text(
         f"notify:\n  webhooks: [{receiver.url}]\n  attempts: 1\n  timeout_seconds: 5\n")
-    served.command = [str(Path(sys.executable).parent / "train-deploy"), "serve", "--project", str(project),
-                      "--model", REGISTERED_MODEL, "--follow", "--poll-interval", str(POLL_S), "--port",
-                      served.url.rsplit(":", 1)[1]]
+    served.command = follow_command(served, project)
     served.start()
     try:
         yield served
@@ -117,45 +78,32 @@ def server(tmp_path_factory, versions, receiver) -> Iterator[ModelServer]:
         served.stop()
 
 
-def _served_version(server: ModelServer) -> str:
-    status, header, body = _request(server, "GET", "/v1/models")
-    assert status == 200 and json.loads(body)["data"][0]["version"] == header
-    return header
-
-
 def _metrics(server: ModelServer) -> str:
-    status, _, body = _request(server, "GET", "/metrics")
+    status, _, body = request(server, "GET", "/metrics")
     assert status == 200
     return body.decode()
-
-
-def _wait_for(condition, what: str, server: ModelServer, timeout: float = 240.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} did not happen:\n{server.log.read_text(errors='replace')[-4000:]}"
-        time.sleep(0.1)
 
 
 @pytest.mark.slow
 def test_a_damaged_version_is_refused_alerted_and_a_good_one_taken_with_no_failed_request(server, versions, receiver):
     store, (first, second, damaged) = versions
-    assert _served_version(server) == first
+    assert served_version(server) == first
     refused = (f'train_deploy_follow_refused_total{{model="{REGISTERED_MODEL}",version="{damaged}"}} 1.0')
-    with Clients(server) as clients, store.active():
+    with Load(server) as load, store.active():
         client = mlflow.MlflowClient()
         client.set_registered_model_alias(REGISTERED_MODEL, "champion", damaged)
-        _wait_for(lambda: refused in _metrics(server), "refusing the damaged version", server)
-        assert _served_version(server) == first
+        wait_for(lambda: refused in _metrics(server), "refusing the damaged version", server)
+        assert served_version(server) == first
         client.set_registered_model_alias(REGISTERED_MODEL, "champion", second)
-        _wait_for(lambda: _served_version(server) == second, "the switch to the good version", server)
-        answered_before = sum(map(len, clients.answers))
-        _wait_for(lambda: sum(map(len, clients.answers)) >= answered_before + 2 * CLIENTS, "answers after it", server)
+        wait_for(lambda: served_version(server) == second, "the switch to the good version", server)
+        switched = time.monotonic()
+        wait_for(lambda: len(load.since(switched)) >= 2 * CLIENTS, "answers after it", server)
 
-    answers = [answer for client_answers in clients.answers for answer in client_answers]
-    assert [answer for answer in answers if answer[0] != 200] == []
-    assert {version for _, version in answers} == {first, second}
-    for client_answers in clients.answers:  # each client's answers came from version 1, then from version 2
-        named = [version for _, version in client_answers]
+    answers = load.since(0)
+    assert [answer for answer in answers if answer.status != 200] == []
+    assert {answer.version for answer in answers} == {first, second}
+    for i in range(CLIENTS):  # each client's answers came from version 1, then from version 2
+        named = [answer.version for answer in answers if answer.client == i]
         assert named == sorted(named, key=int)
     log = server.log.read_text(errors="replace")
     refusals = re.findall(rf"Refused version {damaged} of {REGISTERED_MODEL} \(\S+\): BundleError: .*; version "
@@ -175,6 +123,82 @@ def test_a_damaged_version_is_refused_alerted_and_a_good_one_taken_with_no_faile
     assert len(receiver.received) == 1
 
 
+def test_a_version_whose_download_failed_is_downloaded_again_at_the_next_look_not_refused(monkeypatch, caplog):
+    """A tracking server that goes down while a new version downloads says nothing about the version: it is not
+    refused (nor alerted) but downloaded again at the next look, and served once it arrives and passes its checks."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from train_deploy.run_control.notify import NotifyConfig
+    from train_deploy.serving import follow
+
+    def app_of(version: str) -> SimpleNamespace:  # what FollowingApp reads of a loaded version
+        return SimpleNamespace(served=SimpleNamespace(name=REGISTERED_MODEL, version=version), metrics=None)
+
+    downloads: list[str] = []
+    remembered: list[tuple[str, Path]] = []
+
+    class _Watch:
+        name, alias, interval_s, alerts = REGISTERED_MODEL, "champion", 1.0, NotifyConfig()
+
+        def download(self, found: SimpleNamespace) -> Path:
+            downloads.append(found.version)
+            if len(downloads) == 1:
+                raise ConnectionError("the tracking server went away")
+            return Path("model")
+
+        def remember(self, version: str, model: Path) -> None:
+            remembered.append((version, model))
+
+    async def checked(app: object) -> None:
+        return None
+
+    monkeypatch.setattr(follow, "load_app", lambda model, name, version: app_of(version))
+    monkeypatch.setattr(follow, "check_app", checked)
+    monkeypatch.setattr(follow, "close_app", lambda app: None)
+
+    async def two_looks() -> tuple[follow.FollowingApp, list[bool]]:
+        following = follow.FollowingApp(app_of("1"), _Watch())
+        taken = [await following.take(SimpleNamespace(version="2")) for _ in range(2)]
+        await asyncio.gather(*following._retiring)
+        return following, taken
+
+    with caplog.at_level("WARNING", logger=follow.__name__):
+        following, taken = asyncio.run(two_looks())
+    assert (taken, downloads, following.current.version, following.refused) == ([False, True], ["2", "2"], "2", set())
+    assert remembered == [("2", Path("model"))]  # the version switched to is what a restart in an outage serves
+    assert [record.getMessage() for record in caplog.records] == [
+        f"Version 2 of {REGISTERED_MODEL} could not be downloaded (ConnectionError); version 1 keeps serving, "
+        "downloading again at the next look"]
+
+
+def test_the_version_followed_to_is_what_a_start_in_an_outage_serves(tmp_path, monkeypatch):
+    """``Watch.remember`` (called on every switch) rewrites the alias's served-copy record, which ``train-deploy
+    serve`` started while the tracking server does not answer serves: the last version followed, not the first."""
+    import json as json_module
+
+    from tests.mlflow_server import HOST, free_port
+    from train_deploy.hashing import file_record
+    from train_deploy.serve import DOWNLOAD_RECORD, served_copy
+    from train_deploy.serving.follow import Watch
+
+    monkeypatch.setenv("TRAIN_DEPLOY_CACHE_DIR", str(tmp_path / "cache"))
+    down = f"http://{HOST}:{free_port()}"  # nothing listens there
+    models = {}
+    for version in ("1", "2"):  # two cached copies as serve.cached_model leaves them
+        folder = tmp_path / "cache" / "serve" / f"{REGISTERED_MODEL}-{version}"
+        (folder / "model").mkdir(parents=True)
+        (folder / "model" / "MLmodel").write_text(f"version {version}\n")
+        (folder / DOWNLOAD_RECORD).write_text(json_module.dumps(
+            {"model": "model", "files": {"model/MLmodel": file_record(folder / "model" / "MLmodel")}}))
+        models[version] = folder / "model"
+    watch = Watch(REGISTERED_MODEL, "champion", down, down)
+    watch.remember("1", models["1"])
+    assert served_copy(tmp_path, down, down, REGISTERED_MODEL, "champion") == ("1", models["1"])
+    watch.remember("2", models["2"])
+    assert served_copy(tmp_path, down, down, REGISTERED_MODEL, "champion") == ("2", models["2"])
+
+
 def test_following_a_version_number_is_refused_in_one_line():
     from train_deploy.commands import main
 
@@ -184,26 +208,35 @@ def test_following_a_version_number_is_refused_in_one_line():
         "Error: --follow: version 3 never moves; follow an alias (--alias champion)"]
 
 
-@dataclass(frozen=True)
-class _TrackingServer(ModelStore):
-    """A tracking server as the store child processes use (clients that give up at once when it is down)."""
+def test_a_look_at_a_tracking_server_that_is_down_fails_at_once():
+    """One look is one request: MLflow's client would retry a refused connection for about 4 minutes (its
+    default 7 retries, doubling from 2 s), holding the watch that long past the end of an outage."""
+    from mlflow.exceptions import MlflowException
 
-    uri: str = ""
+    from tests.mlflow_server import HOST, free_port
+    from train_deploy.serving.follow import Watch
 
-    @property
-    def tracking_uri(self) -> str:
-        return self.uri
+    down = f"http://{HOST}:{free_port()}"  # nothing listens there
+    outcome: list[BaseException] = []
 
-    def environment(self) -> dict[str, str]:
-        return {**super().environment(), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
-                "COLUMNS": "400"}  # the command's log lines whole
+    def look() -> None:
+        try:
+            Watch(REGISTERED_MODEL, "champion", down, down).current()
+        except BaseException as error:  # noqa: BLE001 - the test names it below
+            outcome.append(error)
+
+    started = time.monotonic()
+    thread = threading.Thread(target=look, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), f"the look still waits after {time.monotonic() - started:.0f} s"
+    assert [type(error) for error in outcome] == [MlflowException]
+    assert "Connection refused" in str(outcome[0]), outcome
 
 
 def _following(store: ModelStore, project: Path, folder: Path) -> ModelServer:
     served = ModelServer(f"models:/{REGISTERED_MODEL}@champion", store, folder)
-    served.command = [str(Path(sys.executable).parent / "train-deploy"), "serve", "--project", str(project),
-                      "--model", REGISTERED_MODEL, "--follow", "--poll-interval", str(POLL_S), "--port",
-                      served.url.rsplit(":", 1)[1]]
+    served.command = follow_command(served, project)
     return served
 
 
@@ -217,11 +250,11 @@ def test_a_restart_while_the_tracking_server_is_down_serves_the_last_copy_and_th
     with mlflow.start_run(experiment_id=mlflow.set_experiment("outage").experiment_id):
         version = log_bundle_model(tiny_bundle, registered_model_name=REGISTERED_MODEL).registered_model_version
     mlflow.MlflowClient().set_registered_model_alias(REGISTERED_MODEL, "champion", version)
-    store, project = _TrackingServer(tmp_path, mlflow_server.uri), copy_project(tmp_path / "project")
+    store, project = TrackingServerStore(tmp_path, mlflow_server.uri), copy_project(tmp_path / "project")
     first = _following(store, project, tmp_path / "first")
     first.start()
     try:
-        assert _served_version(first) == str(version)
+        assert served_version(first) == str(version)
     finally:
         first.stop()
 
@@ -229,12 +262,12 @@ def test_a_restart_while_the_tracking_server_is_down_serves_the_last_copy_and_th
     second = _following(store, project, tmp_path / "second")
     second.start()
     try:
-        assert _served_version(second) == str(version)
-        assert _request(second, "POST", "/invocations", SCORE)[0] == 200
-        _wait_for(lambda: "The registry did not answer" in second.log.read_text(errors="replace"), "a failed poll",
+        assert served_version(second) == str(version)
+        assert request(second, "POST", "/invocations", SCORE)[0] == 200
+        wait_for(lambda: "The registry did not answer" in second.log.read_text(errors="replace"), "a failed poll",
                   second)
         mlflow_server.start()
-        _wait_for(lambda: "The registry answers again" in second.log.read_text(errors="replace"), "a poll", second)
+        wait_for(lambda: "The registry answers again" in second.log.read_text(errors="replace"), "a poll", second)
     finally:
         second.stop()
     log = second.log.read_text(errors="replace")

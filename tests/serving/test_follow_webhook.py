@@ -7,22 +7,19 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import http.client
 import json
 import re
-import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import mlflow
 import pytest
 
 from tests.helpers.project import copy_project
-from tests.helpers.registry import REGISTERED_MODEL, ModelServer, ModelStore
+from tests.helpers.registry import REGISTERED_MODEL, ModelServer
 from tests.mlflow_server import MlflowServer, free_port
+from tests.serving.conftest import TrackingServerStore, follow_command, request, served_version, wait_for
 
 POLL_S = 60.0
 SWITCH_WITHIN_S = 20.0
@@ -47,42 +44,6 @@ def webhook_server(tmp_path_factory, monkeypatch) -> Iterator[WebhookServer]:
         yield server
     finally:
         server.stop()
-
-
-@dataclass(frozen=True)
-class _TrackingServer(ModelStore):
-    """The tracking server as the serving process's store."""
-
-    uri: str = ""
-
-    @property
-    def tracking_uri(self) -> str:
-        return self.uri
-
-
-def _request(server: ModelServer, path: str, body: bytes | None = None,
-             headers: dict[str, str] | None = None) -> tuple[int, str, bytes]:
-    host, port = server.url.split("//")[1].rsplit(":", 1)
-    connection = http.client.HTTPConnection(host, int(port), timeout=60)
-    try:
-        connection.request("POST" if body is not None else "GET", path, body=body, headers=headers or {})
-        response = connection.getresponse()
-        return response.status, response.getheader("x-model-version") or "", response.read()
-    finally:
-        connection.close()
-
-
-def _served_version(server: ModelServer) -> str:
-    status, header, _ = _request(server, "/v1/models")
-    assert status == 200
-    return header
-
-
-def _wait_for(condition, what: str, server: ModelServer, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} did not happen:\n{server.log.read_text(errors='replace')[-4000:]}"
-        time.sleep(0.1)
 
 
 def _hooks(uri: str) -> list[str]:
@@ -115,28 +76,27 @@ def test_the_webhook_switches_at_once_refuses_forged_deliveries_and_is_deleted_a
         second = log_bundle_model(tiny_bundle, registered_model_name=REGISTERED_MODEL).registered_model_version
     client = mlflow.MlflowClient()
     client.set_registered_model_alias(REGISTERED_MODEL, "champion", first)
-    served = ModelServer(f"models:/{REGISTERED_MODEL}@champion", _TrackingServer(tmp_path, uri), tmp_path / "serve")
-    served.command = [str(Path(sys.executable).parent / "train-deploy"), "serve", "--project",
-                      str(copy_project(tmp_path / "project")), "--model", REGISTERED_MODEL, "--follow",
-                      "--poll-interval", str(POLL_S), "--port", served.url.rsplit(":", 1)[1]]
+    served = ModelServer(f"models:/{REGISTERED_MODEL}@champion", TrackingServerStore(tmp_path, uri),
+                         tmp_path / "serve")
+    served.command = follow_command(served, copy_project(tmp_path / "project"), poll_s=POLL_S)
     hook_url = f"{served.url}/hooks/mlflow"
     served.start()
     try:
-        _wait_for(lambda: _hooks(uri) == [hook_url], "the webhook's registration", served, 30)
-        assert _served_version(served) == str(first)
+        wait_for(lambda: _hooks(uri) == [hook_url], "the webhook's registration", served, 30)
+        assert served_version(served) == str(first)
 
         body, unsigned = _delivery(str(second), None)
-        assert _request(served, "/hooks/mlflow", body, unsigned)[0] == 401
+        assert request(served, "POST", "/hooks/mlflow", body, unsigned)[0] == 401
         body, forged = _delivery(str(second), "not-the-secret")
-        status, _, answer = _request(served, "/hooks/mlflow", body, forged)
+        status, _, answer = request(served, "POST", "/hooks/mlflow", body, forged)
         assert (status, json.loads(answer)["error_code"]) == (401, "BAD_REQUEST")
-        assert _request(served, "/hooks/mlflow", body, {**forged, "Content-Type": "text/plain"})[0] == 415
-        assert _request(served, "/hooks/mlflow", b"{" * 20000, forged)[0] == 400
-        assert _served_version(served) == str(first)
+        assert request(served, "POST", "/hooks/mlflow", body, {**forged, "Content-Type": "text/plain"})[0] == 415
+        assert request(served, "POST", "/hooks/mlflow", b"{" * 20000, forged)[0] == 400
+        assert served_version(served) == str(first)
 
         started = time.monotonic()
         client.set_registered_model_alias(REGISTERED_MODEL, "champion", second)
-        _wait_for(lambda: _served_version(served) == str(second), "the switch", served, SWITCH_WITHIN_S)
+        wait_for(lambda: served_version(served) == str(second), "the switch", served, SWITCH_WITHIN_S)
         assert time.monotonic() - started < SWITCH_WITHIN_S
     finally:
         served.stop()

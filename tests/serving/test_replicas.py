@@ -5,16 +5,13 @@ every replica with no failed request. One Ray instance serves every test of the 
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import os
 import signal
-import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,7 +20,7 @@ import pytest
 
 from tests.helpers.project import copy_project
 from tests.helpers.registry import REGISTERED_MODEL, ModelServer, ModelStore
-from tests.serving.test_follow import CLIENTS, POLL_S, SCORE, _request
+from tests.serving.conftest import CLIENTS, SCORE, Load, follow_command, request, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -45,9 +42,7 @@ def replicas(tmp_path_factory, store) -> Iterator[ModelServer]:
     store, _ = store
     served = ModelServer(f"models:/{REGISTERED_MODEL}@champion", store, tmp_path_factory.mktemp("replicas") / "empty")
     project = copy_project(tmp_path_factory.mktemp("replicas_project") / "project")
-    served.command = [str(Path(sys.executable).parent / "train-deploy"), "serve", "--project", str(project),
-                      "--model", REGISTERED_MODEL, "--replicas", "2", "--follow", "--poll-interval", str(POLL_S),
-                      "--port", served.url.rsplit(":", 1)[1]]
+    served.command = follow_command(served, project, "--replicas", "2")
     before = set(Path(tempfile.gettempdir()).glob("train_deploy-serve-ray-*"))
     served.start(timeout=300)
     try:
@@ -61,7 +56,7 @@ def replicas(tmp_path_factory, store) -> Iterator[ModelServer]:
 
 def test_two_replicas_answer_scoring_and_openai_completions_through_ray_serves_proxy(replicas):
     with ThreadPoolExecutor(4) as pool:
-        answers = list(pool.map(lambda _: _request(replicas, "POST", "/invocations", SCORE), range(40)))
+        answers = list(pool.map(lambda _: request(replicas, "POST", "/invocations", SCORE), range(40)))
     assert {status for status, _, _ in answers} == {200}
     assert {json.loads(body)["predictions"][0]["text"] for _, _, body in answers} == {"今天天气很好。"}
 
@@ -74,7 +69,7 @@ def test_two_replicas_answer_scoring_and_openai_completions_through_ray_serves_p
         model=REGISTERED_MODEL, prompt="今天", max_tokens=4, temperature=0, stream=True) if chunk.choices)
     assert streamed == completion.choices[0].text
 
-    too_many = _request(replicas, "POST", "/invocations", json.dumps(
+    too_many = request(replicas, "POST", "/invocations", json.dumps(
         {"dataframe_split": {"columns": ["text"], "data": [["今天"]] * 65}}).encode())
     assert too_many[0] == 400  # each replica enforces the logged limits (max_batch 64)
 
@@ -92,72 +87,16 @@ def test_requests_are_spread_over_both_replicas(replicas):
     assert len(seen) == 2
 
 
-class _Answer:
-    """One request of a client: when it was sent and answered, its status, version and replica (0 and the error's
-    name when the connection failed)."""
-
-    def __init__(self, sent: float, answered: float, status: int, version: str, replica: str) -> None:
-        self.sent, self.answered, self.status, self.version, self.replica = sent, answered, status, version, replica
-
-
-class _Load:
-    """``CLIENTS`` threads scoring one text after another through the proxy until stopped."""
-
-    def __init__(self, server: ModelServer) -> None:
-        self.host, port = server.url.split("//")[1].rsplit(":", 1)
-        self.port, self.stopping, self.answers = int(port), threading.Event(), []
-        self.lock = threading.Lock()
-        self.threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(CLIENTS)]
-
-    def _loop(self) -> None:
-        while not self.stopping.is_set():
-            sent = time.monotonic()
-            connection = http.client.HTTPConnection(self.host, self.port, timeout=120)
-            try:
-                connection.request("POST", "/invocations", body=SCORE, headers={"Content-Type": "application/json"})
-                response = connection.getresponse()
-                response.read()
-                answer = _Answer(sent, time.monotonic(), response.status, response.getheader("x-model-version") or "",
-                                 response.getheader("x-replica") or "")
-            except OSError as error:  # a refused or dropped connection is a failed request too
-                answer = _Answer(sent, time.monotonic(), 0, type(error).__name__, "")
-            finally:
-                connection.close()
-            with self.lock:
-                self.answers.append(answer)
-
-    def since(self, moment: float) -> list[_Answer]:
-        with self.lock:
-            return [answer for answer in self.answers if answer.sent >= moment]
-
-    def wait_for(self, condition: Callable[[], bool], what: str, server: ModelServer, timeout: float = 240.0) -> None:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            tail = server.log.read_text(errors="replace")[-4000:]
-            assert time.monotonic() < deadline, f"{what} did not happen:\n{tail}"
-            time.sleep(0.1)
-
-    def __enter__(self) -> _Load:
-        for thread in self.threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stopping.set()
-        for thread in self.threads:
-            thread.join(timeout=180)
-
-
 def test_a_killed_replica_is_replaced_and_a_new_champion_rolled_over_under_load_with_no_failed_request(
         replicas, store):
     store, (first, second) = store
-    with _Load(replicas) as load:
-        load.wait_for(lambda: len({a.replica for a in load.since(0) if a.status == 200}) == 2, "both replicas",
+    with Load(replicas) as load:
+        wait_for(lambda: len({a.replica for a in load.since(0) if a.status == 200}) == 2, "both replicas",
                       replicas)
         victim, survivor = sorted({answer.replica for answer in load.since(0) if answer.status == 200})
         killed = time.monotonic()
         os.kill(int(victim), signal.SIGKILL)
-        load.wait_for(lambda: {a.replica for a in load.since(killed) if a.status == 200} - {victim, survivor},
+        wait_for(lambda: {a.replica for a in load.since(killed) if a.status == 200} - {victim, survivor},
                       "a replacement replica answering", replicas)
         replaced = time.monotonic()
         meanwhile = [answer for answer in load.since(killed) if answer.sent < replaced]
@@ -171,9 +110,9 @@ def test_a_killed_replica_is_replaced_and_a_new_champion_rolled_over_under_load_
             latest = {answer.replica: answer.version for answer in load.since(promoted) if answer.status == 200}
             return len(latest) == 2 and set(latest.values()) == {second}
 
-        load.wait_for(rolled_over, "the rollover of both replicas", replicas)
+        wait_for(rolled_over, "the rollover of both replicas", replicas)
         rolled = time.monotonic()
-        load.wait_for(lambda: len(load.since(rolled)) >= 2 * CLIENTS, "answers after the rollover", replicas)
+        wait_for(lambda: len(load.since(rolled)) >= 2 * CLIENTS, "answers after the rollover", replicas)
 
     # the kill: only requests in flight when it happened failed (each client has one at a time); the ones sent
     # meanwhile were answered by the survivor, then by the replacement too

@@ -5,10 +5,10 @@ version the alias moves to once that version has proved itself, without a failed
 the downloaded version in ``$TRAIN_DEPLOY_SERVED_MODEL`` with the app of ``serving/app.py``, wrapped in a
 :class:`FollowingApp`. Every ``TRAIN_DEPLOY_FOLLOW_POLL_S`` seconds it asks the registry (``MLFLOW_REGISTRY_URI``)
 which version ``TRAIN_DEPLOY_FOLLOW_ALIAS`` names. When the registry is an ``mlflow server`` that keeps webhooks and
-one uvicorn worker serves, the server also registers an MLflow webhook for alias events (``serving/webhook.py``) whose
-deliveries reach ``POST /hooks/mlflow`` here: a signed one for the alias followed makes it look at the registry at
-once; an unsigned or wrongly signed one is a 401. Delivery is best effort, so polling goes on beside it; the webhook
-is deleted at shutdown.
+one uvicorn worker serves, the server also registers an MLflow webhook for alias events (``serving/webhook.py``), at
+the first look the registry answers, whose deliveries reach ``POST /hooks/mlflow`` here: a signed one for the alias
+followed makes it look at the registry at once; an unsigned or wrongly signed one is a 401. Delivery is best effort,
+so polling goes on beside it; the webhook is deleted at shutdown.
 
 When the alias names another version, that version is downloaded into the per-version cache (``serve.cached_model``:
 hashes recorded at download, a damaged copy downloaded again, a restart downloads nothing), its bundle checked against
@@ -20,7 +20,9 @@ naming it and why, ``train_deploy_follow_refused_total{version=…}`` counted (a
 keeps serving and the refused one is not tried again; the project's ``notify`` receivers (the block ``train-deploy
 serve`` read, in ``TRAIN_DEPLOY_FOLLOW_NOTIFY``) are sent one ``failed`` message (``stage``: ``serve --follow``, the
 model, version and reason) through ``run_control.notify``'s sender, whose deadline bounds it. A registry that does
-not answer is logged once per outage and polled again; the served version goes on answering.
+not answer is logged once per outage and polled again (each look one request, not MLflow's minutes of retries), so
+a tracking server's outage costs the watch nothing: the served version goes on answering, and the first look after
+the server is back sees where the alias points.
 
 Every answer carries the version that produced it in the ``x-model-version`` header; ``/v1/models``, ``/version``
 and ``/metrics`` (``train_deploy_served_version_info``) name the version being served now.
@@ -69,6 +71,8 @@ FOLLOW_NOTIFY = "TRAIN_DEPLOY_FOLLOW_NOTIFY"
 """The project's ``notify`` block as JSON: who is alerted of a refused version."""
 DEFAULT_POLL_S = 30.0
 VERSION_HEADER = b"x-model-version"
+LOOK_TIMEOUT_S = 10
+"""The longest one look at a tracking server may wait for its answer."""
 CHECK_TEXT, CHECK_PROMPT = "今天天气很好。", "今天"
 """What a new version is asked before it serves: one text scored, one prompt continued by a few tokens."""
 
@@ -163,7 +167,12 @@ class Watch:
     """Who is told of a refused version (none by default)."""
 
     def current(self) -> Any:
-        """The ``ModelVersion`` the alias names now (MLflow's error when the registry does not answer)."""
+        """The ``ModelVersion`` the alias names now (MLflow's error when the registry does not answer). On a
+        tracking server it is one request of at most :data:`LOOK_TIMEOUT_S`, never retried: MLflow's client retries
+        a refused connection 7 times with a doubling back-off (about 4 minutes), which would hold the watch that
+        long into an outage and that long after its end; the watch itself asks again every interval."""
+        if self.registry_uri.startswith(("http://", "https://")):
+            return _alias_read(self.registry_uri, self.name, self.alias)
         from mlflow import MlflowClient
 
         client = MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.registry_uri)
@@ -175,6 +184,30 @@ class Watch:
 
         return cached_model(found, self.tracking_uri, self.registry_uri)
 
+    def remember(self, version: str, model: Path) -> None:
+        """Record ``model`` as the alias's served copy, which a restart while the registry does not answer serves
+        (``serve.record_served``): a host restarted in an outage serves the version it followed to, not the first."""
+        from train_deploy.serve import record_served
+
+        record_served(self.registry_uri, self.name, self.alias, version, model)
+
+
+def _alias_read(uri: str, name: str, alias: str) -> Any:
+    """The ``ModelVersion`` ``name@alias`` names on the tracking server ``uri``: MLflow's own request (its
+    credentials from the environment, its errors), sent once."""
+    from mlflow.entities.model_registry import ModelVersion
+    from mlflow.protos.model_registry_pb2 import GetModelVersionByAlias
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.proto_json_utils import parse_dict
+    from mlflow.utils.rest_utils import http_request, verify_rest_response
+
+    endpoint = "/api/2.0/mlflow/registered-models/alias"
+    response = http_request(get_default_host_creds(uri), endpoint, "GET", max_retries=0, timeout=LOOK_TIMEOUT_S,
+                            params={"name": name, "alias": alias})
+    answer = GetModelVersionByAlias.Response()
+    parse_dict(verify_rest_response(response, endpoint).json(), answer)
+    return ModelVersion.from_proto(answer.model_version)
+
 
 class FollowingApp:
     """The ASGI app answering with the version served now, and the task that moves it along the alias (module)."""
@@ -182,12 +215,13 @@ class FollowingApp:
     def __init__(self, first: ServingApp, watch: Watch, hook: AliasHook | None = None) -> None:
         self.watch, self.hook = watch, hook
         self._wake = asyncio.Event()  # set by a signed alias event: look at the registry now
-        self._hook_again = False  # the webhook was not registered because the registry did not answer
+        self._hook_again = False  # the webhook is still to be registered, at the next look the registry answers
         self._routed(first)
         self.current = _Version(first, first.served.version)
         self.retired_metrics: list[CollectorRegistry] = []
         """The request series of the versions served before (their models are let go once closed)."""
         self.refused: set[str] = set()
+        self._undelivered: set[str] = set()  # versions whose download failed once (logged once)
         self.metrics = FollowMetrics(first.served.name)
         self.metrics.serving(self.current.version)
         self._task: asyncio.Task | None = None
@@ -249,18 +283,20 @@ class FollowingApp:
         """Look at the alias every interval, for as long as the server runs."""
         logger.info("Following %s@%s (version %s served), polling the registry every %g s", self.watch.name,
                     self.watch.alias, self.current.version, self.watch.interval_s)
-        if self.hook is not None:
-            self._hook_again = not await asyncio.to_thread(self.hook.register) and not await self._look()
+        # The webhook is registered after the first look the registry answers: MLflow's client, which registers
+        # it, retries a server that is down for minutes, and the watch must not wait on it.
+        self._hook_again = self.hook is not None
+        found = await self._look()
         while True:
-            with contextlib.suppress(TimeoutError):  # a webhook delivery ends the wait early
-                await asyncio.wait_for(self._wake.wait(), self.watch.interval_s)
-            self._wake.clear()
-            found = await self._look()
             if found is not None and self._hook_again and self.hook is not None:
                 self._hook_again = False
                 await asyncio.to_thread(self.hook.register)
             if found is not None and str(found.version) not in (self.current.version, *self.refused):
                 await self.take(found)
+            with contextlib.suppress(TimeoutError):  # a webhook delivery ends the wait early
+                await asyncio.wait_for(self._wake.wait(), self.watch.interval_s)
+            self._wake.clear()
+            found = await self._look()
 
     async def _look(self) -> Any:
         """The version the alias names, or None when the registry did not answer (logged once per outage)."""
@@ -280,11 +316,21 @@ class FollowingApp:
         return found
 
     async def take(self, found: Any) -> bool:
-        """Download, load and check the version ``found``, then serve it; False (logged, counted) if it fails."""
+        """Download, load and check the version ``found``, then serve it; False (logged, counted) if it fails. A
+        download that fails (a tracking server going down midway) is tried again at the next look, not refused."""
         version, started = str(found.version), time.monotonic()
         candidate: ServingApp | None = None
         try:
             model = await asyncio.to_thread(self.watch.download, found)
+        except Exception as error:  # the store did not deliver it: no verdict on the version
+            self.metrics.poll_failed()
+            if version not in self._undelivered:
+                self._undelivered.add(version)
+                logger.warning("Version %s of %s could not be downloaded (%s); version %s keeps serving, downloading "
+                               "again at the next look", version, self.watch.name, type(error).__name__,
+                               self.current.version)
+            return False
+        try:
             candidate = await asyncio.to_thread(load_app, model, self.watch.name, version)
             await check_app(candidate)
         except Exception as error:  # any failure of the new version leaves the old one serving
@@ -302,6 +348,10 @@ class FollowingApp:
         self.metrics.serving(version, old.version)
         logger.info("Serving version %s of %s (%s@%s moved from %s; checked in %.1f s)", version, self.watch.name,
                     self.watch.name, self.watch.alias, old.version, time.monotonic() - started)
+        try:
+            await asyncio.to_thread(self.watch.remember, version, model)
+        except OSError as error:  # a restart in an outage would serve the version recorded before
+            logger.warning("Version %s could not be recorded as the served copy (%s)", version, type(error).__name__)
         if old.app.metrics is not None:
             self.retired_metrics.append(old.app.metrics.registry)
         retiring = asyncio.create_task(self._retire(old))

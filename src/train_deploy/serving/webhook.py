@@ -38,6 +38,8 @@ of ``train-deploy serve`` (a TLS proxy in front, another name); ``off`` register
 EVENT = "model_version_alias.created"
 MAX_HOOK_BYTES = 16384
 """The largest delivery read: an alias event is about 200 bytes."""
+DELETE_TIMEOUT_S = 10
+"""The longest the webhook's deletion at shutdown waits for the tracking server."""
 MAX_AGE_S = 300
 """A delivery signed longer ago than this (or that far in the future) is refused: a replayed one."""
 
@@ -126,14 +128,18 @@ class AliasHook:
         return True
 
     def delete(self) -> None:
-        """Delete the webhook registered (logged if the tracking server does not answer)."""
+        """Delete the webhook registered (logged if the tracking server does not answer): MLflow's request, sent
+        once with a bounded wait, since its client retries a server that is down for minutes and a shutdown
+        must not wait that long."""
         if self.webhook_id is None:
             return
-        from mlflow import MlflowClient
+        from mlflow.utils.credentials import get_default_host_creds
+        from mlflow.utils.rest_utils import http_request, verify_rest_response
 
+        endpoint = f"/api/2.0/mlflow/webhooks/{self.webhook_id}"
         try:
-            MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri).delete_webhook(
-                self.webhook_id)
+            verify_rest_response(http_request(get_default_host_creds(self.tracking_uri), endpoint, "DELETE",
+                                              max_retries=0, timeout=DELETE_TIMEOUT_S), endpoint)
         except Exception as error:  # the next start at this URL deletes it
             logger.warning("Webhook %s could not be deleted (%s); the next server at %s deletes it",
                            self.webhook_id, type(error).__name__, self.url)
