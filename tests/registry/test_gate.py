@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 
 from tests.helpers.project import NO_SERVING_CHECK
 from tests.helpers.registry import GateProcess, ModelStore
-from tests.mlflow_server import mlflow_server  # noqa: F401  (the fixture)
+from tests.mlflow_server import MlflowServer, free_port
 from train_deploy.config import ConfigError
 from train_deploy.handoffs import Bundle, TrainingResult
 from train_deploy.registry.aliases import AliasLock, rollback
@@ -92,17 +92,32 @@ def tags(bundle: Bundle, result: TrainingResult, texts: partial) -> dict[str, st
 
 
 @pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory) -> Iterator[MlflowServer]:
+    """One MLflow server for this module's two server tests (a start takes 10 to 40 s), each gating a model of its
+    own; the outage test stops and starts it again."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # the client side sends no telemetry either
+        server = MlflowServer(tmp_path_factory.mktemp("mlflow_server"), free_port())
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="module")
 def texts(tiny_token_files, tiny_tokenizer) -> partial:
     return partial(validation_texts, tiny_token_files, tiny_tokenizer, EVAL_SET["documents"], EVAL_SET["max_chars"])
 
 
-def aliases(uri: str) -> dict[str, str]:
-    model = MlflowClient(uri, uri).get_registered_model(MODEL)
+def aliases(uri: str, name: str = MODEL) -> dict[str, str]:
+    model = MlflowClient(uri, uri).get_registered_model(name)
     return {alias: str(version) for alias, version in model.aliases.items()}
 
 
 @pytest.mark.slow
-def test_promotion_sequence_first_worse_better_forced(store, step_bundles, tiny_run, texts):
+def test_promotion_sequence_first_worse_better_forced_then_unservable_and_on_a_changed_set(store, step_bundles,
+                                                                                          tiny_run, texts):
     uri, client = store.tracking_uri, MlflowClient(store.tracking_uri, store.tracking_uri)
     run = partial(gate, uri, result=tiny_run, texts=texts, artifacts=store.root / "artifacts")
 
@@ -152,34 +167,53 @@ def test_promotion_sequence_first_worse_better_forced(store, step_bundles, tiny_
     assert json.loads(version.tags["training.layout"]) == tiny_run.layout
     assert float(version.tags["parity.max_abs_logit_diff.paddle_portable"]) <= 1e-4
 
+    # The same store goes on (a first gate each is what these cost apart): a candidate that cannot be served in
+    # time, then a changed evaluation set.
+    _a_candidate_that_cannot_be_served_in_time_is_rejected_and_the_champion_kept(run, uri, client, step_bundles[6])
+    _a_changed_evaluation_set_is_refused_in_one_line_and_nothing_moves(run, uri, client, first, step_bundles[6])
 
-@pytest.mark.slow
-def test_a_changed_evaluation_set_is_refused_in_one_line_and_nothing_moves(store, step_bundles, tiny_run, texts):
-    uri = store.tracking_uri
-    first = gate(uri, step_bundles[3], tiny_run, texts, store.root / "artifacts")
-    client = MlflowClient(uri, uri)
+
+def _a_candidate_that_cannot_be_served_in_time_is_rejected_and_the_champion_kept(run: partial, uri: str,
+                                                                                client: MlflowClient,
+                                                                                candidate: Bundle) -> None:
+    """Champion version 4, previous 3: version 5 is forced, so only the serving check stands between it and
+    champion; no server starts and answers in 1 s."""
+    late = run(candidate, force=True, serving_check={"enabled": True, "timeout_seconds": 1})
+    assert (late.decision, late.champion, late.version) == ("rejected", False, "5")
+    assert late.reason.startswith("the serving check failed: the server did not answer /ping within the time limit")
+    assert aliases(uri) == {"champion": "4", "previous": "3"}
+    tags = client.get_model_version(MODEL, "5").tags
+    assert tags["gate.decision"] == "rejected" and tags[SERVING_TAG].startswith("failed: the server did not answer")
+    assert [event["decision"] for event in read_history(client, MODEL)] == [
+        "first", "rejected", "promoted", "forced", "rejected"]
+
+
+def _a_changed_evaluation_set_is_refused_in_one_line_and_nothing_moves(run: partial, uri: str, client: MlflowClient,
+                                                                       first: RegistryDecision,
+                                                                       candidate: Bundle) -> None:
+    """The stored set of the model's first gate (``first``) is edited: the next gate is refused before it logs."""
     owner = eval_set_run_id(client.get_registered_model(MODEL).tags)
     stored = Path(client.get_run(owner).info.artifact_uri) / EVAL_SET_ARTIFACT
     stored.write_text(stored.read_text(encoding="utf-8").replace("。", "，", 1), encoding="utf-8")
 
     with pytest.raises(EvalSetError) as error:
-        gate(uri, step_bundles[6], tiny_run, texts, store.root / "artifacts")
+        run(candidate)
     message = str(error.value)
     assert "\n" not in message and f"runs:/{owner}/{EVAL_SET_ARTIFACT}" in message
     assert f"the model records {first.eval_set_sha256}" in message
-    assert aliases(uri) == {"champion": "1"}
-    assert [str(v.version) for v in client.search_model_versions(f"name='{MODEL}'")] == ["1"]  # refused before logging
+    assert aliases(uri) == {"champion": "4", "previous": "3"}
+    assert sorted(str(v.version) for v in client.search_model_versions(f"name='{MODEL}'")) == [
+        "1", "2", "3", "4", "5"]  # refused before logging
 
 
 @pytest.mark.slow
-def test_an_unreachable_server_is_retried_then_named_and_aliases_stay(mlflow_server, step_bundles,  # noqa: F811
-                                                                       tiny_run, texts):
-    uri = mlflow_server.uri
-    gate(uri, step_bundles[3], tiny_run, texts)
+def test_an_unreachable_server_is_retried_then_named_and_aliases_stay(mlflow_server, step_bundles, tiny_run, texts):
+    uri, name = mlflow_server.uri, f"{MODEL}_outage"  # the server's other test gates MODEL
+    gate(uri, step_bundles[3], tiny_run, texts, model_name=name)
     client = MlflowClient(uri, uri)
-    assert client.get_model_version(MODEL, "1").run_id  # the model and its artifacts went through the server
+    assert client.get_model_version(name, "1").run_id  # the model and its artifacts went through the server
 
-    config = RegistryConfig.from_params({"model_name": MODEL, "eval_set": EVAL_SET,
+    config = RegistryConfig.from_params({"model_name": name, "eval_set": EVAL_SET,
                                          "retries": {"attempts": 3, "wait_seconds": 0.5}})
     with a_run(uri, None):
         mlflow_server.stop()
@@ -194,8 +228,8 @@ def test_an_unreachable_server_is_retried_then_named_and_aliases_stay(mlflow_ser
     assert "\n" not in message and f"MLflow tracking server {uri} did not answer" in message
     assert "after 3 tries 0.5 s apart; no alias was changed" in message
     assert elapsed < 30  # MLflow's own retries (minutes) are off: three tries, two waits
-    assert aliases(uri) == {"champion": "1"}
-    assert [str(v.version) for v in client.search_model_versions(f"name='{MODEL}'")] == ["1"]
+    assert aliases(uri, name) == {"champion": "1"}
+    assert [str(v.version) for v in client.search_model_versions(f"name='{name}'")] == ["1"]
 
 
 def test_a_configured_jsonl_set_is_cut_at_sentence_ends_and_bad_lines_are_named(tmp_path):
@@ -272,7 +306,7 @@ def test_a_rollback_while_a_gate_scores_is_compared_with_not_undone(store, step_
 
 @pytest.mark.slow
 def test_two_first_gates_started_together_on_one_server_share_one_evaluation_set_and_the_better_is_champion(
-        mlflow_server, step_bundles, tiny_run, texts, tmp_path):  # noqa: F811
+        mlflow_server, step_bundles, tiny_run, texts, tmp_path):
     uri, client = mlflow_server.uri, MlflowClient(mlflow_server.uri, mlflow_server.uri)
     # Two machines' first runs on a fresh model, each with an evaluation set of its own validation split.
     own = {3: texts()[:-2], 6: texts()[2:]}
@@ -295,22 +329,6 @@ def test_two_first_gates_started_together_on_one_server_share_one_evaluation_set
     printed = subprocess.run([str(Path(sys.executable).parent / "train-deploy-registry"), "history", "--model", MODEL,
                               "--tracking-uri", uri], capture_output=True, text=True, timeout=120, check=True).stdout
     assert [row.split()[3:5] for row in printed.splitlines()[1:]] == [[e["decision"], e["version"]] for e in history]
-
-
-@pytest.mark.slow
-def test_a_candidate_that_cannot_be_served_in_time_is_rejected_and_the_champion_kept(store, step_bundles, tiny_run,
-                                                                                    texts):
-    uri, client = store.tracking_uri, MlflowClient(store.tracking_uri, store.tracking_uri)
-    run = partial(gate, uri, result=tiny_run, texts=texts, artifacts=store.root / "artifacts")
-    run(step_bundles[3])
-    # Forced, so only the serving check stands between it and champion; no server starts and answers in 1 s.
-    late = run(step_bundles[6], force=True, serving_check={"enabled": True, "timeout_seconds": 1})
-    assert (late.decision, late.champion) == ("rejected", False)
-    assert late.reason.startswith("the serving check failed: the server did not answer /ping within the time limit")
-    assert aliases(uri) == {"champion": "1"}
-    tags = client.get_model_version(MODEL, "2").tags
-    assert tags["gate.decision"] == "rejected" and tags[SERVING_TAG].startswith("failed: the server did not answer")
-    assert [event["decision"] for event in read_history(client, MODEL)] == ["first", "rejected"]
 
 
 def test_a_registration_whose_answer_is_lost_is_not_registered_twice(store, tiny_bundle, monkeypatch):

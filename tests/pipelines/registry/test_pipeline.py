@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 import json
-from functools import partial
 from pathlib import Path
 
-import mlflow
 import pytest
 from kedro.framework.session import KedroSession
 from mlflow import MlflowClient
 
-from tests.helpers.project import NO_SERVING_CHECK, tiny_train_deploy_params
+from tests.helpers.project import tiny_train_deploy_params
 from tests.http_receiver import Receiver
-from train_deploy.handoffs import Bundle
 from train_deploy.registry.config import RegistryConfig
-from train_deploy.registry.evalset import validation_texts
 from train_deploy.registry.evalstore import EVAL_SET_ARTIFACT
-from train_deploy.registry.gate import register_and_gate, version_tags
 from train_deploy.registry.history import read_history
 from train_deploy.run_control.retrain import CORPUS_TAG, REASON_TAG, TRAINING_TAG, current_fingerprints
 
@@ -38,23 +33,6 @@ def _run(project: Path, params: dict, **run) -> None:
         session.run(pipeline_names=["train_deploy"], **run)
 
 
-@pytest.fixture
-def seed(tiny_bundle, tiny_run, tiny_token_files, tiny_tokenizer):
-    """``seed(uri, **tags)``: the tiny bundle as the first version and champion of the default model, gated
-    without the baseline rule, with ``tags`` beside its own and an evaluation set of 8 texts."""
-    def seed(uri: str, **tags: str) -> None:
-        bundle = Bundle.read_folder(tiny_bundle)
-        config = RegistryConfig.from_params({"eval_set": {"documents": 8, "max_chars": 60}, **NO_SERVING_CHECK,
-                                             **NO_BASELINE_RULE})
-        mlflow.set_tracking_uri(uri)
-        mlflow.set_registry_uri(uri)
-        with mlflow.start_run(experiment_id=mlflow.set_experiment("seed").experiment_id):
-            register_and_gate(bundle, config, version_tags(bundle, tiny_token_files, tiny_run, "seed") | tags,
-                              partial(validation_texts, tiny_token_files, tiny_tokenizer, 8, 60))
-
-    return seed
-
-
 def _state(client: MlflowClient) -> tuple[dict[str, str], list[str]]:
     """The aliases and the versions of the registered model."""
     aliases = {alias: str(v) for alias, v in client.get_registered_model(MODEL).aliases.items()}
@@ -62,11 +40,11 @@ def _state(client: MlflowClient) -> tuple[dict[str, str], list[str]]:
 
 
 def test_failed_runs_leave_the_aliases_undecided_keeps_the_champion_and_worse_than_counting_is_no_champion(
-        project, tmp_path, capsys, seed):
+        project, tmp_path, capsys, seed_champion):
     uri = f"sqlite:///{tmp_path / 'mlruns.db'}"  # the project fixture's store
     # The champion was trained with this run's configuration on another corpus.
     fingerprints = current_fingerprints(_params())
-    seed(uri, **{CORPUS_TAG: "an older corpus", TRAINING_TAG: fingerprints[TRAINING_TAG]})
+    seed_champion(uri, **{CORPUS_TAG: "an older corpus", TRAINING_TAG: fingerprints[TRAINING_TAG]})
     client = MlflowClient(uri, uri)
     assert _state(client) == ({"champion": "1"}, ["1"])
 
