@@ -3,7 +3,8 @@ module's own (tests/team/conftest.py). The tests share the module's registry and
 refusals, a read of a model that does not exist yet, two machines scheduling two cycles each on the guide's model
 while a serving host follows the champion (PostgreSQL stopped mid-training and restarted mid-gate in the last
 cycle), the roles on what the cycles registered, a project run through conf/team, and a maintenance window
-(the tracking server down: the serving host restarts from its copy; backup, schema upgrade and restore)."""
+(the tracking server down: the serving host answers on and restarts from its copy; backup, schema upgrade and
+restore; champion moved once the server is back, and the host follows)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ CYCLE_EXPORT = {"edge": {"int8": False}, "parity": {"samples": 2},
                 "latency": {"batch_sizes": [1], "seq_length": 16, "warmup": 0, "repeats": 1, "rounds": 1,
                             "generate_tokens": 0}}
 EVAL_TEXTS = 16
+POLL_S = 1  # the serving host's SERVE_POLL_S: it follows champion within a second and the version's checks
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
@@ -88,8 +90,8 @@ def _registry(team, account: str, *args: str) -> subprocess.CompletedProcess[str
 def test_every_block_of_the_guide_is_run_by_this_module():
     source = Path(__file__).read_text(encoding="utf-8") + (Path(__file__).parent / "conftest.py").read_text()
     blocks = guide_blocks()
-    assert {"databases", "auth-config", "server", "accounts", "project", "serving", "serve-local", "backup",
-            "upgrade", "restore"} <= set(blocks)
+    assert {"databases", "auth-config", "server", "accounts", "project", "serve-follow", "backup", "upgrade",
+            "restore", "restore-check"} <= set(blocks)
     assert not [name for name in blocks if f'"{name}"' not in source]
     assert GUIDE.read_text().count("```bash") == len(blocks) + 1  # the settings block: the test sets its own
 
@@ -197,26 +199,50 @@ class _Schedule:
 
 
 class _ServingHost(MlflowServer):
-    """A serving host as the guide's step 6 runs one: the champion downloaded through the server (block
-    ``serving``, as the server account) into its own folder, served from there (block ``serve-local``)."""
+    """The guide's serving host (step 6, block ``serve-follow``): ``train-deploy serve --follow`` of champion as the
+    server account, with a home and a serve cache of its own (no access to the machines' folders)."""
 
     def __init__(self, team, folder: Path) -> None:
         super().__init__(folder, free_port())
         self.team = team
-        folder.mkdir(parents=True)
+        (folder / "home").mkdir(parents=True)
 
     def command(self) -> list[str]:
-        return ["bash", "-euo", "pipefail", "-c", guide_blocks()["serve-local"]]
+        return ["bash", "-euo", "pipefail", "-c", guide_blocks()["serve-follow"]]
 
     def environment(self) -> dict[str, str]:
-        return self.team.guide.environment(SERVE_PORT=str(self.port))
+        return self.team.guide.environment(SERVE_PORT=str(self.port), SERVE_POLL_S=str(POLL_S),
+                                           HOME=str(self.root / "home"), COLUMNS="400",  # log lines whole
+                                           TRAIN_DEPLOY_CACHE_DIR=str(self.root / "cache"))
 
-    def download(self) -> str:
-        """Download the champion afresh (the tracking server must answer); the run id of the copy."""
-        shutil.rmtree(self.root / "serving", ignore_errors=True)
-        self.team.guide.run("serving", cwd=self.root)
-        mlmodel = yaml.safe_load((self.root / "serving" / "champion" / "MLmodel").read_text(encoding="utf-8"))
-        return mlmodel["run_id"]
+    @property
+    def pid(self) -> int | None:
+        """The serving process's id while it runs (the same one between two checks: followed, not restarted)."""
+        return None if self._process is None else self._process.pid
+
+    def version(self) -> str:
+        """The version ``/v1/models`` names, which the header of its answer names too."""
+        with _OPENER.open(f"{self.uri}/v1/models", timeout=30) as response:
+            named = json.loads(response.read())["data"][0]["version"]
+            assert response.headers["x-model-version"] == named
+            return named
+
+    def wait_serving(self, version: str, timeout: float = 180) -> None:
+        """Return once the host answers with ``version``; fail with its log's tail if it does not in time."""
+        deadline = time.monotonic() + timeout
+        while self.version() != version:
+            assert time.monotonic() < deadline, f"the host does not serve version {version}:\n{self.output()[-4000:]}"
+            time.sleep(0.2)
+
+    def wait_for_line(self, text: str, seen: int = 0, timeout: float = 60) -> None:
+        """Return once the host's log holds ``text`` more than ``seen`` times."""
+        deadline = time.monotonic() + timeout
+        while self.output().count(text) <= seen:
+            assert time.monotonic() < deadline, f"no {text!r} in the host's log:\n{self.output()[-4000:]}"
+            time.sleep(0.2)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
 
     def score(self) -> list[float]:
         body = {"dataframe_split": {"columns": ["text"], "data": [[text] for text in TEXTS]},
@@ -235,24 +261,20 @@ class Cycles:
     machines: dict[str, Path]
     outputs: dict[str, list[str]] = field(default_factory=lambda: {"A": [], "B": []})
     checks: list[dict] = field(default_factory=list)
-    """After each round: the champion, the run id the host serves, its scores, whether it was restarted."""
+    """After each round: the champion, the version the host serves, its scores, the serving process's id."""
     outage: dict = field(default_factory=dict)
     host: _ServingHost | None = None
 
 
 def _check_host(team, cycles: Cycles) -> None:
-    """The serving host between rounds: refreshed and restarted when ``champion`` moved, then asked to score."""
+    """The serving host after a round: started after the first (when there is a champion), then left running: it
+    must serve the champion the round left, followed without a restart."""
     host, admin = cycles.host, _client(team, "admin")
     champion = str(admin.get_registered_model(MODEL).aliases["champion"])
-    restarted = not cycles.checks or cycles.checks[-1]["champion"] != champion
-    if restarted:  # the guide's step 6 after a promotion: stop, download again, start
-        host.stop()
-        served = host.download()
+    if host.pid is None:
         host.start(timeout=300)
-    else:
-        served = cycles.checks[-1]["served_run"]
-    cycles.checks.append({"champion": champion, "champion_run": admin.get_model_version(MODEL, champion).run_id,
-                          "served_run": served, "scores": host.score(), "restarted": restarted})
+    host.wait_serving(champion)
+    cycles.checks.append({"champion": champion, "served": host.version(), "scores": host.score(), "pid": host.pid})
 
 
 def _outages(team, cycle: _Schedule, outage: dict) -> None:
@@ -356,12 +378,16 @@ def test_two_machines_two_cycles_each_and_a_serving_host(team, cycles):
         made = [str(event["version"]) for event in history
                 if event.get("decision") in ("first", "promoted") and int(event["version"]) <= upto]
         assert check["champion"] == made[-1], (check, decisions)
-        assert check["served_run"] == check["champion_run"], check  # the host serves the champion
+        assert check["served"] == check["champion"], check  # the host serves the champion
         assert len(check["scores"]) == len(TEXTS) and all(score > 0 for score in check["scores"]), check
     for before, after in pairwise(cycles.checks):
-        assert after["restarted"] == (after["champion"] != before["champion"]), cycles.checks
-        if after["restarted"]:
+        assert after["pid"] == before["pid"], cycles.checks  # the same process, following
+        if after["champion"] != before["champion"]:
             assert after["scores"] != before["scores"], cycles.checks  # new weights answer
+            assert f"Serving version {after['champion']} of {MODEL} ({MODEL}@champion moved from " \
+                   in cycles.host.output()
+        else:
+            assert after["scores"] == pytest.approx(before["scores"], rel=1e-6), cycles.checks
 
     statuses = {run.info.status for run in admin.search_runs(
         [admin.get_experiment_by_name("train_deploy").experiment_id])}
@@ -457,18 +483,22 @@ def test_a_project_runs_on_the_server_through_conf_team(team, cycles, project):
     assert not (project / "mlartifacts").exists() and not (project / "mlruns.db").exists()
 
 
-def test_maintenance_window_serving_continues_and_backup_upgrade_restore(team, cycles, tmp_path):
+def test_maintenance_window_the_host_serves_on_then_follows_and_backup_upgrade_restore(team, cycles, tmp_path):
     _all_rounds(cycles)
     admin = _client(team, "admin")
     versions = sorted(v.version for v in admin.search_model_versions(f"name = '{MODEL}'"))
     aliases, history = _aliases(team), _registry(team, "server", "history").stdout
+    host = cycles.host
+    host.wait_serving(aliases["champion"])  # the roles' rollbacks moved champion and back
+    scores, failed_looks = host.score(), host.output().count("The registry did not answer")
     team.server.stop()
     try:
         assert _status_or_none(f"{team.server.uri}/health") is None
-        host = cycles.host
-        host.stop()  # a serving host (re)started while the tracking server is down serves its downloaded copy
+        host.wait_for_line("The registry did not answer", failed_looks)  # the watch failed a look, and polls on
+        assert (host.version(), host.score()) == (aliases["champion"], pytest.approx(scores, rel=1e-6))
+        host.stop()  # a host (re)started while the tracking server is down serves its last copy
         host.start(timeout=300)
-        assert host.score() == pytest.approx(cycles.checks[-1]["scores"], rel=1e-6)
+        assert (host.version(), host.score()) == (aliases["champion"], pytest.approx(scores, rel=1e-6))
         team.guide.run("backup")
         team.guide.run("upgrade")
         artifacts = Path(team.guide.settings["MLFLOW_ARTIFACTS"])
@@ -481,10 +511,16 @@ def test_maintenance_window_serving_continues_and_backup_upgrade_restore(team, c
     assert sorted(v.version for v in admin.search_model_versions(f"name = '{MODEL}'")) == versions
     assert _aliases(team) == aliases
     assert _registry(team, "server", "history").stdout == history  # the accounts came back too
-    after = tmp_path / "after_restore"
-    after.mkdir()
-    team.guide.run("serving", cwd=after)  # the champion's artifacts came back
-    assert (after / "serving" / "champion" / "MLmodel").exists()
+    team.guide.run("restore-check", cwd=tmp_path)  # the champion's artifacts came back
+    assert (tmp_path / "restore-check" / "MLmodel").exists()
+
+    assert _registry(team, "admin", "rollback").returncode == 0  # champion moves once the server is back
+    assert _aliases(team)["champion"] == aliases["previous"]
+    host.wait_serving(aliases["previous"])  # the restarted host followed, without another restart
+    assert host.score() != pytest.approx(scores, rel=1e-6)
+    restarted = host.output().rsplit("\n--- ", 1)[-1]
+    assert f"does not answer: serving the copy of {MODEL} version {aliases['champion']} downloaded before" in restarted
+    assert restarted.count("The registry did not answer") == 1 and "The registry answers again" in restarted
 
 
 def _status_or_none(url: str) -> int | None:
