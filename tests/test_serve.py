@@ -185,3 +185,37 @@ def test_the_admission_options_reach_the_server_and_out_of_range_ones_are_refuse
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stderr.endswith(
         "Error: Invalid value for '--batch' (env var: 'TRAIN_DEPLOY_SERVE_BATCH'): 0 is not in the range 1<=x<=256.\n")
+
+
+def test_the_scale_delays_reach_ray_serve_only_between_replicas_and_a_larger_max_replicas(
+        project, tmp_path, monkeypatch):
+    """`--scale-up-after` and `--scale-down-after` become the replicas' TRAIN_DEPLOY_SERVE_SCALE_*_S settings
+    (serving.replicas.deployment_options) when Ray Serve scales; given where it cannot, a one-line refusal."""
+    import train_deploy.serve as serve_module
+    from train_deploy.commands import main
+
+    store = ModelStore(tmp_path / "store")
+    _registered(store, _model_files(tmp_path))
+    for name, value in {**store.environment(), "TRAIN_DEPLOY_CACHE_DIR": str(tmp_path / "cache")}.items():
+        monkeypatch.setenv(name, value)
+    started: dict[str, Any] = {}
+
+    def execve(path: str, argv: list[str], env: dict[str, str]) -> None:
+        started.update(argv=argv, env=env)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(serve_module.os, "execve", execve)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        main(["serve", "--project", str(project), "--model", MODEL, "--alias", "1", "--replicas", "1",
+              "--max-replicas", "3", "--scale-up-after", "5", "--scale-down-after", "120"])
+    assert started["argv"][1:] == ["-m", "train_deploy.serving.replicas"]
+    assert {name: started["env"].get(name) for name in ("TRAIN_DEPLOY_SERVE_REPLICAS",
+            "TRAIN_DEPLOY_SERVE_MAX_REPLICAS", "TRAIN_DEPLOY_SERVE_SCALE_UP_S", "TRAIN_DEPLOY_SERVE_SCALE_DOWN_S")} == {
+        "TRAIN_DEPLOY_SERVE_REPLICAS": "1", "TRAIN_DEPLOY_SERVE_MAX_REPLICAS": "3",
+        "TRAIN_DEPLOY_SERVE_SCALE_UP_S": "5.0", "TRAIN_DEPLOY_SERVE_SCALE_DOWN_S": "120.0"}
+    for fixed in (["--replicas", "2"], ["--replicas", "2", "--max-replicas", "2"], []):
+        done = subprocess.run([str(TRAIN_DEPLOY), "serve", "--project", str(project), *fixed, "--scale-down-after",
+                               "60"], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.endswith("Error: --scale-down-after: Ray Serve scales only "
+                                                             "between --replicas and a larger --max-replicas\n")

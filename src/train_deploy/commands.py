@@ -96,10 +96,18 @@ def _schedule_command(context: click.Context) -> None:
               "many by the requests waiting")
 @click.option("--ray-address", envvar="TRAIN_DEPLOY_RAY_ADDRESS", show_envvar=True,
               help="with --replicas: the Ray cluster to deploy on (default: a private local instance)")
-def _serve_command(model_name: str | None, alias: str, host: str, port: int, workers: int, queue: int | None,
-                   batch: int | None, body_timeout: float | None, project: Path | None, env: str | None,
-                   follow: bool, poll_interval: float, replicas: int | None, max_replicas: int | None,
-                   ray_address: str | None) -> None:
+@click.option("--scale-up-after", type=click.FloatRange(0, 86_400), envvar="TRAIN_DEPLOY_SERVE_SCALE_UP_S",
+              show_envvar=True, help="with --max-replicas: seconds the requests at each replica must stay above "
+              "half --batch before a replica is added [default: Ray Serve's upscale_delay_s, 30]")
+@click.option("--scale-down-after", type=click.FloatRange(0, 86_400), envvar="TRAIN_DEPLOY_SERVE_SCALE_DOWN_S",
+              show_envvar=True, help="with --max-replicas: seconds they must stay below it before one is removed "
+              "[default: Ray Serve's downscale_delay_s, 600]")
+@click.pass_context
+def _serve_command(context: click.Context, model_name: str | None, alias: str, host: str, port: int, workers: int,
+                   queue: int | None, batch: int | None, body_timeout: float | None, project: Path | None,
+                   env: str | None, follow: bool, poll_interval: float, replicas: int | None,
+                   max_replicas: int | None, ray_address: str | None, scale_up_after: float | None,
+                   scale_down_after: float | None) -> None:
     """Serve a registered model of the project's MLflow store with train_deploy's server (docs/serving.md):
     MLflow's POST /invocations, OpenAI's POST /v1/completions and GET /v1/models, GET /metrics, a playground at /.
 
@@ -111,11 +119,16 @@ def _serve_command(model_name: str | None, alias: str, host: str, port: int, wor
     admission = {name: str(value) for name, value in (("TRAIN_DEPLOY_SERVE_QUEUE", queue),
                  ("TRAIN_DEPLOY_SERVE_BATCH", batch), ("TRAIN_DEPLOY_SERVE_BODY_TIMEOUT_S", body_timeout))
                  if value is not None}
+    scaling = bool(replicas and max_replicas and max_replicas > replicas)
+    for name in ("scale_up_after", "scale_down_after"):  # from the environment they apply when scaling only
+        if not scaling and context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE:
+            raise click.UsageError(f"--{name.replace('_', '-')}: Ray Serve scales only between --replicas and a "
+                                   "larger --max-replicas")
     try:
         serve(project=project, env=env, model_name=model_name, alias=alias, host=host, port=port, workers=workers,
               admission=admission, poll_interval=poll_interval if follow else None,
               replicas=(replicas, max(replicas, max_replicas or replicas)) if replicas else None,
-              ray_address=ray_address)
+              ray_address=ray_address, scale_after=(scale_up_after, scale_down_after))
     except ServeError as error:
         raise click.ClickException(str(error)) from None
 

@@ -209,13 +209,19 @@ def follow_command(host: str, port: int, workers: int) -> list[str]:
             "--workers", str(workers), FOLLOWING_APP]
 
 
-def replicas_command(host: str, port: int, replicas: tuple[int, int], ray_address: str | None) -> tuple[list[str],
-                                                                                                 dict[str, str]]:
-    """This environment's Python running ``train_deploy.serving.replicas`` (Ray Serve), and what it reads."""
+def replicas_command(host: str, port: int, replicas: tuple[int, int], ray_address: str | None,
+                     scale_after: tuple[float | None, float | None] = (None, None)) -> tuple[list[str],
+                                                                                        dict[str, str]]:
+    """This environment's Python running ``train_deploy.serving.replicas`` (Ray Serve), and what it reads;
+    ``scale_after``: the seconds before Ray Serve adds and removes a replica (None: Ray Serve's default)."""
+    from train_deploy.serving.replicas import SCALE_DOWN_S, SCALE_UP_S
+
     settings = {"TRAIN_DEPLOY_SERVE_HOST": host, "TRAIN_DEPLOY_SERVE_PORT": str(port),
                 "TRAIN_DEPLOY_SERVE_REPLICAS": str(replicas[0]), "TRAIN_DEPLOY_SERVE_MAX_REPLICAS": str(replicas[1])}
     if ray_address:
         settings["TRAIN_DEPLOY_RAY_ADDRESS"] = ray_address
+    settings |= {name: str(seconds) for name, seconds in zip((SCALE_UP_S, SCALE_DOWN_S), scale_after, strict=True)
+                 if seconds is not None}
     return [sys.executable, "-m", "train_deploy.serving.replicas"], settings
 
 
@@ -278,11 +284,13 @@ def _answers(tracking: str) -> bool:
 def serve(*, project: Path | None = None, env: str | None = None, model_name: str | None = None,
           alias: str = "champion", host: str = "127.0.0.1", port: int = 5001, workers: int = 1,
           admission: dict[str, str] | None = None, poll_interval: float | None = None,
-          replicas: tuple[int, int] | None = None, ray_address: str | None = None) -> NoReturn:
+          replicas: tuple[int, int] | None = None, ray_address: str | None = None,
+          scale_after: tuple[float | None, float | None] = (None, None)) -> NoReturn:
     """Check the model is there, download it, then become its server in the project folder (see the module);
     ``admission``: the server's ``TRAIN_DEPLOY_SERVE_*`` settings (``serving.app.ServerSettings``);
     ``poll_interval``: follow the alias, looking at the registry every so many seconds (``serving/follow.py``);
-    ``replicas``: (least, most) Ray Serve replicas instead of uvicorn (``serving/replicas.py``)."""
+    ``replicas``: (least, most) Ray Serve replicas instead of uvicorn (``serving/replicas.py``), ``scale_after``
+    the seconds before Ray Serve adds and removes one between the two."""
     if poll_interval is not None and alias.isdigit():
         raise ServeError(f"--follow: version {alias} never moves; follow an alias (--alias champion)")
     try:
@@ -297,7 +305,7 @@ def serve(*, project: Path | None = None, env: str | None = None, model_name: st
         follow_command(host, port, workers)
     ray_settings: dict[str, str] = {}
     if replicas is not None:
-        command, ray_settings = replicas_command(host, port, replicas, ray_address)
+        command, ray_settings = replicas_command(host, port, replicas, ray_address, scale_after)
     sys.stderr.write(f"Serving {model_uri} (version {version}) of {_shown(tracking)} on http://{host}:{port} "
                      f"(POST /invocations, POST /v1/completions, the playground at /); Ctrl-C stops it\n")
     if not command[-1].startswith("train_deploy.serving"):

@@ -1,16 +1,21 @@
 """``train-deploy serve --replicas 2 --follow``: the server's app as two Ray Serve replicas on a private local Ray
 instance, behind Ray Serve's proxy on 127.0.0.1: both replicas answer MLflow's and OpenAI's routes, with the same
 limits; a replica SIGKILLed under load is replaced while the other answers, and a new champion is rolled over to by
-every replica with no failed request. One Ray instance serves every test of the module (it takes minutes to start)."""
+every replica with no failed request. One Ray instance serves every test of the module (it takes minutes to start),
+but the autoscaling test's: ``--replicas 1 --max-replicas 2`` gets one of its own, started before the module's."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 import signal
+import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -24,6 +29,9 @@ from tests.serving.conftest import CLIENTS, SCORE, Load, follow_command, request
 
 pytestmark = pytest.mark.slow
 
+STAYS_S = 10.0
+"""How long the autoscaled deployment must stay at one replica after one was removed."""
+
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, tiny_bundle) -> tuple[ModelStore, list[str]]:
@@ -34,6 +42,80 @@ def store(tmp_path_factory, tiny_bundle) -> tuple[ModelStore, list[str]]:
         mlflow.MlflowClient().set_registered_model_alias(REGISTERED_MODEL, "champion",
                                                          infos[0].registered_model_version)
     return store, [str(info.registered_model_version) for info in infos]
+
+
+def test_between_one_and_two_replicas_a_second_is_added_under_load_and_removed_after_it_with_no_failed_request(
+        tmp_path_factory, store):
+    """``train-deploy serve --replicas 1 --max-replicas 2`` with short scale delays: Ray Serve adds a replica once 8
+    clients keep more requests at the replica than its target (1, half of ``--batch 2``), removes one once a single
+    client's requests stayed at or below it for ``--scale-down-after``, and stays at 1; no request fails. First in
+    the module: its Ray instance is stopped before the module's starts."""
+    store, _ = store
+    served = ModelServer(f"models:/{REGISTERED_MODEL}@champion", store, tmp_path_factory.mktemp("scaled") / "empty")
+    project = copy_project(tmp_path_factory.mktemp("scaled_project") / "project")
+    # --scale-down-after of Ray Serve's look-back window (30 s): a shorter one removes the replica while the window
+    # still holds the load, and Ray Serve adds it back --scale-up-after later (docs/serving.md)
+    served.command = [str(Path(sys.executable).parent / "train-deploy"), "serve", "--project", str(project),
+                      "--model", REGISTERED_MODEL, "--replicas", "1", "--max-replicas", "2", "--batch", "2",
+                      "--scale-up-after", "1", "--scale-down-after", "30", "--port", served.url.rsplit(":", 1)[1]]
+    served.start(timeout=300)
+    try:
+        started = time.monotonic()
+        assert len({_ping(served)[1] for _ in range(20)}) == 1  # --replicas 1: one replica at the start
+        with Load(served) as load:
+            wait_for(lambda: len({a.replica for a in load.since(0) if a.status == 200}) == 2, "a second replica",
+                     served, timeout=180)
+            added = time.monotonic()
+        stopped = time.monotonic()
+        pair = {answer.replica for answer in load.since(0)}
+
+        pings: list[tuple[int, str]] = []  # one client at a time: at the target, not above it
+
+        def one_removed() -> bool:
+            pings.append(_ping(served))
+            return not all(map(_alive, pair))
+
+        wait_for(one_removed, "the removal of a replica", served, timeout=180)
+        removed, before_removal = time.monotonic(), len(pings)
+        while time.monotonic() < removed + STAYS_S:  # a replica added back would be decided within this
+            pings.append(_ping(served))
+            time.sleep(0.1)
+        survivor = {replica for replica in pair if _alive(replica)}
+    finally:
+        served.stop()
+    assert [vars(answer) for answer in load.since(0) if answer.status != 200] == []
+    assert {status for status, _ in pings} == {200}
+    assert len(survivor) == 1 and {replica for _, replica in pings[before_removal:]} == survivor
+    log = served.log.read_text(errors="replace")
+    assert re.findall(r"(Up|Down)scaling Deployment\(name='server'.*? from (\d+) to (\d+) replicas", log) == [
+        ("Up", "1", "2"), ("Down", "2", "1")], log[-4000:]
+    assert "Stopped the private Ray instance" in log
+    logging.getLogger(__name__).warning(
+        "Autoscaling 1-2: a second replica answered %.1f s after 8 clients started (%d requests, none failed), one "
+        "was removed %.1f s after they stopped (%d requests meanwhile, none failed)", added - started,
+        len(load.since(0)), removed - stopped, len(pings))
+
+
+def _ping(server: ModelServer) -> tuple[int, str]:
+    """``GET /ping``: its status and the replica named in ``x-replica`` (0 and the error's name when the connection
+    failed)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"{server.url}/ping", timeout=30) as response:
+            return response.status, response.headers["x-replica"]
+    except urllib.error.HTTPError as error:
+        return error.code, error.headers.get("x-replica") or ""
+    except OSError as error:
+        return 0, type(error).__name__
+
+
+def _alive(replica: str) -> bool:
+    """Whether the replica's process (its ``x-replica``) still runs."""
+    try:
+        os.kill(int(replica), 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +157,6 @@ def test_two_replicas_answer_scoring_and_openai_completions_through_ray_serves_p
 
 
 def test_requests_are_spread_over_both_replicas(replicas):
-    import urllib.request
-
     seen = set()
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     for _ in range(60):
@@ -130,7 +210,7 @@ def test_a_killed_replica_is_replaced_and_a_new_champion_rolled_over_under_load_
 
 
 def test_max_replicas_makes_ray_serve_autoscale_by_the_requests_at_each_replica():
-    from train_deploy.serving.replicas import MAX_REPLICAS, REPLICAS, deployment_options
+    from train_deploy.serving.replicas import MAX_REPLICAS, REPLICAS, SCALE_DOWN_S, SCALE_UP_S, deployment_options
 
     scaled = deployment_options({REPLICAS: "1", MAX_REPLICAS: "3", "TRAIN_DEPLOY_SERVE_BATCH": "8",
                                  "TRAIN_DEPLOY_SERVE_QUEUE": "3", "MLFLOW_TRACKING_URI": "sqlite:///x.db"})
@@ -139,6 +219,13 @@ def test_max_replicas_makes_ray_serve_autoscale_by_the_requests_at_each_replica(
     assert scaled["ray_actor_options"]["runtime_env"]["env_vars"] == {
         "TRAIN_DEPLOY_SERVE_BATCH": "8", "TRAIN_DEPLOY_SERVE_QUEUE": "3", "MLFLOW_TRACKING_URI": "sqlite:///x.db",
         REPLICAS: "1", MAX_REPLICAS: "3"}
-    fixed = deployment_options({REPLICAS: "2", MAX_REPLICAS: "2", "TRAIN_DEPLOY_SERVE_BATCH": "1"})
+    delayed = deployment_options({REPLICAS: "1", MAX_REPLICAS: "2", SCALE_UP_S: "1.5", SCALE_DOWN_S: "0"})
+    assert delayed["autoscaling_config"] == {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 8,
+                                             "upscale_delay_s": 1.5, "downscale_delay_s": 0.0}
+    with pytest.raises(ValueError, match=r"^TRAIN_DEPLOY_SERVE_SCALE_DOWN_S='soon': expected a number of seconds, "
+                                         r"0 or more$"):
+        deployment_options({REPLICAS: "1", MAX_REPLICAS: "2", SCALE_DOWN_S: "soon"})
+    fixed = deployment_options({REPLICAS: "2", MAX_REPLICAS: "2", "TRAIN_DEPLOY_SERVE_BATCH": "1",
+                                SCALE_UP_S: "1"})
     assert fixed["num_replicas"] == 2 and "autoscaling_config" not in fixed
     assert fixed["ray_actor_options"]["num_cpus"] == 1

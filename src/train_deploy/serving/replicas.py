@@ -7,8 +7,10 @@ one deployment whose replicas each build the app ``serving/app.py`` builds (or `
 ``--follow``) from the downloaded model: every replica loads the model, enforces the same limits and queues, and
 answers every route (``/invocations``, ``/v1/completions`` streamed, ``/metrics`` of the replica that answers, the
 playground). ``TRAIN_DEPLOY_SERVE_MAX_REPLICAS`` above ``TRAIN_DEPLOY_SERVE_REPLICAS`` makes Ray Serve scale between
-the two by the requests waiting per replica. Each answer names its replica in ``x-replica``. SIGTERM or Ctrl-C
-removes the deployment and stops the private instance.
+the two by the requests waiting per replica, adding a replica once they stayed above the target for
+``TRAIN_DEPLOY_SERVE_SCALE_UP_S`` seconds and removing one once they stayed below for
+``TRAIN_DEPLOY_SERVE_SCALE_DOWN_S`` (unset: Ray Serve's ``upscale_delay_s`` and ``downscale_delay_s``). Each answer
+names its replica in ``x-replica``. SIGTERM or Ctrl-C removes the deployment and stops the private instance.
 
 The model's folder must be readable on every node a replica runs on: on a single machine it is the per-version
 cache of ``train-deploy serve``; on a cluster, see docs/serving.md.
@@ -27,6 +29,9 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 REPLICAS, MAX_REPLICAS = "TRAIN_DEPLOY_SERVE_REPLICAS", "TRAIN_DEPLOY_SERVE_MAX_REPLICAS"
+SCALE_UP_S, SCALE_DOWN_S = "TRAIN_DEPLOY_SERVE_SCALE_UP_S", "TRAIN_DEPLOY_SERVE_SCALE_DOWN_S"
+"""Seconds the requests per replica must stay above (below) the target before Ray Serve adds (removes) a replica;
+unset, Ray Serve's defaults (``upscale_delay_s`` 30, ``downscale_delay_s`` 600 in Ray 2.60)."""
 RAY_ADDRESS, HOST, PORT = "TRAIN_DEPLOY_RAY_ADDRESS", "TRAIN_DEPLOY_SERVE_HOST", "TRAIN_DEPLOY_SERVE_PORT"
 PASSED_ON = ("TRAIN_DEPLOY_", "MLFLOW_")
 """The variables each replica gets from this process (the served model, its settings, the store)."""
@@ -57,9 +62,9 @@ def build_app() -> Any:
 
 
 def deployment_options(environ: dict[str, str]) -> dict[str, Any]:
-    """Ray Serve's options for the deployment: the replicas (or autoscaling between the two counts), what one
-    replica takes at once (the lanes' workers and queues: more would wait at the proxy, not get a 429), its
-    environment."""
+    """Ray Serve's options for the deployment: the replicas (or autoscaling between the two counts, with the scale
+    delays set), what one replica takes at once (the lanes' workers and queues: more would wait at the proxy, not
+    get a 429), its environment."""
     from train_deploy.serving.app import ServerSettings
 
     settings = ServerSettings.from_environment(environ)
@@ -72,9 +77,23 @@ def deployment_options(environ: dict[str, str]) -> dict[str, Any]:
     if most > least:
         options["autoscaling_config"] = {"min_replicas": least, "max_replicas": most,
                                          "target_ongoing_requests": max(1, settings.batch // 2)}
+        for name, key in ((SCALE_UP_S, "upscale_delay_s"), (SCALE_DOWN_S, "downscale_delay_s")):
+            if environ.get(name):
+                options["autoscaling_config"][key] = _seconds(environ, name)
     else:
         options["num_replicas"] = least
     return options
+
+
+def _seconds(environ: dict[str, str], name: str) -> float:
+    """``environ[name]`` as a number of seconds of at least 0, or a one-line error naming the variable."""
+    try:
+        seconds = float(environ[name])
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also NaN
+        raise ValueError(f"{name}={environ[name]!r}: expected a number of seconds, 0 or more")
+    return seconds
 
 
 def main() -> None:
