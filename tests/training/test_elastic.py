@@ -291,6 +291,7 @@ def test_the_holder_ends_with_its_workers_status(code, status):
 
 REFORM_STEPS = 300  # tiny model, 12 windows of 64 tokens a step: the run at fewer nodes must outlast a join
 REFORM_TIMEOUT_S = 240  # each wait for a formation: lease expiry, timeout_s, Paddle's start-up, on 2 busy cores
+LAUNCHER_EXIT_S = 60  # the longest a finished node's launcher may take to leave etcd and exit, else SIGTERM
 # The validation loss of a re-formed run against the uninterrupted one: the same samples in every step and the same
 # schedule, so they differ only by the order of float sums (gloo's all-reduce over 2 or 3 ranks against
 # accumulation, steps taken again). Measured: 3.5e-6 relative after 3 -> 2 -> 3.
@@ -383,9 +384,13 @@ class _Job:
         return max((int(p.name.removeprefix("step_")) for p in self.checkpoints.glob("step_*")), default=0)
 
     def finish(self) -> TrainingResult:
-        """Node 0's training result, once its ``run_training`` has returned."""
+        """Node 0's training result, once its ``run_training`` has returned and every other launcher still running
+        has ended on its own (a launcher logs its pod's exit code, then leaves etcd: seconds on a loaded machine)."""
         self.node0.join(600)
         assert "error" not in self.outcome, self.outcome["error"]
+        for node in self.nodes.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.launcher.wait(LAUNCHER_EXIT_S)
         return self.outcome["result"]
 
     def stop(self) -> None:
