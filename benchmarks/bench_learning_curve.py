@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench_train import WORK
+from bench_train import WORK, prepare_token_files
 
 from train_deploy.atomic import write_json
 from train_deploy.handoffs import DataSpec, TokenManifest
@@ -41,21 +41,6 @@ from train_deploy.training.spec import RunSpec, run_spec
 logger = logging.getLogger("bench_learning_curve")
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_PACE = 1400 / 390  # steps per second of the default run on 2 cores (README: about 6.5 minutes)
-
-
-def prepare_token_files() -> TokenManifest:
-    """The default corpus's token files (bench_train.py's folder: kept when unchanged), as their manifest."""
-    from train_deploy.datasets import ArtifactFolderDataset
-    from train_deploy.pipelines.corpus.nodes import encode_tokens, plan_inputs, prepare_tokenizer
-
-    def publish(work, folder: Path, description: str):
-        dataset = ArtifactFolderDataset(path=str(folder), description=f"train_deploy.handoffs.{description}")
-        dataset.save(work)
-        return dataset.load()
-
-    config, plan = plan_inputs({"encoding": {"progress": False}})
-    tokenizer = publish(prepare_tokenizer(config, plan), WORK / "tokenizer", "TokenizerInfo")
-    return publish(encode_tokens(config, plan, tokenizer), WORK / "tokens", "TokenManifest")
 
 
 def baselines_of(spec: RunSpec, tokens: TokenManifest) -> dict[str, float | None]:

@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from train_deploy.handoffs import DataSpec, from_json, to_json
+from train_deploy.handoffs import DataSpec, TokenManifest, from_json, to_json
 from train_deploy.training.spec import run_spec
 
 for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
@@ -42,9 +42,9 @@ PARAMS = {
 }
 
 
-def prepare_tokens() -> DataSpec:
+def prepare_token_files() -> TokenManifest:
     """Token files of the embedded corpus: the corpus stage with its defaults, published as the catalog does
-    (kept when unchanged)."""
+    (kept when unchanged), as their manifest."""
     from train_deploy.datasets import ArtifactFolderDataset
     from train_deploy.pipelines.corpus.nodes import encode_tokens, plan_inputs, prepare_tokenizer
 
@@ -55,7 +55,12 @@ def prepare_tokens() -> DataSpec:
 
     config, plan = plan_inputs({"encoding": {"progress": False}})
     tokenizer = publish(prepare_tokenizer(config, plan), WORK / "tokenizer", "TokenizerInfo")
-    return DataSpec.of(publish(encode_tokens(config, plan, tokenizer), WORK / "tokens", "TokenManifest"))
+    return publish(encode_tokens(config, plan, tokenizer), WORK / "tokens", "TokenManifest")
+
+
+def prepare_tokens() -> DataSpec:
+    """The embedded corpus's token files (:func:`prepare_token_files`) as the training stage's data."""
+    return DataSpec.of(prepare_token_files())
 
 
 def plain_loop(data: DataSpec, steps: int) -> dict:
