@@ -209,18 +209,21 @@ def follow_command(host: str, port: int, workers: int) -> list[str]:
             "--workers", str(workers), FOLLOWING_APP]
 
 
+SCALE_SETTINGS = ("TRAIN_DEPLOY_SERVE_SCALE_UP_S", "TRAIN_DEPLOY_SERVE_SCALE_DOWN_S")
+"""What ``serving/replicas.py`` reads as Ray Serve's upscale and downscale delays (named here: that module
+imports this one's callers, not the other way)."""
+
+
 def replicas_command(host: str, port: int, replicas: tuple[int, int], ray_address: str | None,
                      scale_after: tuple[float | None, float | None] = (None, None)) -> tuple[list[str],
                                                                                         dict[str, str]]:
     """This environment's Python running ``train_deploy.serving.replicas`` (Ray Serve), and what it reads;
     ``scale_after``: the seconds before Ray Serve adds and removes a replica (None: Ray Serve's default)."""
-    from train_deploy.serving.replicas import SCALE_DOWN_S, SCALE_UP_S
-
     settings = {"TRAIN_DEPLOY_SERVE_HOST": host, "TRAIN_DEPLOY_SERVE_PORT": str(port),
                 "TRAIN_DEPLOY_SERVE_REPLICAS": str(replicas[0]), "TRAIN_DEPLOY_SERVE_MAX_REPLICAS": str(replicas[1])}
     if ray_address:
         settings["TRAIN_DEPLOY_RAY_ADDRESS"] = ray_address
-    settings |= {name: str(seconds) for name, seconds in zip((SCALE_UP_S, SCALE_DOWN_S), scale_after, strict=True)
+    settings |= {name: str(seconds) for name, seconds in zip(SCALE_SETTINGS, scale_after, strict=True)
                  if seconds is not None}
     return [sys.executable, "-m", "train_deploy.serving.replicas"], settings
 

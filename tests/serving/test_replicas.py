@@ -210,7 +210,10 @@ def test_a_killed_replica_is_replaced_and_a_new_champion_rolled_over_under_load_
 
 
 def test_max_replicas_makes_ray_serve_autoscale_by_the_requests_at_each_replica():
+    from train_deploy.serve import SCALE_SETTINGS
     from train_deploy.serving.replicas import MAX_REPLICAS, REPLICAS, SCALE_DOWN_S, SCALE_UP_S, deployment_options
+
+    assert SCALE_SETTINGS == (SCALE_UP_S, SCALE_DOWN_S)  # what serve passes is what the replicas read
 
     scaled = deployment_options({REPLICAS: "1", MAX_REPLICAS: "3", "TRAIN_DEPLOY_SERVE_BATCH": "8",
                                  "TRAIN_DEPLOY_SERVE_QUEUE": "3", "MLFLOW_TRACKING_URI": "sqlite:///x.db"})
