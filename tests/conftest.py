@@ -23,6 +23,7 @@ os.environ.setdefault("DO_NOT_TRACK", "1")
 # files' numbers of tests), so a five-minute file that came last would leave one worker idle at the end.
 LONGEST_FILES = (
     "tests/team/test_team_server.py",
+    "tests/serving/test_replicas.py",
     "tests/test_gate_end_to_end.py",
     "tests/registry/test_gate.py",
     "tests/test_signals.py",
