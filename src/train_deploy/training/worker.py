@@ -391,7 +391,7 @@ def train_loop(trainer: Trainer, progress: Progress, train: TokenWindows, valid:
         evaluated = progress.step % s.eval_every == 0 or progress.step == s.max_steps
         if evaluated:
             progress.val_loss = evaluate(trainer, valid)
-        if norm is not None or progress.step == stop:
+        if norm is not None or evaluated or progress.step == stop:  # every validation loss reaches the logs
             report = {"loss": loss, "lr": lr, **throughput.report(),
                       "memory_mb": memory_mb(trainer.job.config.device.type)}
             if norm is not None:
