@@ -1,9 +1,9 @@
 """The measured learning curve: validation loss against wall time and tokens seen, beside the n-gram baselines.
 
-The long measurement (on a quiet machine; an hour each, the default preset then the next one up):
+The measurement in docs/benchmarks.md (the default preset, then the next one up, whose steps take about 40 s):
 
-    .venv/bin/python benchmarks/bench_learning_curve.py --minutes 60
-    .venv/bin/python benchmarks/bench_learning_curve.py --minutes 60 --preset 350m --max-steps <steps an hour holds>
+    .venv/bin/python benchmarks/bench_learning_curve.py --minutes 45 --max-steps 9700
+    .venv/bin/python benchmarks/bench_learning_curve.py --preset 350m --minutes 30 --max-steps 30 --eval-every 5
 
 The training stage (Paddle's launcher) runs the default run's `training` block (conf/base: `make run`'s; the
 dataclass defaults) on the default corpus's token files (the embedded People's Daily corpus, bench_train.py's),

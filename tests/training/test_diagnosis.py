@@ -14,7 +14,7 @@ from tests.helpers.project import publish
 from tests.helpers.training import training_params
 from train_deploy.averaging.average import select_checkpoints
 from train_deploy.averaging.config import AveragingConfig
-from train_deploy.baselines import Baselines
+from train_deploy.baselines import MEASURED, Baselines
 from train_deploy.handoffs import CheckpointRef, CurveDiagnosis, WorkFolder
 from train_deploy.pipelines.averaging.nodes import average, evaluate
 from train_deploy.pipelines.training.nodes import configure_training, train_model
@@ -114,11 +114,11 @@ def test_the_baseline_advice_follows_the_curves():
     assert baselines.describe(6.5, beat_advice(overfit)).endswith(
         "the model predicts worse than counting token pairs; the training curves show the run overfitting, so what "
         "could beat it is fewer steps (training.schedule.max_steps near 20), more text, or stronger regularisation "
-        "(training.optimizer.weight_decay; this model has no dropout) (not measured here)")
+        "(training.optimizer.weight_decay; this model has no dropout) " + MEASURED)
     unknown = diagnose(curves({10: 5.0}, {}))
     assert beat_advice(unknown) is None and beat_advice(None) is None
     assert baselines.describe(6.5, beat_advice(unknown)).endswith(
-        "a larger model trained longer (more steps, a GPU) is what could beat it (not measured here)")
+        "a larger model trained longer (more steps, a GPU) is what could beat it " + MEASURED)
 
 
 # --- tiny real runs made to show each case -----------------------------------------------------------------
@@ -179,8 +179,12 @@ def test_a_two_step_run_still_falling_is_underfitting(tmp_path, tiny_token_files
 @pytest.mark.slow
 def test_a_run_whose_learning_rate_has_decayed_to_zero_is_converged(tmp_path, tiny_token_files, caplog):
     # evaluations at steps 14, 28 and 30; the cosine schedule reaches 0 at step 30, so the loss stops moving
-    result, lines = train(tmp_path, tiny_token_files, caplog, schedule={"max_steps": 30, "eval_every": 14},
+    result, lines = train(tmp_path, tiny_token_files, caplog,
+                          schedule={"max_steps": 30, "eval_every": 14, "log_every": 4},
                           optimizer={"learning_rate": 1e-2, "min_lr_ratio": 0})
+    # every evaluation is written, on logging steps (every 4) or not
+    metrics = next((tmp_path / "logs").rglob("metrics.jsonl"))
+    assert [step for step, _ in read_curves(metrics, up_to_step=30).valid] == [14, 28, 30]
     diagnosis = result.diagnosis
     assert diagnosis.kind == "converged" and diagnosis.best_step == 30
     assert diagnosis.summary.startswith("converged: validation loss ")
