@@ -190,11 +190,16 @@ def report(bundle: Path, args, results: dict) -> str:
 
 
 def main() -> None:
+    global PROMPT  # the requests' prompt (--prompt; generation_request reads it)
     parser = arguments(__doc__)
     parser.add_argument("--seconds", type=float, default=10, help="length of each measurement")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16], help="concurrent clients")
     parser.add_argument("--new", type=int, nargs="+", default=[32, 256], help="new tokens per generation")
+    parser.add_argument("--prompt", default=PROMPT,
+                        help="the prompt: one whose greedy continuation runs all --new tokens on the bundle "
+                             "(one that stops early at its end-of-text token measures requests, not tokens)")
     args = parser.parse_args()
+    PROMPT = args.prompt
     from train_deploy.export.runtime import bundle_tokenizer, read_bundle
 
     tokenizer = bundle_tokenizer(args.bundle, read_bundle(args.bundle))
