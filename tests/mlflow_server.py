@@ -13,6 +13,7 @@ server): ``admin`` holds the administrator's credentials and ``create_user()`` a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -197,17 +198,25 @@ class MlflowServer:
             pass
 
 
+@contextlib.contextmanager
+def running_mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """A started MLflow server in a folder of its own, stopped with all its processes at the end; the client side
+    sends no telemetry meanwhile (mlflow reads the setting on every event)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+        server = MlflowServer(tmp_path_factory.mktemp("mlflow_server"), free_port())
+        server.start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
 @pytest.fixture
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowServer]:
+def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     """A started MLflow server of its own for one test, stopped with all its processes afterwards."""
-    # The client side of the test sends no telemetry either; mlflow reads this on every event.
-    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    server = MlflowServer(tmp_path_factory.mktemp("mlflow_server"), free_port())
-    server.start()
-    try:
+    with running_mlflow_server(tmp_path_factory) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,7 @@ from mlflow import MlflowClient
 
 from tests.helpers.project import NO_SERVING_CHECK
 from tests.helpers.registry import GateProcess, ModelStore
-from tests.mlflow_server import MlflowServer, free_port
+from tests.mlflow_server import MlflowServer, running_mlflow_server
 from train_deploy.config import ConfigError
 from train_deploy.handoffs import Bundle, TrainingResult
 from train_deploy.registry.aliases import AliasLock, rollback
@@ -95,14 +95,8 @@ def tags(bundle: Bundle, result: TrainingResult, texts: partial) -> dict[str, st
 def mlflow_server(tmp_path_factory) -> Iterator[MlflowServer]:
     """One MLflow server for this module's two server tests (a start takes 10 to 40 s), each gating a model of its
     own; the outage test stops and starts it again."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")  # the client side sends no telemetry either
-        server = MlflowServer(tmp_path_factory.mktemp("mlflow_server"), free_port())
-        server.start()
-        try:
-            yield server
-        finally:
-            server.stop()
+    with running_mlflow_server(tmp_path_factory) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
