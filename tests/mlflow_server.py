@@ -199,12 +199,13 @@ class MlflowServer:
 
 
 @contextlib.contextmanager
-def running_mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
-    """A started MLflow server in a folder of its own, stopped with all its processes at the end; the client side
-    sends no telemetry meanwhile (mlflow reads the setting on every event)."""
+def running_mlflow_server(tmp_path_factory: pytest.TempPathFactory, kind: type[MlflowServer] = MlflowServer,
+                          folder: str = "mlflow_server") -> Iterator[MlflowServer]:
+    """A started MLflow server (``kind``) in a folder of its own, stopped with all its processes at the end; the
+    client side sends no telemetry meanwhile (mlflow reads the setting on every event)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-        server = MlflowServer(tmp_path_factory.mktemp("mlflow_server"), free_port())
+        server = kind(tmp_path_factory.mktemp(folder), free_port())
         server.start()
         try:
             yield server
@@ -277,14 +278,9 @@ class MlflowAuthServer(MlflowServer):
 def mlflow_auth_server(tmp_path_factory: pytest.TempPathFactory,
                        monkeypatch: pytest.MonkeyPatch) -> Iterator[MlflowAuthServer]:
     """A started basic-auth MLflow server of its own for one test (``create_user`` adds users), stopped afterwards."""
-    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
     for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_TOKEN"):
         # The test says who the client is; set first, so that what kedro-mlflow exports is undone afterwards too.
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
-    server = MlflowAuthServer(tmp_path_factory.mktemp("mlflow_auth_server"), free_port())
-    server.start()
-    try:
+    with running_mlflow_server(tmp_path_factory, MlflowAuthServer, "mlflow_auth_server") as server:
         yield server
-    finally:
-        server.stop()

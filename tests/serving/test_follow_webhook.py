@@ -18,7 +18,7 @@ import pytest
 
 from tests.helpers.project import copy_project
 from tests.helpers.registry import REGISTERED_MODEL, ModelServer
-from tests.mlflow_server import MlflowServer, free_port
+from tests.mlflow_server import MlflowServer, running_mlflow_server
 from tests.serving.conftest import TrackingServerStore, follow_command, request, served_version, wait_for
 
 POLL_S = 60.0
@@ -36,14 +36,9 @@ class WebhookServer(MlflowServer):
 
 
 @pytest.fixture
-def webhook_server(tmp_path_factory, monkeypatch) -> Iterator[WebhookServer]:
-    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    server = WebhookServer(tmp_path_factory.mktemp("mlflow_webhooks"), free_port())
-    server.start()
-    try:
+def webhook_server(tmp_path_factory) -> Iterator[WebhookServer]:
+    with running_mlflow_server(tmp_path_factory, WebhookServer, "mlflow_webhooks") as server:
         yield server
-    finally:
-        server.stop()
 
 
 def _hooks(uri: str) -> list[str]:
