@@ -351,17 +351,22 @@ class _Node:
 
 class _Job:
     """Node 0 runs the training node's ``run_training`` in a thread, under an MLflow run as kedro-mlflow opens one
-    (FINISHED when it returns, FAILED when it raises); the other nodes start first, from the run.json node 0 is
-    about to write, so that the first formation takes them all."""
+    (FINISHED when it returns, FAILED when it raises). The other nodes start once node 0's launcher has started, so
+    that every launcher imports Paddle at the same time and registers within the job's ``timeout_s``: a node that
+    registers later than that is left out of the first formation (node 0's thread, on a loaded machine, reached its
+    launcher more than 20 s after nodes started before it)."""
 
     def __init__(self, spec: RunSpec, others: list[int]) -> None:
         self.spec, self.logs, self.checkpoints = spec, Path(spec.logs), Path(spec.checkpoints)
         self.outcome: dict = {}
+        self.nodes: dict[int, _Node] = {}
         self.logs.mkdir(parents=True, mode=0o700)
-        write_json(self.logs / "run.json", spec)
-        self.nodes = {rank: _Node(spec, self.logs / "run.json", rank) for rank in others}
         self.node0 = threading.Thread(target=self._train)
         self.node0.start()
+        wait_for(lambda: "error" in self.outcome or (self.logs / "node0" / "launcher.log").exists(),
+                 REFORM_TIMEOUT_S, "node 0 started no launcher")
+        assert "error" not in self.outcome, self.outcome["error"]
+        self.nodes = {rank: _Node(spec, self.logs / "run.json", rank) for rank in others}
 
     def _train(self) -> None:
         try:
@@ -398,6 +403,13 @@ class _Job:
             node.stop()
         self.node0.join(60)
 
+    def launcher_story(self) -> str:
+        """Each launcher's formation lines (registering, forming, ending), for a failed assertion's message."""
+        marks = ("Job: ", "Waiting peer", "Run Pod", "peer not ready", "Exit code")
+        logs = [self.logs / "node0" / "launcher.log", *sorted(self.logs.glob("node*.launcher.log"))]
+        return "\n".join(f"{log.name if log.parent == self.logs else 'node0'}: {line}" for log in logs if log.exists()
+                         for line in log.read_text(errors="replace").splitlines() if any(m in line for m in marks))
+
     def worker_logs(self) -> str:
         return "".join(log.read_text(errors="replace") for log in sorted(self.logs.glob("node*/workerlog.0")))
 
@@ -429,11 +441,13 @@ def test_lost_node_re_forms_at_one_and_a_joining_node_is_taken_in(tmp_path, tiny
     """Two nodes (--nnodes 1:2); one is SIGKILLed after the first checkpoint: the other re-forms at world size 1
     and resumes from the newest complete checkpoint; a third node joins and the job re-forms at 2 and finishes.
     Each re-form is logged and reaches the MLflow run (world sizes, the step resumed from, its time)."""
-    elastic = {"min_nodes": 1, "max_nodes": 2, "etcd": etcd, "timeout_s": 5}
+    # timeout_s 15, not 5: above the heartbeat's 5 s refresh, which must put node 0's key back (node 1's registration
+    # deleted it) before node 0's quiet time ends, or node 0 forms alone
+    elastic = {"min_nodes": 1, "max_nodes": 2, "etcd": etcd, "timeout_s": 15}
     job = _Job(run_spec(tmp_path, tiny_tokens, _params(elastic=elastic, job_id="elastic_1_2")), others=[1])
     try:
         wait_for(lambda: any(job.checkpoints.glob("step_*")), REFORM_TIMEOUT_S, "no checkpoint at world size 2")
-        assert job.sizes() == [2]
+        assert job.sizes() == [2], job.launcher_story()
         job.nodes[1].kill()
         newest_at_kill = job.newest_checkpoint()
         job.wait_for_formations(2, "no re-form after the lost node")
@@ -469,7 +483,7 @@ def test_three_nodes_lose_one_re_form_at_two_and_take_a_joining_node_in(tmp_path
     job = _Job(run_spec(tmp_path, tiny_tokens, _params(elastic=elastic, job_id="elastic_2_3")), others=[1, 2])
     try:
         wait_for(lambda: "Checkpoint " in job.worker_logs(), REFORM_TIMEOUT_S, "no checkpoint at world size 3")
-        assert job.sizes() == [3]
+        assert job.sizes() == [3], job.launcher_story()
         victim = 1 if job.nodes[1].holds_rank_0() else 2
         job.nodes[victim].kill()
         newest_at_kill = job.newest_checkpoint()
