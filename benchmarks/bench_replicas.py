@@ -26,7 +26,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench_llm_server import HOST, MODEL, PROSE, WORK, generation, load, log_model, summary  # same folder
+import bench_llm_server  # same folder
+from bench_llm_server import HOST, MODEL, PROSE, WORK, generation, load, log_model, summary
 from bench_serve import answering, free_port
 
 SERVERS = {"single": 0, "1 replica": 1, "2 replicas": 2}
@@ -100,8 +101,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=20, help="length of each measurement")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8], help="concurrent clients")
     parser.add_argument("--new", type=int, default=32, help="new tokens per generation")
+    parser.add_argument("--prompt", default=bench_llm_server.PROMPT,
+                        help="the generations' prompt: one whose greedy continuation runs all --new tokens")
     parser.add_argument("--out", type=Path, default=None, help="keep results.json here (default: not kept)")
     args = parser.parse_args()
+    bench_llm_server.PROMPT = args.prompt  # generation() reads it
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     shutil.rmtree(WORK, ignore_errors=True)
     WORK.mkdir(parents=True)

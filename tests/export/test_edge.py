@@ -13,6 +13,7 @@ from train_deploy.export.backends import OnnxRuntimeBackend
 from train_deploy.export.edge import (
     ConversionError,
     convert_to_onnx,
+    drop_output_copies,
     external_data,
     name_dimensions,
     quantize_int8,
@@ -177,3 +178,57 @@ def test_symbolic_dimensions_get_the_same_names_whatever_paddle2onnx_numbered_th
         assert shapes == {"input_ids": ["batch", "seq"], "attention_mask": ["batch_1", "seq_1"]}
     int8 = onnx.load(str(tiny_bundle / "edge" / f"{name}.int8.onnx"), load_external_data=False)
     assert list(int8.graph.input) == list(exported.graph.input)  # quantised after the renaming
+
+
+def _copying_graph():
+    """x -> Concat(x, x) = c -> Relu(c) = r; outputs Identity(c) (c also feeds Relu), Identity(r), Identity(x) (a
+    graph input: kept) and a second Identity(c)."""
+    from onnx import TensorProto, helper
+
+    nodes = [helper.make_node("Concat", ["x", "x"], ["c"], axis=1), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Identity", ["c"], ["out_c"]), helper.make_node("Identity", ["r"], ["out_r"]),
+             helper.make_node("Identity", ["x"], ["out_x"]), helper.make_node("Identity", ["c"], ["out_c2"])]
+    value = helper.make_tensor_value_info
+    graph = helper.make_graph(nodes, "copies", [value("x", TensorProto.FLOAT, [2, 3])],
+                              [value(name, TensorProto.FLOAT, shape) for name, shape in
+                               (("out_c", [2, 6]), ("out_r", [2, 6]), ("out_x", [2, 3]), ("out_c2", [2, 6]))],
+                              value_info=[value("c", TensorProto.FLOAT, [2, 6])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _run(model, x):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+
+
+def test_an_output_that_copies_a_computed_tensor_becomes_that_tensor():
+    """The decode graph's caches: Identity(Concat) as an output is the Concat itself, which still feeds the nodes
+    it fed; an output copying a graph input, and a second copy of the same tensor, stay Identity; the answers are
+    the same."""
+    import onnx
+
+    model = _copying_graph()
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    before = _run(model, x)
+    assert drop_output_copies(model.graph) == 2
+    onnx.checker.check_model(model, full_check=True)
+    nodes = {node.output[0]: (node.op_type, list(node.input)) for node in model.graph.node}
+    assert nodes == {"out_c": ("Concat", ["x", "x"]), "out_r": ("Relu", ["out_c"]),
+                     "out_x": ("Identity", ["x"]), "out_c2": ("Identity", ["out_c"])}
+    assert [v.name for v in model.graph.value_info] == []
+    for got, expected in zip(_run(model, x), before, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_the_exported_graphs_return_their_caches_without_a_copy(tiny_bundle):
+    """No output of the bundle's ONNX graphs (prefill and decode, fp32 and int8) is an Identity of a node's output."""
+    import onnx
+
+    for path in sorted((tiny_bundle / "edge").glob("*.onnx")):
+        graph = onnx.load(path, load_external_data=False).graph
+        outputs = {value.name for value in graph.output}
+        computed = {name for node in graph.node for name in node.output}
+        copies = [n.output[0] for n in graph.node if n.op_type == "Identity" and n.output[0] in outputs
+                  and n.input[0] in computed]
+        assert copies == [], path.name

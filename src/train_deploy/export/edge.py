@@ -250,6 +250,38 @@ def _rename_dimensions(graph, names: dict[str, str], counts: dict[str, int]) -> 
                 _rename_dimensions(subgraph, names, counts)
 
 
+def drop_output_copies(graph) -> int:
+    """Make each graph output that is an ``Identity`` of a tensor a node computes that tensor itself, in place, and
+    return how many ``Identity`` nodes went.
+
+    paddle2onnx writes every fetched tensor as ``Identity(x)``, and ONNX Runtime keeps an ``Identity`` whose output
+    is a graph output: each decode step copied every layer's whole key/value cache once more after concatenating
+    it (23% of the node time of a 16-sequence step with 224 cached positions, ``benchmarks/bench_decode_step.py``).
+    ``x`` may feed other nodes as well (the attention reads the concatenated cache), so ``x`` takes the output's
+    name. A graph with sub-graphs (``If``, ``Loop``), which could name ``x`` from inside, is left as it is."""
+    if any(a.HasField("g") or len(a.graphs) for node in graph.node for a in node.attribute):
+        return 0
+    computed = {name for node in graph.node for name in node.output}
+    outputs = {value.name for value in graph.output}
+    renamed: dict[str, str] = {}
+    copies = []
+    for node in graph.node:
+        source = node.input[0] if node.op_type == "Identity" else None
+        if source in computed and source not in outputs and source not in renamed and node.output[0] in outputs:
+            renamed[source] = node.output[0]
+            copies.append(node)
+    for node in copies:
+        graph.node.remove(node)
+    for node in graph.node:
+        for names in (node.input, node.output):
+            for i, name in enumerate(names):
+                names[i] = renamed.get(name, name)
+    kept = [value for value in graph.value_info if value.name not in renamed]  # the output carries its own type
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
+    return len(copies)
+
+
 def _convert(model_file: str, params: str, output: str, opset: str, external: str) -> None:
     import onnx
     import paddle2onnx
@@ -258,7 +290,9 @@ def _convert(model_file: str, params: str, output: str, opset: str, external: st
                        enable_onnx_checker=True, external_file=external)
     model = onnx.load(output, load_external_data=False)  # the weights beside it, if any, stay as they are
     name_dimensions(model)
+    drop_output_copies(model.graph)
     onnx.save_model(model, output)
+    onnx.checker.check_model(output)  # the rewired graph, as paddle2onnx checked its own
 
 
 if __name__ == "__main__":
