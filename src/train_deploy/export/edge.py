@@ -256,7 +256,7 @@ def drop_output_copies(graph) -> int:
 
     paddle2onnx writes every fetched tensor as ``Identity(x)``, and ONNX Runtime keeps an ``Identity`` whose output
     is a graph output: each decode step copied every layer's whole key/value cache once more after concatenating
-    it (23% of the node time of a 16-sequence step with 224 cached positions, ``benchmarks/bench_decode_step.py``).
+    it (22% of the node time of a 16-sequence step with 224 cached positions, ``benchmarks/bench_decode_step.py``).
     ``x`` may feed other nodes as well (the attention reads the concatenated cache), so ``x`` takes the output's
     name. A graph with sub-graphs (``If``, ``Loop``), which could name ``x`` from inside, is left as it is."""
     if any(a.HasField("g") or len(a.graphs) for node in graph.node for a in node.attribute):
