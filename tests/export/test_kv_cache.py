@@ -126,10 +126,14 @@ def test_the_bundle_records_cache_parity_for_every_form(tiny_bundle):
 
 
 def _recompute_greedy(logits, eos_id: int, ids: list[int], steps: int, context: int) -> list[int]:
-    """Greedy tokens by full recomputation of the sliding window, one pass per token (the path before the cache)."""
+    """Greedy tokens by full recomputation of each token's window, one pass per token (the path before the cache):
+    the whole sequence until it outgrows the context, then its last half context, growing again (the shift)."""
     new: list[int] = []
+    start = 0
     for _ in range(steps):
-        token = int(np.argmax(logits(np.asarray([(ids + new)[-context:]]))[0, -1]))
+        if len(ids) + len(new) - start > context:
+            start = len(ids) + len(new) - context // 2
+        token = int(np.argmax(logits(np.asarray([(ids + new)[start:]]))[0, -1]))
         if token == eos_id:
             break
         new.append(token)
@@ -200,6 +204,21 @@ def test_a_prompt_at_the_context_limit_slides_its_window(tiny_bundle, models):
     assert len(prompt) == model.context
     expected = _recompute_greedy(model.logits, model.eos_id, prompt, 4, model.context)
     assert model.generate([long_text, "中国"], max_new_tokens=4, temperature=0)[0] == model.tokenizer.decode(expected)
+
+
+def test_an_output_past_the_context_shifts_it_to_its_last_half_as_often_as_it_outgrows_it(models):
+    """Each token past the context is the one a full recomputation of the shifted window gives, through two shifts,
+    for one prompt and beside a shorter one (whose own window never shifts), on both engines."""
+    for name, each in models.items():
+        prompts = [[each.eos_id, *ids] for ids in each.tokenizer.encode(PROMPTS)]
+        context = len(prompts[2]) + 1
+        small = LanguageModel(each._form, each.tokenizer, context=context, eos_id=each.eos_id)
+        expected = _recompute_greedy(each.logits, each.eos_id, prompts[2], 2 * context, context)
+        assert len(expected) == 2 * context, name  # no end of document before the second shift
+        alone = [token for _, token in small.stream_ids([prompts[2]], 2 * context, lambda _, x: int(np.argmax(x)))]
+        assert alone == expected, name
+        beside = small.stream_ids([prompts[1], prompts[2]], 2 * context, lambda _, x: int(np.argmax(x)))
+        assert [token for row, token in beside if row == 1] == expected, name
 
 
 def test_a_bundle_from_before_the_cache_is_refused_and_re_exported(tmp_path, tiny_bundle, tiny_checkpoint,

@@ -246,27 +246,28 @@ class Recording:
         return self.form.decode(*args)
 
 
-def test_a_sequence_that_fills_the_context_slides_alone_while_the_others_keep_decoding_with_their_cache(model):
+def test_a_sequence_that_outgrows_the_context_shifts_it_alone_while_the_others_keep_decoding_with_their_cache(model):
     long, short = _ids(model, PROMPTS[2]), _ids(model, PROMPTS[1])
     engine = Recording(model._form)
     small = LanguageModel(engine, model.tokenizer, context=len(long) + 2, eos_id=model.eos_id)
-    assert len(short) + 8 <= small.context  # the short one never slides
-    alone = [[token for _, token in small.stream_ids([ids], 8, _greedy)] for ids in (long, short)]
+    assert len(short) + 8 <= small.context  # the short one never shifts
+    alone = [[token for _, token in small.stream_ids([ids], n, _greedy)] for ids, n in ((long, 16), (short, 8))]
+    assert len(alone[0]) == 16  # no end of document before the second shift
     engine.prefills.clear()
     hooks = StepHooks()
     batcher = Batcher(small, on_step=hooks)
     jobs: list[Job] = []
     try:
         jobs.append(batcher.submit(short, 8, GREEDY, _later()))
-        hooks.arm({1: lambda: jobs.append(batcher.submit(long, 8, GREEDY, _later()))})
+        hooks.arm({1: lambda: jobs.append(batcher.submit(long, 16, GREEDY, _later()))})
         outputs = [jobs[0].wait(60), jobs[1].wait(60) if len(jobs) > 1 else None]
     finally:
         batcher.close()
     assert outputs == [alone[1], alone[0]]
-    # the two prompts, then the long one's window alone for its 4th to 8th tokens (every row was prefilled again
-    # while one slid: [1, 1, 2, 2, 2, 2, 1])
-    assert engine.prefills == [1, 1, 1, 1, 1, 1, 1]
-    assert hooks.sizes == [1, 2, 2, 2, 2, 2, 2, 1]
+    # the two prompts, then the long one's last half context alone, once for its 4th token and once again when
+    # its window outgrew the context again (for its 4 + context - context // 2 th); never a row of the short one
+    assert engine.prefills == [1, 1, 1, 1]
+    assert hooks.sizes == [1, *[2] * 6, *[1] * 9]  # one token a step each, the long one two at its first
 
 
 def test_a_burst_is_prefilled_in_groups_of_at_most_prefill_tokens_positions(model, monkeypatch):

@@ -6,10 +6,9 @@ batch, then feeds one token per running sequence. A sequence's greedy tokens are
 ``LanguageModel.generate(prompt, temperature=0)`` gives alone: positions count each row's own tokens
 (``cumsum(mask) - 1``, ``graph.py``) and padded keys are masked, so the other rows never change a row's logits.
 
-A sequence that fills the context slides its window as it does alone: from then on each of its tokens is a prefill
-of its last ``context`` tokens (the cached keys were computed with the dropped token in view). Only those rows are
-prefilled; the others keep decoding with their caches (prefilling every row whenever one slid made a 16-sequence
-step of 256 positions cost ~650 ms instead of ~5 ms). Prefills run in groups of at most :data:`PREFILL_TOKENS`
+A sequence that outgrows the context shifts it as it does alone (``runtime.py``'s module docstring): it leaves the
+batch, its last half context is prefilled and it joins again as a new row would, while the others keep decoding
+with their caches. Prefills run in groups of at most :data:`PREFILL_TOKENS`
 positions: their logits cover every position (``rows × width × vocabulary`` floats, 70 MiB for 16 rows of 256 at
 a vocabulary of 4,500), so a group bounds the memory a burst takes, at the same cost (a prefill is bound by its
 arithmetic).
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from train_deploy.export.runtime import LanguageModel, log_softmax, sample_token
+from train_deploy.export.runtime import LanguageModel, log_softmax, sample_token, shifted_start
 
 logger = logging.getLogger(__name__)
 
@@ -158,8 +157,7 @@ class Job:
 
 
 class _Batch:
-    """The running rows: their jobs, the token each feeds next, the attention mask and the caches; and the jobs
-    whose window slides (:attr:`sliding`), prefilled at each step without a cache."""
+    """The running rows: their jobs, the token each feeds next, the attention mask and the caches."""
 
     def __init__(self) -> None:
         self.jobs: list[Job] = []
@@ -167,19 +165,19 @@ class _Batch:
         self.mask = np.zeros((0, 0), np.int64)
         self.keys: list[Any] = []
         self.values: list[Any] = []
-        self.sliding: list[Job] = []
-        """Jobs that filled the context: each step prefills their last ``context`` tokens (module docstring)."""
 
     @property
     def running(self) -> list[Job]:
-        return [*self.jobs, *self.sliding]
+        return list(self.jobs)
 
-    def slide(self, context: int) -> None:
-        """Move the rows whose next token would outgrow ``context`` to :attr:`sliding`."""
+    def leave_full(self, context: int) -> list[Job]:
+        """Take out and return the jobs whose next token would outgrow ``context`` (to be shifted)."""
         full = self.mask.sum(axis=1) + 1 > context
-        if full.any():
-            self.sliding += [job for job, out in zip(self.jobs, full, strict=True) if out]
-            self.keep([row for row, out in enumerate(full) if not out])
+        if not full.any():
+            return []
+        leaving = [job for job, out in zip(self.jobs, full, strict=True) if out]
+        self.keep([row for row, out in enumerate(full) if not out])
+        return leaving
 
     def keep(self, rows: list[int]) -> None:
         """Only ``rows``, without the leading columns that are padding in all of them."""
@@ -288,7 +286,7 @@ class Batcher:
 
     def _iterate(self, admitted: list[Job]) -> None:
         """Drop the rows that must leave, prefill and join ``admitted``, then one step: a decode of the cached rows
-        and a prefill of the sliding ones."""
+        and a prefill of those that shift their context (module docstring)."""
         now = time.monotonic()
         batch = self._batch
         stay = []
@@ -299,25 +297,27 @@ class Batcher:
             else:
                 stay.append(row)
         batch.keep(stay)
-        for job in [job for job in batch.sliding if job._stop_reason(now)]:
-            batch.sliding.remove(job)
-            job._finish(job._stop_reason(now) or "cancelled")
         if admitted:
-            self._prefill(admitted)
-        size = len(batch.running)
+            self._prefill(admitted, [job.prompt_ids for job in admitted])
+        size = len(batch.jobs)
         if size:
-            batch.slide(self._model.context)
+            full = batch.leave_full(self._model.context)
             if batch.jobs:
                 self._decode()
-            if batch.sliding:
-                self._slide()
+            if full:
+                self._prefill(full, [self._shift(job) for job in full])
             if self._on_step is not None:
                 self._on_step(size)
 
-    def _prefill(self, jobs: list[Job]) -> None:
-        """Prefill ``jobs``' prompts (in groups, module docstring) and join the rows that go on to the batch."""
-        for group in _groups([len(job.prompt_ids) for job in jobs]):
-            mask, step = self._model._prefill([jobs[i].prompt_ids for i in group])
+    def _shift(self, job: Job) -> list[int]:
+        """``job``'s window after the context shift (module docstring): its last half context."""
+        sequence = job.prompt_ids + job.tokens
+        return sequence[shifted_start(len(sequence), self._model.context):]
+
+    def _prefill(self, jobs: list[Job], windows: list[list[int]]) -> None:
+        """Prefill ``jobs``' ``windows`` (in groups, module docstring) and join the rows that go on to the batch."""
+        for group in _groups([len(window) for window in windows]):
+            mask, step = self._model._prefill([windows[i] for i in group])
             picked = self._picks([jobs[i] for i in group], step.logits)
             rows = [row for row, token in enumerate(picked) if token is not None]
             if rows:
@@ -335,17 +335,6 @@ class Batcher:
         picked = self._picks(batch.jobs, step.logits)
         batch.next_ids = [token if token is not None else 0 for token in picked]
         batch.keep([row for row, token in enumerate(picked) if token is not None])
-
-    def _slide(self) -> None:
-        """One token per sliding job: its window (the last ``context`` tokens) prefilled again, as alone."""
-        model, sliding = self._model, self._batch.sliding
-        windows = [(job.prompt_ids + job.tokens)[-model.context:] for job in sliding]
-        going: list[Job] = []
-        for group in _groups([len(window) for window in windows]):
-            _, step = model._prefill([windows[i] for i in group])
-            picked = self._picks([sliding[i] for i in group], step.logits)
-            going += [sliding[i] for i, token in zip(group, picked, strict=True) if token is not None]
-        self._batch.sliding = going
 
     def _picks(self, jobs: list[Job], logits: np.ndarray) -> list[int | None]:
         """Each job's next token from its last logits, pushed to its stream; None where the job ends here."""
