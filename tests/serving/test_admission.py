@@ -17,10 +17,10 @@ from tests.helpers.serving import AppServer, downloaded, post, timed
 
 BUDGET_S = 2
 QUEUE = 1
-# sampled over the whole vocabulary the tiny model writes thousands of tokens without an end of document: each
-# of these generations runs until its deadline
-LONGEST = {"inputs": ["中国"], "params": {"task": "generate", "max_new_tokens": 100_000, "temperature": 1.0,
-                                         "top_k": 0}}
+# sampled over the whole vocabulary the tiny model writes thousands of tokens before an end of document (about
+# 7,000 in 2 s alone): 16 prompts of it, one after the other in a batch of one, run until the deadline
+LONGEST = {"inputs": ["中国"] * 16, "params": {"task": "generate", "max_new_tokens": 100_000, "temperature": 1.0,
+                                              "top_k": 0}}
 SHORT = {"inputs": ["中国"], "params": {"task": "generate", "max_new_tokens": 4, "temperature": 0.0}}
 SCORE = {"inputs": ["今天天气很好。"]}
 
@@ -29,7 +29,7 @@ SCORE = {"inputs": ["今天天气很好。"]}
 def server(tmp_path_factory, model_store, tiny_model) -> Iterator[AppServer]:
     """The tiny model with a 2 s budget, one generate request in the batch and room for one waiting per lane."""
     model = downloaded(model_store, tiny_model.model_uri, tmp_path_factory.mktemp("admission_model"))
-    config = {"time_budget_s": BUDGET_S, "max_new_tokens": 100_000, "max_tokens": 200_000}
+    config = {"time_budget_s": BUDGET_S, "max_new_tokens": 100_000, "max_tokens": 2_000_000}
     served = AppServer(model, model_store, tmp_path_factory.mktemp("admission") / "empty",
                        {"TRAIN_DEPLOY_SERVE_QUEUE": str(QUEUE), "TRAIN_DEPLOY_SERVE_BATCH": "1",
                         "SERVING_MODEL_CONFIG": json.dumps(config)})
@@ -106,7 +106,7 @@ def test_a_client_that_goes_away_has_its_generation_stopped(server):
     assert "POST /invocations: the client went away; its work was stopped" in server.log_text()
 
 
-LONGEST_COMPLETION = {"model": "train_deploy_lm", "prompt": "中国", "max_tokens": 100_000, "temperature": 1.0}
+LONGEST_COMPLETION = {"model": "train_deploy_lm", "prompt": ["中国"] * 16, "max_tokens": 100_000, "temperature": 1.0}
 
 
 def test_openais_route_answers_a_full_lane_with_429_in_its_shape(server):
