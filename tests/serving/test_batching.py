@@ -270,6 +270,32 @@ def test_a_sequence_that_outgrows_the_context_shifts_it_alone_while_the_others_k
     assert hooks.sizes == [1, *[2] * 6, *[1] * 9]  # one token a step each, the long one two at its first
 
 
+class FailsAtShift(Recording):
+    """An engine whose second prefill (the prompt's context shift, after its first) raises."""
+
+    def prefill(self, ids, mask):
+        if len(self.prefills) == 1:
+            self.prefills.append(-1)
+            raise RuntimeError("engine failure")
+        return super().prefill(ids, mask)
+
+
+def test_a_failed_context_shift_ends_its_job_with_an_error_and_the_thread_goes_on(model, caplog):
+    long, short = _ids(model, PROMPTS[2]), _ids(model, PROMPTS[1])
+    engine = FailsAtShift(model._form)
+    small = LanguageModel(engine, model.tokenizer, context=len(long) + 2, eos_id=model.eos_id)
+    batcher = Batcher(small)
+    try:
+        broken = batcher.submit(long, 8, GREEDY, _later())
+        broken.wait(60)
+        later = batcher.submit(short, 4, GREEDY, _later())
+        assert later.wait(60) == _alone(model, PROMPTS[1], 4)
+    finally:
+        batcher.close()
+    assert (broken.finish_reason, len(broken.tokens), later.finish_reason) == ("error", 3, "length")
+    assert "Batched generation failed; its 1 sequences end with an error" in caplog.text
+
+
 def test_a_burst_is_prefilled_in_groups_of_at_most_prefill_tokens_positions(model, monkeypatch):
     from train_deploy.serving import batching
 

@@ -165,19 +165,19 @@ class _Batch:
         self.mask = np.zeros((0, 0), np.int64)
         self.keys: list[Any] = []
         self.values: list[Any] = []
+        self.shifting: list[Job] = []
+        """Jobs out of the rows until their shifted context is prefilled (module docstring)."""
 
     @property
     def running(self) -> list[Job]:
-        return list(self.jobs)
+        return [*self.jobs, *self.shifting]
 
-    def leave_full(self, context: int) -> list[Job]:
-        """Take out and return the jobs whose next token would outgrow ``context`` (to be shifted)."""
+    def leave_full(self, context: int) -> None:
+        """Move the rows whose next token would outgrow ``context`` to :attr:`shifting`."""
         full = self.mask.sum(axis=1) + 1 > context
-        if not full.any():
-            return []
-        leaving = [job for job, out in zip(self.jobs, full, strict=True) if out]
-        self.keep([row for row, out in enumerate(full) if not out])
-        return leaving
+        if full.any():
+            self.shifting = [job for job, out in zip(self.jobs, full, strict=True) if out]
+            self.keep([row for row, out in enumerate(full) if not out])
 
     def keep(self, rows: list[int]) -> None:
         """Only ``rows``, without the leading columns that are padding in all of them."""
@@ -301,11 +301,12 @@ class Batcher:
             self._prefill(admitted, [job.prompt_ids for job in admitted])
         size = len(batch.jobs)
         if size:
-            full = batch.leave_full(self._model.context)
+            batch.leave_full(self._model.context)
             if batch.jobs:
                 self._decode()
-            if full:
-                self._prefill(full, [self._shift(job) for job in full])
+            if batch.shifting:  # they stay in batch.running until joined again, for a failure to end them too
+                self._prefill(batch.shifting, [self._shift(job) for job in batch.shifting])
+                batch.shifting = []
             if self._on_step is not None:
                 self._on_step(size)
 
