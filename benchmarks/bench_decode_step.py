@@ -1,4 +1,5 @@
-"""Where one batched decode step's time goes as the cache grows (issue 38), on ONNX Runtime fp32, per operator type.
+"""Where one batched decode step's time goes as the cache grows (issue 38), on ONNX Runtime fp32: the converted decode
+graph that returns its cache grown, per operator type, beside the in-place graph (``inplace.py``).
 
     .venv/bin/python benchmarks/bench_decode_step.py
     .venv/bin/python benchmarks/bench_decode_step.py --batch 1 16 --cached 32 224 --threads 2
@@ -10,7 +11,9 @@ the full graph prefills random ids, and the decode graph then runs ``--steps`` t
 the step's best mean wall time, the bytes of key/value cache the step reads and writes (the decode graph takes each
 layer's cache and returns it with one more position: a new tensor each step), numpy's time to copy that many bytes
 on this machine (the floor of that copy), and ONNX Runtime's own profile of the step: the share of each operator
-type in the summed node time.
+type in the summed node time. The in-place graph's step runs on the same prefilled rows through the server's slot
+cache (``kv_cache.SlotCache``), its lengths put back to ``cached`` before each call so every step is at that
+position.
 """
 
 from __future__ import annotations
@@ -33,12 +36,16 @@ bench_generate.WORK = WORK  # its build() writes the checkpoint here, apart from
 
 
 def export(preset: str, vocab: int) -> Path:
-    """The preset's random model as the bundle's fp32 ONNX graphs (full and decode); the full graph's path."""
+    """The preset's random model as the bundle's fp32 ONNX graphs (full, decode and in-place decode); the full
+    graph's path."""
     from train_deploy.export.edge import ONNX_FILE, convert_to_onnx
     from train_deploy.export.graph import DECODE_MODEL, load_inference_model, save_server_model
+    from train_deploy.export.inplace import INPLACE_DECODE, save_inplace_decode
 
-    source = save_server_model(load_inference_model(build(preset, vocab)), WORK / "server_portable", portable=True)
+    model = load_inference_model(build(preset, vocab))
+    source = save_server_model(model, WORK / "server_portable", portable=True)
     (WORK / "edge").mkdir()
+    save_inplace_decode(model, WORK / "edge" / ONNX_FILE.replace("model", INPLACE_DECODE, 1))
     for graph in (source, source.with_name(DECODE_MODEL)):
         convert_to_onnx(graph, WORK / "edge" / ONNX_FILE.replace("model", graph.name, 1), opset=17)
     return WORK / "edge" / ONNX_FILE
@@ -51,6 +58,21 @@ def step_inputs(backend, batch: int, cached: int, vocab: int) -> tuple:
     ids = np.concatenate([np.full((batch, 1), EOS), rng.integers(3, vocab, (batch, cached - 1))], axis=1)
     step = backend.prefill(ids, np.ones_like(ids))
     return rng.integers(3, vocab, (batch, 1)), np.ones((batch, cached + 1), np.int64), step.keys, step.values
+
+
+def in_place_step(backend, inputs: tuple, cached: int):
+    """A call of one in-place decode step at ``cached`` positions for the rows of ``inputs`` (as the server's)."""
+    from train_deploy.export.backends import Step
+
+    ids, mask = inputs[0], np.ones((len(inputs[0]), cached), np.int64)
+    cache = backend.new_cache()
+    cache.join(mask, Step(np.zeros(0), inputs[2], inputs[3]), range(len(ids)))
+
+    def step() -> None:
+        cache._lengths[:len(ids)] = cached  # every timed step at the same position
+        cache.decode(ids)
+
+    return step
 
 
 def best_mean_ms(run, steps: int, repeats: int = 3) -> float:
@@ -103,21 +125,24 @@ def main() -> None:
     try:
         full = export(args.preset, args.vocab)
         decode = full.with_name(full.name.replace("model", DECODE_MODEL, 1))
-        backend = OnnxRuntimeBackend(full, args.threads)
+        backend = OnnxRuntimeBackend(full, args.threads, in_place=False)  # the converted graph's growing cache
+        in_place = OnnxRuntimeBackend(full, args.threads)
         out(f"\npreset {args.preset}, ONNX Runtime fp32, {args.threads} threads, mean of {args.steps} decode steps, "
-            "best of 3\n\n| batch | cached | ms a step | ms a sequence | cache MB in + out | numpy copy of it, ms "
-            "| operator types by share of node time |\n|---:|---:|---:|---:|---:|---:|---|\n")
+            "best of 3\n\n| batch | cached | growing cache: ms a step | in place: ms a step | ms a sequence (growing, "
+            "in place) | growing: cache MB in + out | numpy copy of it, ms | growing: operator types by share of node "
+            "time |\n|---:|---:|---:|---:|---:|---:|---:|---|\n")
         for batch in args.batch:
             for cached in args.cached:
                 inputs = step_inputs(backend, batch, cached, args.vocab)
-                step = best_mean_ms(lambda i=inputs: backend.decode(*i), args.steps)  # what the server calls
+                step = best_mean_ms(lambda i=inputs: backend.decode(*i), args.steps)  # the growing cache's step
+                inplace = best_mean_ms(in_place_step(in_place, inputs, cached), args.steps)
                 cache = [*inputs[2], *inputs[3]]
                 moved = 2 * sum(v.nbytes for v in cache) + sum(v.nbytes // v.shape[2] for v in cache)
                 copy = best_mean_ms(lambda c=cache: [np.concatenate([v, v[:, :, :1]], axis=2) for v in c], 20)
                 shares = operator_shares(decode, _cache_feed(*inputs), args.threads, args.steps)
                 top = ", ".join(f"{op} {share:.0%}" for op, share in list(shares.items())[:6])
-                out(f"| {batch} | {cached} | {step:.3f} | {step / batch:.3f} | {moved / 2**20:.1f} | {copy:.3f} "
-                    f"| {top} |\n")
+                out(f"| {batch} | {cached} | {step:.3f} | {inplace:.3f} | {step / batch:.3f}, {inplace / batch:.3f} "
+                    f"| {moved / 2**20:.1f} | {copy:.3f} | {top} |\n")
     finally:
         shutil.rmtree(WORK, ignore_errors=True)
 

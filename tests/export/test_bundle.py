@@ -38,13 +38,14 @@ def test_bundle_holds_server_edge_tokenizer_proofs_and_card(tiny_bundle):
     meta = json.loads((tiny_bundle / "bundle.json").read_text(encoding="utf-8"))
     fused = fused_here()  # where the fused kernels run (AVX-512), both graphs; else the portable one alone
     for name in ("server_portable/model.json", "server_portable/model.pdiparams", "server_portable/decode.pdiparams",
-                 "edge/model.onnx", "edge/model.int8.onnx", "tokenizer/sentencepiece.bpe.model", "parity.json",
+                 "edge/model.onnx", "edge/model.int8.onnx", "edge/decode_inplace.onnx", "edge/decode_inplace.int8.onnx",
+                 "tokenizer/sentencepiece.bpe.model", "parity.json",
                  "latency.json", *(("server/model.json", "server/model.pdiparams", "server/decode.json") if fused
                                    else ())):
         assert meta["files"][name] == file_record(tiny_bundle / name) and meta["files"][name]["bytes"] > 0
     assert set(meta["files"]) == {p.relative_to(tiny_bundle).as_posix() for p in tiny_bundle.rglob("*")
                                   if p.is_file()} - {"bundle.json"}  # every other file, the card too
-    assert meta["model"]["context"] == 128 and meta["source"]["step"] == 6 and meta["format"] == 10
+    assert meta["model"]["context"] == 128 and meta["source"]["step"] == 6 and meta["format"] == 11
     assert meta["graphs"] == {"server_portable": {"kernels": [], "needs": []}} | (
         {"server": {"kernels": ["swiglu", "fused_rms_norm"], "needs": ["probe:swiglu", "probe:fused_rms_norm"]}}
         if fused else {})

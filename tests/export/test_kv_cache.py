@@ -23,10 +23,13 @@ PROMPTS = ["中国", "今天天气很好，我们去公园", "中国的经济发
 
 @pytest.fixture(scope="module")
 def gqa_forms(tmp_path_factory):
-    """A random GQA Llama (4 query heads, 2 key/value heads) exported once to both engines, and its reference."""
+    """A random GQA Llama (4 query heads, 2 key/value heads) exported once to both engines, and its reference. ONNX
+    Runtime decodes with the converted graph's growing cache (``onnx_fp32``) and with the in-place graph
+    (``onnx_inplace``, ``inplace.py``)."""
     from tests.helpers.export import reference_llama
     from train_deploy.export.edge import convert_to_onnx
     from train_deploy.export.graph import DECODE_MODEL, compact_model, save_server_model
+    from train_deploy.export.inplace import save_inplace_decode
 
     reference = reference_llama(3, num_key_value_heads=2)
     folder = tmp_path_factory.mktemp("gqa")
@@ -35,8 +38,10 @@ def gqa_forms(tmp_path_factory):
     source = save_server_model(model, folder / "onnx_source", portable=True)
     convert_to_onnx(source, folder / "model.onnx", 17)
     convert_to_onnx(source.with_name(DECODE_MODEL), folder / "decode.onnx", 17)
+    save_inplace_decode(model, folder / "decode_inplace.onnx")
     forms = {"paddle_inference": PaddleInferenceBackend(prefix, ServerConfig(cpu_threads=1)),
-             "onnx_fp32": OnnxRuntimeBackend(folder / "model.onnx", 1)}
+             "onnx_fp32": OnnxRuntimeBackend(folder / "model.onnx", 1, in_place=False),
+             "onnx_inplace": OnnxRuntimeBackend(folder / "model.onnx", 1)}
     return reference, forms
 
 
@@ -80,8 +85,10 @@ def test_a_smaller_batch_after_a_larger_one_still_equals_full_recomputation(gqa_
         assert report["passed"], (batch, report["failures"])
 
 
-def test_cache_parity_fails_when_the_cache_is_wrong(gqa_forms):
-    """The check can fail: a decode step fed the keys of another sequence is not full recomputation."""
+@pytest.mark.parametrize("name", ["onnx_fp32", "onnx_inplace"])
+def test_cache_parity_fails_when_the_cache_is_wrong(gqa_forms, name):
+    """The check can fail: decode steps over the keys of another sequence are not full recomputation (the growing
+    cache and the in-place one)."""
     import paddle
 
     reference, forms = gqa_forms
@@ -96,17 +103,51 @@ def test_cache_parity_fails_when_the_cache_is_wrong(gqa_forms):
         def prefill(self, ids, mask):
             return self.form.prefill(ids, mask)
 
-        def decode(self, ids, mask, keys, values):
-            return self.form.decode(ids, mask, [k[::-1].copy() for k in keys], values)
+        def new_cache(self):
+            cache = self.form.new_cache()
+            join = cache.join
+
+            def swapped(mask, step, rows):
+                join(mask, step, rows)
+                cache.keys = [keys[::-1].copy() for keys in cache.keys]
+
+            cache.join = swapped
+            return cache
 
     def full(ids, mask):
         with paddle.no_grad():
             return reference(input_ids=paddle.to_tensor(ids), use_cache=False, return_dict=False)[0].numpy()
 
     windows = np.random.default_rng(5).integers(3, 96, size=(2, 21))
-    report = cache_parity_report(windows, full, {"onnx_fp32": SwappedCache(forms["onnx_fp32"])}, ParityConfig())
+    report = cache_parity_report(windows, full, {name: SwappedCache(forms[name])}, ParityConfig())
     assert not report["passed"]
-    assert report["failures"][0].startswith("onnx_fp32 with the KV cache: max |logit diff| ")
+    assert report["failures"][0].startswith(f"{name} with the KV cache: max |logit diff| ")
+
+
+def test_the_in_place_graph_writes_the_callers_buffers_and_copies_nothing_of_the_cache(gqa_forms):
+    """A decode step of the slot cache writes the new position into the buffers it holds (the same arrays before
+    and after: no cache returned or copied), leaves every other position as it was, and frees them when empty."""
+    _, forms = gqa_forms
+    form = forms["onnx_inplace"]
+    ids = np.random.default_rng(3).integers(3, 96, size=(2, 6))
+    mask = np.ones_like(ids)
+    mask[1, :2] = 0
+    cache = form.new_cache()
+    cache.join(mask, form.prefill(ids, mask), [0, 1])
+    buffers = [*cache.keys, *cache.values]
+    before = [buffer.copy() for buffer in buffers]
+    assert cache.lengths.tolist() == [6, 4]
+    cache.decode(np.array([[5], [7]], np.int64))
+    assert cache.lengths.tolist() == [7, 5]
+    for buffer, old in zip([*cache.keys, *cache.values], before, strict=True):
+        assert any(buffer is each for each in buffers)
+        changed = np.argwhere(np.abs(buffer - old).sum(axis=(1, 3)) > 0)  # (row, position) pairs written
+        assert sorted(map(tuple, changed.tolist())) == [(0, 6), (1, 4)]
+    second = cache.keys[0][1, :, :5].copy()
+    cache.keep([1])
+    assert cache.lengths.tolist() == [5] and cache.keys[0][0, :, :5].tolist() == second.tolist()
+    cache.keep([])
+    assert cache.rows == 0 and cache.keys == []
 
 
 def test_the_bundle_records_cache_parity_for_every_form(tiny_bundle):

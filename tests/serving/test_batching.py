@@ -193,11 +193,18 @@ class FailsOnce:
     def prefill(self, ids, mask):
         return self.form.prefill(ids, mask)
 
-    def decode(self, *args):
-        if not self.failed:
-            self.failed = True
-            raise RuntimeError("engine failure")
-        return self.form.decode(*args)
+    def new_cache(self):
+        cache = self.form.new_cache()
+        decode = cache.decode
+
+        def fails_once(ids):
+            if not self.failed:
+                self.failed = True
+                raise RuntimeError("engine failure")
+            return decode(ids)
+
+        cache.decode = fails_once
+        return cache
 
 
 def test_a_failed_step_ends_its_jobs_with_an_error_and_later_jobs_are_served(model, caplog):
@@ -242,8 +249,8 @@ class Recording:
         self.prefills.append(len(ids))
         return self.form.prefill(ids, mask)
 
-    def decode(self, *args):
-        return self.form.decode(*args)
+    def new_cache(self):
+        return self.form.new_cache()
 
 
 def test_a_sequence_that_outgrows_the_context_shifts_it_alone_while_the_others_keep_decoding_with_their_cache(model):

@@ -20,6 +20,8 @@ from train_deploy.export.config import ServerConfig
 from train_deploy.export.errors import BundleError
 from train_deploy.export.graph import DECODE_MODEL, SERVER_MODEL, cache_names
 from train_deploy.export.hardware import configure_gpu, tensorrt_program
+from train_deploy.export.inplace import INPLACE_DECODE
+from train_deploy.export.kv_cache import GrowingCache, SlotCache
 
 Logits = Callable[[np.ndarray, np.ndarray], np.ndarray]
 """An engine called for logits: ``(input_ids, attention_mask) -> logits [batch, seq, vocab]``."""
@@ -109,6 +111,11 @@ class PaddleInferenceBackend:
         return _step(self._run(self._decode, _cache_feed(input_ids, attention_mask, keys, values)),
                      lambda logits: logits.numpy())
 
+    def new_cache(self) -> GrowingCache:
+        """An empty cache for a batch's decode steps: the growing one (a predictor copies what it is fed, so no
+        graph can write a cache in place, ``inplace.py``)."""
+        return GrowingCache(self.decode)
+
 
 def _ids(input_ids: np.ndarray, attention_mask: np.ndarray) -> dict[str, np.ndarray]:
     return {"input_ids": np.asarray(input_ids, dtype=np.int64), "attention_mask": np.asarray(attention_mask,
@@ -139,14 +146,21 @@ class Step:
 
 
 class OnnxRuntimeBackend:
-    """The bundle's two ONNX graphs (``model.onnx`` or ``model.int8.onnx`` and the ``decode`` graph beside it) on
-    ONNX Runtime CPU sessions; called, prefilled and decoded as :class:`PaddleInferenceBackend`."""
+    """The bundle's ONNX graphs (``model.onnx`` or ``model.int8.onnx`` and the ``decode`` graphs beside it) on
+    ONNX Runtime CPU sessions; called, prefilled and decoded as :class:`PaddleInferenceBackend`.
 
-    def __init__(self, path: Path, threads: int) -> None:
+    Where the bundle has the in-place decode graph (``decode_inplace``, ``inplace.py``) and ``in_place`` is True,
+    :meth:`new_cache` gives a :class:`SlotCache` that it updates through I/O binding; otherwise the growing cache
+    of the converted ``decode`` graph (bundles before format 11, and the mobile check, which compares the ``.ort``
+    files with the graphs they were converted from)."""
+
+    def __init__(self, path: Path, threads: int, *, in_place: bool = True) -> None:
         self._threads = threads
         self._full = self._session(path)
         decode = path.with_name(path.name.replace("model", DECODE_MODEL, 1))
         self._decode = self._session(decode) if decode.is_file() else None
+        inplace = path.with_name(path.name.replace("model", INPLACE_DECODE, 1))
+        self._inplace = self._session(inplace) if in_place and inplace.is_file() else None
 
     def _session(self, path: Path):
         import onnxruntime as ort
@@ -177,4 +191,25 @@ class OnnxRuntimeBackend:
         session, outputs = self._decode
         return _step(session.run(outputs, _cache_feed(input_ids, attention_mask, keys, values)))
 
+    def new_cache(self) -> GrowingCache | SlotCache:
+        """An empty cache for a batch's decode steps (class docstring)."""
+        if self._inplace is None:
+            return GrowingCache(self.decode)
+        keys = self._inplace[0].get_inputs()[3]  # keys_0: [batch, kv_heads, capacity, head_dim]
+        return SlotCache(self._run_in_place, (len(self._inplace[1]) - 1) // 2, keys.shape[1], keys.shape[3])
 
+    def _run_in_place(self, input_ids: np.ndarray, past_lengths: np.ndarray, total_length: int,
+                      keys: Sequence[np.ndarray], values: Sequence[np.ndarray]) -> np.ndarray:
+        """One step of the in-place graph: each cache is bound as its input and its output (the same memory)."""
+        session, _ = self._inplace  # type: ignore[misc]
+        binding = session.io_binding()
+        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
+        binding.bind_cpu_input("past_lengths", past_lengths)
+        binding.bind_cpu_input("total_length", np.array(total_length, np.int32))
+        binding.bind_output("logits", "cpu")
+        for i, cache in enumerate([*keys, *values]):
+            name = f"{'keys' if i < len(keys) else 'values'}_{i % len(keys)}"
+            binding.bind_input(name, "cpu", 0, np.float32, cache.shape, cache.ctypes.data)
+            binding.bind_output(f"present_{name}", "cpu", 0, np.float32, cache.shape, cache.ctypes.data)
+        session.run_with_iobinding(binding)
+        return binding.get_outputs()[0].numpy()

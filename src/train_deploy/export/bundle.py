@@ -11,7 +11,9 @@ A bundle is one folder (the catalog's versioned ``export_bundle``: ``<path>/<ver
     server_portable/ Paddle Inference, the portable graph (the same files): runs on every CPU
     edge/            ONNX fp32 (model.onnx, decode.onnx) and int8 (model.int8.onnx, decode.int8.onnx), converted
                      from the portable graph; the int8 pair in ONNX Runtime Mobile's format (model.int8.ort,
-                     decode.int8.ort) with required_operators.config for a reduced ONNX Runtime build (mobile.py)
+                     decode.int8.ort) with required_operators.config for a reduced ONNX Runtime build (mobile.py);
+                     the decode step that updates its cache in place, which the server runs on ONNX Runtime
+                     (decode_inplace.onnx, decode_inplace.int8.onnx, inplace.py)
     tokenizer/       the PaddleNLP tokenizer folder the model was trained with
     pretrained/      PaddleNLP's save_pretrained layout (config.json, float32 model.safetensors, the tokenizer):
                      LlamaForCausalLM.from_pretrained(folder) loads it; training.init_from: champion starts here
@@ -65,6 +67,7 @@ from train_deploy.export.graph import (
     save_server_model,
 )
 from train_deploy.export.hardware import disable_tf32
+from train_deploy.export.inplace import INPLACE_DECODE, save_inplace_decode
 from train_deploy.export.integrity import bundle_file_records
 from train_deploy.export.mobile import MOBILE_REPORT, convert_to_ort, mobile_report
 from train_deploy.export.plots import TrainingCurves, write_plots
@@ -103,12 +106,13 @@ logger = logging.getLogger(__name__)
 
 PRETRAINED_DIR = "pretrained"
 
-FORMAT = 10  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json,
+FORMAT = 11  # part of the reuse fingerprint; 2: the compact server graph, 3: plots, 4: n-gram baselines in parity.json,
 # 5: pretrained/, 6: prefill and decode graphs with a KV cache, 7: a cache input and output per layer, Paddle's fused
 # kernels in server/, 8: the portable graph in server_portable/ and bundle.json's graphs, 9: each file's size and
 # xxh3-128 hash in bundle.json's files, checked on load (integrity.py; LanguageModel refuses bundles older than 7:
 # re-export, and loads 7 and 8 with a warning that their contents are not verified), 10: the int8 graphs in ONNX
-# Runtime's mobile format (edge/*.int8.ort, required_operators.config) and their greedy parity in mobile.json
+# Runtime's mobile format (edge/*.int8.ort, required_operators.config) and their greedy parity in mobile.json, 11: the
+# in-place decode graphs for ONNX Runtime (edge/decode_inplace*.onnx; older bundles decode with the growing cache)
 
 
 def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManifest, config: ExportConfig,
@@ -135,10 +139,10 @@ def export_bundle(checkpoint: Path, tokenizer: TokenizerInfo, tokens: TokenManif
         graphs = {PORTABLE_DIR: graph_record(False)} | ({FUSED_DIR: graph_record(True)} if probe.runs else {})
         for name in graphs:
             save_server_model(model, folder / name, portable=name == PORTABLE_DIR)
-        del model
         progress.advance()  # the server graphs
-        _save_edge_models(folder / PORTABLE_DIR / SERVER_MODEL, folder / "edge", config)
-        progress.advance()  # ONNX, int8, .ort
+        _save_edge_models(model, folder / PORTABLE_DIR / SERVER_MODEL, folder / "edge", config)
+        del model
+        progress.advance()  # ONNX, int8, the in-place decode graphs, .ort
         _copy_tokenizer(tokenizer, folder / "tokenizer")
         save_pretrained_folder(checkpoint, tokenizer, folder / PRETRAINED_DIR)
         meta = _bundle_meta(state, checkpoint, tokenizer, config, bundle_fingerprint(checkpoint, tokenizer, config,
@@ -176,14 +180,18 @@ def _write_card_and_records(folder: Path, meta: dict[str, Any], state: Checkpoin
     write_json(folder / BUNDLE_FILE, meta)
 
 
-def _save_edge_models(prefix: Path, edge: Path, config: ExportConfig) -> None:
-    """The ONNX models (fp32, and int8 when configured) of the portable graphs saved at ``prefix`` (``graph.py``)."""
+def _save_edge_models(model: Any, prefix: Path, edge: Path, config: ExportConfig) -> None:
+    """The ONNX models (fp32, and int8 when configured) of the portable graphs saved at ``prefix`` (``graph.py``),
+    and ``model``'s in-place decode graph for ONNX Runtime (``inplace.py``)."""
     edge.mkdir()
+    inplace = save_inplace_decode(model, edge / ONNX_FILE.replace("model", INPLACE_DECODE, 1))
     for graph in (prefix, prefix.with_name(DECODE_MODEL)):
         onnx_file = convert_to_onnx(graph, edge / ONNX_FILE.replace("model", graph.name, 1), config.edge.opset,
                                     config.edge.convert_timeout)
         if config.edge.int8:
             quantize_int8(onnx_file, edge / INT8_FILE.replace("model", graph.name, 1), config.edge.per_channel)
+    if config.edge.int8:
+        quantize_int8(inplace, edge / INT8_FILE.replace("model", INPLACE_DECODE, 1), config.edge.per_channel)
     if config.edge.int8:
         convert_to_ort(edge)  # ONNX Runtime Mobile's format of the int8 graphs (mobile.py)
 

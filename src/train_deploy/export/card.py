@@ -83,8 +83,9 @@ def model_card(meta: BundleMeta, state: CheckpointState, parity: ParityReport, l
         "its output as fact or for decisions about people without review.",
         f"- Inputs longer than {model.context} tokens are "
         + ("rejected" if meta.too_long == "raise" else "cut to their last tokens") + " (`too_long`).",
-        "- Generation uses a KV cache (a prefill and a one-token decode graph): its cost grows linearly with the "
-        "output length; `parity.json` (`kv_cache`) proves every decode step equals full recomputation.",
+        "- Generation uses a KV cache (a prefill and a one-token decode graph; on ONNX Runtime the decode step "
+        "writes the cache in place, `edge/decode_inplace*.onnx`): its cost grows linearly with the output length; "
+        "`parity.json` (`kv_cache`) proves every decode step equals full recomputation.",
     ] + _load_lines() + _mobile_lines(files)
     return "\n".join(line for line in lines if line is not None)
 

@@ -142,13 +142,13 @@ def _cached_diff(form: Any, ids: np.ndarray, lengths: np.ndarray, expected: np.n
     prompt, mask = np.zeros((len(ids), width), np.int64), np.zeros((len(ids), width), np.int64)
     for r, length in enumerate(lengths):
         prompt[r, width - length:], mask[r, width - length:] = ids[r, :length], 1
-    step = form.prefill(prompt, mask)
+    step, cache = form.prefill(prompt, mask), form.new_cache()  # the cache the engine serves with (kv_cache.py)
+    cache.join(mask, step, range(len(ids)))
     worst = max(float(np.abs(step.logits[r, width - length:] - expected[r, :length]).max())
                 for r, length in enumerate(lengths))
     for j in range(ids.shape[1] - width):
-        mask = np.concatenate([mask, np.ones((len(ids), 1), np.int64)], axis=1)
-        step = form.decode(ids[rows, lengths + j][:, None], mask, step.keys, step.values)
-        worst = max(worst, float(np.abs(step.logits[:, 0] - expected[rows, lengths + j]).max()))
+        logits = cache.decode(ids[rows, lengths + j][:, None])
+        worst = max(worst, float(np.abs(logits[:, 0] - expected[rows, lengths + j]).max()))
     return worst
 
 

@@ -43,7 +43,9 @@ alone. The cache grows (``concat`` per layer) rather than being a fixed-size buf
 a fixed buffer needs an in-place scatter (``set_value``/``put_along_axis``), which paddle2onnx converts into
 a ``ScatterND`` over the whole buffer and neither engine updates in place through its plain Python API (ONNX
 Runtime returns new outputs without I/O binding, a Paddle Inference output is a new tensor), so it would copy
-the whole context every step instead of the grown length, and attend over masked empty slots too.
+the whole context every step instead of the grown length, and attend over masked empty slots too. ONNX Runtime's
+server decode step is written apart, from the same weights, with ``GroupQueryAttention`` over a buffer updated in
+place through I/O binding (``inplace.py``).
 Padded keys are masked with ``finfo.min`` as PaddleNLP does. Configurations it does not implement
 (``_SUPPORTED``) are refused.
 """

@@ -163,12 +163,13 @@ def _generate(engine: Any, eos_id: int, count: int) -> None:
     """``count`` greedy tokens from the start of a document with the KV cache, as ``LanguageModel.stream_ids``
     decodes: a prefill, then one decode step per further token; the end of document is never picked."""
     mask = np.ones((1, 1), np.int64)
-    step = engine.prefill(np.full((1, 1), eos_id, np.int64), mask)
+    step, cache = engine.prefill(np.full((1, 1), eos_id, np.int64), mask), engine.new_cache()
+    cache.join(mask, step, [0])
+    logits = step.logits
     for _ in range(count - 1):
-        logits = np.array(step.logits[0, -1], dtype=np.float32)
-        logits[eos_id] = -np.inf
-        mask = np.ones((1, mask.shape[1] + 1), np.int64)
-        step = engine.decode(np.array([[int(np.argmax(logits))]], np.int64), mask, step.keys, step.values)
+        last = np.array(logits[0, -1], dtype=np.float32)
+        last[eos_id] = -np.inf
+        logits = cache.decode(np.array([[int(np.argmax(last))]], np.int64))
 
 
 def _version(distribution: str) -> str:

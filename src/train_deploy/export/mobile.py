@@ -27,6 +27,7 @@ import numpy as np
 
 from train_deploy.export.backends import OnnxRuntimeBackend
 from train_deploy.export.edge import INT8_FILE, external_data
+from train_deploy.export.graph import DECODE_MODEL
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +39,14 @@ _PROMPTS, _PROMPT_TOKENS, _NEW_TOKENS = 4, 8, 16
 
 
 def convert_to_ort(edge: Path) -> list[Path]:
-    """Write each ``*.int8.onnx`` of ``edge`` as ``*.int8.ort`` beside it, and :data:`OPERATORS_FILE`; return the
-    written files. The converter's absolute paths are kept out of the operator file (it names the models by file
-    name), so equal graphs give equal files wherever they were exported."""
+    """Write ``edge``'s int8 graphs (``model`` and ``decode``; not the server's in-place decode graph) as
+    ``*.int8.ort`` beside them, and :data:`OPERATORS_FILE`; return the written files. The converter's absolute
+    paths are kept out of the operator file (it names the models by file name), so equal graphs give equal files
+    wherever they were exported."""
     from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, convert_onnx_models_to_ort
 
-    sources = sorted(edge.glob("*.int8.onnx"))
+    names = (INT8_FILE, INT8_FILE.replace("model", DECODE_MODEL, 1))
+    sources = sorted(edge / name for name in names if (edge / name).is_file())
     with tempfile.TemporaryDirectory(prefix="train_deploy-ort-") as staging:
         given, made = Path(staging) / "onnx", Path(staging) / "ort"
         given.mkdir()
@@ -89,7 +92,8 @@ def greedy_ids(form: Any, prompts: list[list[int]], new_tokens: int, context: in
 def mobile_report(edge: Path, windows: np.ndarray, threads: int, context: int, eos_id: int) -> dict[str, Any]:
     """The ``.ort`` model against ``edge``'s int8 ONNX model: greedy tokens from the first validation ``windows``
     (``passed`` when identical), the largest |logit| difference on them, and both files' sizes."""
-    mobile, int8 = (OnnxRuntimeBackend(edge / name, threads) for name in (MOBILE_FILE, INT8_FILE))
+    # the int8 graphs the .ort files were converted from: their growing cache, not the in-place decode graph
+    mobile, int8 = (OnnxRuntimeBackend(edge / name, threads, in_place=False) for name in (MOBILE_FILE, INT8_FILE))
     rows = windows[:_PROMPTS, :min(_PROMPT_TOKENS, context - _NEW_TOKENS - 1)].astype(np.int64)
     prompts = [[eos_id, *row.tolist()] for row in rows]
     expected = greedy_ids(int8, prompts, _NEW_TOKENS, context, eos_id)
@@ -98,7 +102,7 @@ def mobile_report(edge: Path, windows: np.ndarray, threads: int, context: int, e
     mask = np.ones_like(rows)
     diff = float(np.abs(mobile(rows, mask) - int8(rows, mask)).max())
     sizes = {path.name: path.stat().st_size for path in sorted(edge.glob("*.int8.*")) if path.suffix in
-             (".ort", ".onnx")}
+             (".ort", ".onnx") and path.stem.split(".")[0] in ("model", DECODE_MODEL)}
     failures = [f"{MOBILE_FILE}: greedy tokens differ from {INT8_FILE} for prompt {row}: {found[row]} against "
                 f"{expected[row]}" for row in differing]
     return {"file": f"edge/{MOBILE_FILE}", "operators": f"edge/{OPERATORS_FILE}", "target_platform": TARGET_PLATFORM,

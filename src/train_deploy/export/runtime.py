@@ -256,9 +256,9 @@ class LanguageModel:
         tokens = [list(ids) for ids in prompts]
         starts = [0] * len(prompts)  # where each sequence's window begins (the context shift)
         alive = list(range(len(prompts)))
-        mask, step = self._prefill(tokens)
+        cache, logits = self._prefilled(tokens)
         for count in range(max_new_tokens):
-            chosen = [pick(i, step.logits[row, -1].astype(np.float64)) for row, i in enumerate(alive)]
+            chosen = [pick(i, logits[row, -1].astype(np.float64)) for row, i in enumerate(alive)]
             keep = [row for row, token in enumerate(chosen) if token != self.eos_id]
             for row in keep:
                 tokens[alive[row]].append(chosen[row])
@@ -266,15 +266,21 @@ class LanguageModel:
             if not keep or count == max_new_tokens - 1:
                 return
             alive, ids = [alive[row] for row in keep], np.asarray([[chosen[row]] for row in keep], dtype=np.int64)
-            mask, keys, values = _keep_rows(mask, step, keep)
+            cache.keep(keep)
             full = [i for i in alive if len(tokens[i]) - starts[i] > self.context]
             if full:  # the context shift: those go on from their last half context, every row prefilled again
                 for i in full:
                     starts[i] = shifted_start(len(tokens[i]), self.context)
-                mask, step = self._prefill([tokens[i][starts[i]:] for i in alive])
+                cache, logits = self._prefilled([tokens[i][starts[i]:] for i in alive])
             else:
-                mask = np.concatenate([mask, np.ones((len(keep), 1), np.int64)], axis=1)
-                step = self._form.decode(ids, mask, keys, values)
+                logits = cache.decode(ids)
+
+    def _prefilled(self, sequences: list[list[int]]) -> tuple[Any, np.ndarray]:
+        """A new cache (``kv_cache.py``) holding ``sequences`` prefilled, and the prefill's logits."""
+        cache = self._form.new_cache()
+        mask, step = self._prefill(sequences)
+        cache.join(mask, step, range(len(sequences)))
+        return cache, step.logits
 
     def _prefill(self, sequences: list[list[int]]) -> tuple[np.ndarray, Step]:
         """Left-padded ``sequences`` through the prefill graph: their mask and the step."""
@@ -318,16 +324,6 @@ def shifted_start(length: int, context: int) -> int:
     """Where a sequence of ``length`` tokens that outgrew ``context`` goes on from: its last ``context // 2``
     tokens (at least one), prefilled again (the context shift, module docstring)."""
     return length - max(1, context // 2)
-
-
-def _keep_rows(mask: np.ndarray, step: Step, rows: list[int]) -> tuple[np.ndarray, list[Any], list[Any]]:
-    """The cache of ``rows`` only, without the leading columns that are padding in all of them (numpy arrays
-    or Paddle tensors alike)."""
-    if len(rows) == len(mask):  # no copy of the cache on the common step (list indexing always copies)
-        return mask, step.keys, step.values
-    mask = mask[rows]
-    lead = int((np.cumsum(mask, axis=1) == 0).sum(axis=1).min())
-    return mask[:, lead:], *([cache[rows][:, :, lead:] for cache in caches] for caches in (step.keys, step.values))
 
 
 def sample_token(logits: np.ndarray, temperature: float, top_k: int, rng: np.random.Generator,

@@ -2,9 +2,10 @@
 
 One decode thread owns the engine. Between two decode steps it drops the sequences that finished, were cancelled
 or passed their deadline, prefills the waiting ones (together, left-padded) and joins their caches to the running
-batch, then feeds one token per running sequence. A sequence's greedy tokens are the ones
-``LanguageModel.generate(prompt, temperature=0)`` gives alone: positions count each row's own tokens
-(``cumsum(mask) - 1``, ``graph.py``) and padded keys are masked, so the other rows never change a row's logits.
+batch's (``kv_cache.py``: on ONNX Runtime one buffer per layer that the decode step writes in place), then feeds one
+token per running sequence. A sequence's greedy tokens are the ones ``LanguageModel.generate(prompt, temperature=0)``
+gives alone: positions count each row's own tokens (``cumsum(mask) - 1``, ``graph.py``) and a row attends over its
+own keys only, so the other rows never change a row's logits.
 
 A sequence that outgrows the context shifts it as it does alone (``runtime.py``'s module docstring): it leaves the
 batch, its last half context is prefilled and it joins again as a new row would, while the others keep decoding
@@ -157,14 +158,12 @@ class Job:
 
 
 class _Batch:
-    """The running rows: their jobs, the token each feeds next, the attention mask and the caches."""
+    """The running rows: their jobs, the token each feeds next, and their key/value cache (``kv_cache.py``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cache: Any) -> None:
         self.jobs: list[Job] = []
         self.next_ids: list[int] = []
-        self.mask = np.zeros((0, 0), np.int64)
-        self.keys: list[Any] = []
-        self.values: list[Any] = []
+        self.cache = cache
         self.shifting: list[Job] = []
         """Jobs out of the rows until their shifted context is prefilled (module docstring)."""
 
@@ -174,34 +173,20 @@ class _Batch:
 
     def leave_full(self, context: int) -> None:
         """Move the rows whose next token would outgrow ``context`` to :attr:`shifting`."""
-        full = self.mask.sum(axis=1) + 1 > context
+        full = self.cache.lengths + 1 > context
         if full.any():
             self.shifting = [job for job, out in zip(self.jobs, full, strict=True) if out]
             self.keep([row for row, out in enumerate(full) if not out])
 
     def keep(self, rows: list[int]) -> None:
-        """Only ``rows``, without the leading columns that are padding in all of them."""
-        if len(rows) == len(self.jobs):
-            return
-        self.jobs, self.next_ids = [self.jobs[r] for r in rows], [self.next_ids[r] for r in rows]
-        if not rows:
-            self.mask, self.keys, self.values = np.zeros((0, 0), np.int64), [], []
-            return
-        mask = self.mask[rows]
-        lead = int((np.cumsum(mask, axis=1) == 0).sum(axis=1).min())
-        self.mask = mask[:, lead:]
-        self.keys = [_take(cache, rows, lead) for cache in self.keys]
-        self.values = [_take(cache, rows, lead) for cache in self.values]
+        """Only ``rows``, in their order."""
+        if len(rows) != len(self.jobs):
+            self.jobs, self.next_ids = [self.jobs[r] for r in rows], [self.next_ids[r] for r in rows]
+            self.cache.keep(rows)
 
-    def join(self, jobs: list[Job], next_ids: list[int], mask: np.ndarray, keys: list[Any], values: list[Any]) -> None:
-        """Add rows prefilled apart: both sides left-padded to the wider cache, then stacked."""
-        if not self.jobs:
-            self.jobs, self.next_ids, self.mask, self.keys, self.values = jobs, next_ids, mask, keys, values
-            return
-        width = max(self.mask.shape[1], mask.shape[1])
-        self.mask = np.concatenate([_pad_mask(self.mask, width), _pad_mask(mask, width)], axis=0)
-        self.keys = [_concat([_pad(a, width), _pad(b, width)], 0) for a, b in zip(self.keys, keys, strict=True)]
-        self.values = [_concat([_pad(a, width), _pad(b, width)], 0) for a, b in zip(self.values, values, strict=True)]
+    def join(self, jobs: list[Job], next_ids: list[int], mask: np.ndarray, step: Any, rows: list[int]) -> None:
+        """Add ``rows`` of a prefill (its mask and step) as the rows of ``jobs``."""
+        self.cache.join(mask, step, rows)
         self.jobs, self.next_ids = self.jobs + jobs, self.next_ids + next_ids
 
 
@@ -213,7 +198,7 @@ class Batcher:
                  on_step: Callable[[int], None] | None = None) -> None:
         self._model, self._max_running, self._on_step = model, max_running, on_step
         self._waiting: deque[Job] = deque()
-        self._batch = _Batch()
+        self._batch = _Batch(model._form.new_cache())
         self._closed = False
         self._wake = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="batcher", daemon=True)
@@ -265,7 +250,7 @@ class Batcher:
                 logger.exception("Batched generation failed; its %d sequences end with an error", len(failed))
                 for job in failed:
                     job._finish("error")
-                self._batch = _Batch()
+                self._batch = _Batch(self._model._form.new_cache())
 
     def _admit(self) -> list[Job]:
         """Waiting jobs that fit in the batch now; waiting ones cancelled or past their deadline end, whether or
@@ -323,17 +308,13 @@ class Batcher:
             rows = [row for row, token in enumerate(picked) if token is not None]
             if rows:
                 self._batch.join([jobs[group[r]] for r in rows], [picked[r] for r in rows],  # type: ignore[misc]
-                                 mask[rows], [_take(cache, rows, 0) for cache in step.keys],
-                                 [_take(cache, rows, 0) for cache in step.values])
+                                 mask, step, rows)
 
     def _decode(self) -> None:
         """One token per cached row, its cache grown by it."""
         batch = self._batch
         ids = np.asarray([[token] for token in batch.next_ids], dtype=np.int64)
-        mask = np.concatenate([batch.mask, np.ones((len(ids), 1), np.int64)], axis=1)
-        step = self._model._form.decode(ids, mask, batch.keys, batch.values)
-        batch.mask, batch.keys, batch.values = mask, step.keys, step.values
-        picked = self._picks(batch.jobs, step.logits)
+        picked = self._picks(batch.jobs, batch.cache.decode(ids))
         batch.next_ids = [token if token is not None else 0 for token in picked]
         batch.keep([row for row, token in enumerate(picked) if token is not None])
 
@@ -368,35 +349,3 @@ def _groups(lengths: list[int]) -> list[list[int]]:
         else:
             groups.append([i])
     return groups
-
-
-def _take(cache: Any, rows: list[int], lead: int) -> Any:
-    """``rows`` of a cache ``[batch, heads, positions, dim]`` from position ``lead`` (numpy or Paddle)."""
-    if len(rows) == cache.shape[0] and lead == 0:
-        return cache
-    return cache[rows][:, :, lead:]
-
-
-def _pad_mask(mask: np.ndarray, width: int) -> np.ndarray:
-    return np.pad(mask, ((0, 0), (width - mask.shape[1], 0)))
-
-
-def _pad(cache: Any, width: int) -> Any:
-    """``cache`` left-padded with zeros to ``width`` positions (masked keys: their values never count)."""
-    missing = width - cache.shape[2]
-    if missing == 0:
-        return cache
-    if isinstance(cache, np.ndarray):
-        return np.pad(cache, ((0, 0), (0, 0), (missing, 0), (0, 0)))
-    import paddle
-
-    zeros = paddle.zeros([cache.shape[0], cache.shape[1], missing, cache.shape[3]], dtype=cache.dtype)
-    return paddle.concat([zeros, cache], axis=2)
-
-
-def _concat(parts: list[Any], axis: int) -> Any:
-    if isinstance(parts[0], np.ndarray):
-        return np.concatenate(parts, axis=axis)
-    import paddle
-
-    return paddle.concat(parts, axis=axis)
