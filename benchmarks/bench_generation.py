@@ -5,8 +5,9 @@
 
 A model of the preset with random weights (speed does not depend on training), exported with the export stage's
 own functions (``bench_generate.py``'s set-up), generates greedily from one prompt of ``--prompt`` tokens, ids
-only (no detokenization), through ``LanguageModel.stream_ids`` on every engine this CPU runs. A flat cost per
-token shows as a ratio near 1 in the last column (issue 38's goal: 224 tokens within 1.3x of 32).
+only (no detokenization), through ``LanguageModel.stream_ids`` on every engine this CPU runs; ONNX Runtime with
+the in-place decode graph the server runs (``inplace.py``) and with the converted graph's growing cache. A flat cost
+per token shows as a ratio near 1 in the last column (issue 38's goal: 224 tokens within 1.3x of 32).
 """
 
 from __future__ import annotations
@@ -37,12 +38,15 @@ def engines(args, context: int) -> dict:
     from train_deploy.export.config import ServerConfig
     from train_deploy.export.edge import INT8_FILE, ONNX_FILE, convert_to_onnx, quantize_int8
     from train_deploy.export.graph import DECODE_MODEL, load_inference_model, save_server_model
+    from train_deploy.export.inplace import INPLACE_DECODE, save_inplace_decode
     from train_deploy.export.probe import fused_kernels
     from train_deploy.export.runtime import LanguageModel
 
     model = load_inference_model(build(args.preset, args.vocab))
     source = save_server_model(model, WORK / "server_portable", portable=True)
     (WORK / "edge").mkdir()
+    inplace = save_inplace_decode(model, WORK / "edge" / ONNX_FILE.replace("model", INPLACE_DECODE, 1))
+    quantize_int8(inplace, WORK / "edge" / INT8_FILE.replace("model", INPLACE_DECODE, 1), per_channel=False)
     for graph in (source, source.with_name(DECODE_MODEL)):
         onnx_file = convert_to_onnx(graph, WORK / "edge" / ONNX_FILE.replace("model", graph.name, 1), opset=17)
         quantize_int8(onnx_file, WORK / "edge" / INT8_FILE.replace("model", graph.name, 1), per_channel=False)
@@ -51,8 +55,10 @@ def engines(args, context: int) -> dict:
     if fused_kernels().runs:
         forms["paddle_inference"] = PaddleInferenceBackend(save_server_model(model, WORK / "server"), server, context)
     forms |= {"paddle_portable": PaddleInferenceBackend(source, server, context),
-              "onnx_fp32": OnnxRuntimeBackend(WORK / "edge" / ONNX_FILE, args.threads),
-              "onnx_int8": OnnxRuntimeBackend(WORK / "edge" / INT8_FILE, args.threads)}
+              "onnx_fp32": OnnxRuntimeBackend(WORK / "edge" / ONNX_FILE, args.threads),  # in place, as served
+              "onnx_int8": OnnxRuntimeBackend(WORK / "edge" / INT8_FILE, args.threads),
+              "onnx_fp32 growing cache": OnnxRuntimeBackend(WORK / "edge" / ONNX_FILE, args.threads, in_place=False),
+              "onnx_int8 growing cache": OnnxRuntimeBackend(WORK / "edge" / INT8_FILE, args.threads, in_place=False)}
     return {name: LanguageModel(form, None, context=context, eos_id=EOS) for name, form in forms.items()}
 
 

@@ -137,15 +137,18 @@ def test_the_in_place_graph_writes_the_callers_buffers_and_copies_nothing_of_the
     buffers = [*cache.keys, *cache.values]
     before = [buffer.copy() for buffer in buffers]
     assert cache.lengths.tolist() == [6, 4]
-    cache.decode(np.array([[5], [7]], np.int64))
+    logits = cache.decode(np.array([[5], [7]], np.int64))
+    kept = logits.copy()
     assert cache.lengths.tolist() == [7, 5]
     for buffer, old in zip([*cache.keys, *cache.values], before, strict=True):
         assert any(buffer is each for each in buffers)
         changed = np.argwhere(np.abs(buffer - old).sum(axis=(1, 3)) > 0)  # (row, position) pairs written
         assert sorted(map(tuple, changed.tolist())) == [(0, 6), (1, 4)]
-    second = cache.keys[0][1, :, :5].copy()
+    cache.decode(np.array([[9], [11]], np.int64))  # the next step, with the binding the first one made
+    assert np.array_equal(logits, kept)  # the logits it returned are the caller's, not a view it writes again
+    second = cache.keys[0][1, :, :6].copy()
     cache.keep([1])
-    assert cache.lengths.tolist() == [5] and cache.keys[0][0, :, :5].tolist() == second.tolist()
+    assert cache.lengths.tolist() == [6] and cache.keys[0][0, :, :6].tolist() == second.tolist()
     cache.keep([])
     assert cache.rows == 0 and cache.keys == []
 
