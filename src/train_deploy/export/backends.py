@@ -219,8 +219,11 @@ class OnnxRuntimeBackend:
                 binding.bind_input(name, "cpu", 0, np.float32, cache.shape, cache.ctypes.data)
                 binding.bind_output(f"present_{name}", "cpu", 0, np.float32, cache.shape, cache.ctypes.data)
             self._bindings.binding, self._bindings.layout = binding, layout
-        binding.bind_cpu_input("input_ids", np.ascontiguousarray(input_ids, dtype=np.int64))
-        binding.bind_cpu_input("past_lengths", past_lengths)
-        binding.bind_cpu_input("total_length", np.array(total_length, np.int32))
+        # bound by address, not copied: each array must live until the run is done
+        small = {"input_ids": np.ascontiguousarray(input_ids, dtype=np.int64),
+                 "past_lengths": np.ascontiguousarray(past_lengths, dtype=np.int32),
+                 "total_length": np.array(total_length, np.int32)}
+        for name, value in small.items():
+            binding.bind_cpu_input(name, value)
         session.run_with_iobinding(binding)
         return binding.get_outputs()[0].numpy().copy()  # a view of the output the next run writes again
