@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers.export import as_older_bundle, fused_here
 from train_deploy.export import LanguageModel, probe
-from train_deploy.export.runtime import BundleError, log_softmax
+from train_deploy.export.runtime import BundleError, greedy_tokens, log_softmax
 
 pytestmark = pytest.mark.slow
 
@@ -187,3 +187,11 @@ def test_a_stream_cut_inside_a_character_ends_with_the_text_generate_gives():
     detokenizer = Detokenizer(lambda ids: bytes(ids).decode("utf-8", errors="replace"))
     assert [detokenizer.add(byte) for byte in "a中".encode()[:3]] == ["a", "", ""] and detokenizer.pending
     assert detokenizer.flush() == "\ufffd" and not detokenizer.pending
+
+
+def test_greedy_tokens_are_each_rows_likeliest_and_nan_logits_are_a_bundle_error():
+    logits = np.array([[0.1, 2.0, 2.0], [3.0, -1.0, 0.0]], dtype=np.float32)
+    assert greedy_tokens(logits).tolist() == [1, 0]  # a tie goes to the lower id, as with one row alone
+    logits[1, 2] = np.nan
+    with pytest.raises(BundleError, match=r"^generation: 1 of the model's 6 next-token logits are not finite"):
+        greedy_tokens(logits)

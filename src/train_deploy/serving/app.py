@@ -479,6 +479,8 @@ class CompletionStream:
         return round(self.ticket.deadline - self.ticket.arrival)
 
     async def _next(self, queue: asyncio.Queue, watcher: asyncio.Future) -> Any:
+        if not queue.empty() and not watcher.done():  # tokens that came together: no wait (a task, a timer) each
+            return queue.get_nowait()
         getter = asyncio.ensure_future(queue.get())
         done, _ = await asyncio.wait({getter, watcher}, timeout=self.ticket.left() + GRACE_S,
                                      return_when=asyncio.FIRST_COMPLETED)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from train_deploy.export.runtime import LanguageModel, log_softmax, sample_token, shifted_start
+from train_deploy.export.runtime import LanguageModel, greedy_tokens, log_softmax, sample_token, shifted_start
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +89,7 @@ class Job:
         self._pending: deque[int] = deque()
         self._done = threading.Event()
         self._wake: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        self._woken = False  # a wake-up is on its way to the reader, which has not drained since
 
     def cancel(self) -> None:
         """Leave the batch at the next step; the stream ends with reason ``cancelled``."""
@@ -104,6 +105,7 @@ class Job:
             with self._lock:
                 ready, done = list(self._pending), self._done.is_set()
                 self._pending.clear()
+                self._woken = False
             for token in ready:
                 yield token
             if done and not ready:
@@ -120,6 +122,10 @@ class Job:
         """Why the job leaves before its next step (None: it stays)."""
         return "cancelled" if self._cancelled else "deadline" if now >= self.deadline else None
 
+    @property
+    def greedy(self) -> bool:
+        return self.sampling.temperature <= 0 or self.sampling.top_k == 1
+
     def _pick(self, logits: np.ndarray) -> int:
         s = self.sampling
         return sample_token(logits, s.temperature, s.top_k, self._rng, s.top_p)
@@ -128,7 +134,7 @@ class Job:
         """``token``'s log-probability and the ``top_logprobs`` likeliest tokens' under ``logits``."""
         if self.top_logprobs is None:
             return
-        logprobs, k = log_softmax(logits), min(self.top_logprobs, len(logits))
+        logprobs, k = log_softmax(logits.astype(np.float64)), min(self.top_logprobs, len(logits))
         top = np.argpartition(-logprobs, k - 1)[:k] if k else np.zeros(0, np.int64)
         top = top[np.argsort(-logprobs[top], kind="stable")]
         self.logprobs.append(TokenLogprob(float(logprobs[token]), [(int(t), float(logprobs[t])) for t in top]))
@@ -148,8 +154,11 @@ class Job:
             self._notify()
 
     def _notify(self) -> None:
+        """Wake the reader's loop, once until it drains: a reader that falls behind takes the tokens decoded
+        meanwhile in one wake-up, not one wake-up (a write to the loop's pipe) each."""
         with self._lock:
-            wake = self._wake
+            wake = None if self._woken else self._wake
+            self._woken = wake is not None
         if wake is not None:
             try:
                 wake[0].call_soon_threadsafe(wake[1].set)
@@ -321,14 +330,15 @@ class Batcher:
     def _picks(self, jobs: list[Job], logits: np.ndarray) -> list[int | None]:
         """Each job's next token from its last logits, pushed to its stream; None where the job ends here."""
         picked: list[int | None] = []
+        last = logits[:, -1]
+        greedy = greedy_tokens(last)  # every row's at once; a sampled row draws from its own below
         for row, job in enumerate(jobs):
-            last = logits[row, -1].astype(np.float64)
-            token = job._pick(last)
+            token = int(greedy[row]) if job.greedy else job._pick(last[row].astype(np.float64))
             if token == self._model.eos_id:
                 job._finish("stop")
                 picked.append(None)
                 continue
-            job._record(token, last)
+            job._record(token, last[row])
             job._push(token)
             if len(job.tokens) >= job.max_new_tokens:
                 job._finish("length")
