@@ -36,6 +36,7 @@ settings of the engines (MKL's code path, float32 on GPU, TensorRT) are in ``har
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 import sys
@@ -43,7 +44,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 
@@ -56,6 +57,8 @@ from train_deploy.export.integrity import verify_bundle
 from train_deploy.handoffs import BUNDLE_FILE, BundleMeta, DescriptionError, TokenizerInfo, from_json
 
 logger = logging.getLogger(__name__)
+E = TypeVar("E")
+"""A token event of :class:`HeldText`: a dataclass with a ``text`` field."""
 
 _MAX_NATS = math.log(sys.float_info.max)  # a larger mean negative log-probability overflows math.exp
 
@@ -225,24 +228,15 @@ class LanguageModel:
         prompts = [self._fit([self.eos_id, *ids], what="prompt" if isinstance(prompt, str) else f"prompt {i}")
                    for i, ids in enumerate(self.tokenizer.encode([self.normalize(text) for text in texts]))]
         rngs = [np.random.default_rng(seed) for _ in prompts]
-        texts_out = [Detokenizer(self.tokenizer.decode) for _ in prompts]
+        texts_out = [HeldText(self.tokenizer.decode) for _ in prompts]
         start = time.perf_counter()
-        held: list[list[GeneratedToken]] = [[] for _ in prompts]  # tokens of a character not yet whole
         for row, token in self.stream_ids(prompts, max_new_tokens,
                                        lambda row, logits: sample_token(logits, temperature, top_k, rngs[row], top_p)):
-            event = GeneratedToken(row, token, texts_out[row].add(token))
-            if texts_out[row].pending:
-                held[row].append(event)
-                continue
-            yield from held[row]
-            held[row].clear()
-            yield event
-        for row, events in enumerate(held):  # an output that ends inside a character ends as decode() has it
-            if events:
-                yield from events[:-1]
-                yield dataclasses.replace(events[-1], text=texts_out[row].flush())
-        self.last_stats = GenerationStats(len(prompts), sum(map(len, prompts)), sum(len(d.ids) for d in texts_out),
-                                          time.perf_counter() - start)
+            yield from texts_out[row].add(token, functools.partial(GeneratedToken, row, token))
+        for held in texts_out:  # an output that ends inside a character ends as decode() has it
+            yield from held.end()
+        self.last_stats = GenerationStats(len(prompts), sum(map(len, prompts)),
+                                          sum(len(held.text.ids) for held in texts_out), time.perf_counter() - start)
         logger.debug("Generated %d tokens for %d prompts at %.1f tokens/s", self.last_stats.new_tokens,
                      len(prompts), self.last_stats.tokens_per_second)
 
@@ -339,7 +333,7 @@ def sample_token(logits: np.ndarray, temperature: float, top_k: int, rng: np.ran
     With ``top_k``, only its candidates are exponentiated and sorted (in id order, so a seed draws as over the
     whole vocabulary); the whole vocabulary is sorted only for ``top_p`` with ``top_k == 0``."""
     _check_finite(logits)
-    if temperature <= 0 or top_k == 1:
+    if is_greedy(temperature, top_k):
         return int(np.argmax(logits))
     candidates = np.sort(np.argpartition(logits, -top_k)[-top_k:]) if 0 < top_k < len(logits) else None
     scaled = (logits if candidates is None else logits[candidates]) / temperature
@@ -385,6 +379,35 @@ class Detokenizer:
             return ""
         self._prefix, self._read = self._read, len(self.ids)
         return after[len(before):]
+
+
+class HeldText(Generic[E]):
+    """One sequence's token events (dataclasses with a ``text``) in the order a reader gets them: an event whose
+    token leaves a character incomplete is held and comes with the one that completes it (whose text is the whole
+    character); at the end the last held one has the text decoding gives (:meth:`LanguageModel.generate_stream`
+    and the server's batch, ``serving/batched.py``)."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self.text = Detokenizer(decode)
+        self._held: list[E] = []
+
+    def add(self, token: int, event: Callable[[str], E]) -> list[E]:
+        """``event(token's text)`` and the events held before it, or nothing while its character is incomplete."""
+        self._held.append(event(self.text.add(token)))
+        if self.text.pending:
+            return []
+        ready, self._held = self._held, []
+        return ready
+
+    def end(self) -> list[E]:
+        """The events still held, the last with the text of the tokens still pending."""
+        held, self._held = self._held, []
+        return [*held[:-1], dataclasses.replace(held[-1], text=self.text.flush())] if held else []
+
+
+def is_greedy(temperature: float, top_k: int) -> bool:
+    """Whether sampling with these settings is the likeliest token (:func:`sample_token`)."""
+    return temperature <= 0 or top_k == 1
 
 
 def _check_finite(logits: np.ndarray) -> None:

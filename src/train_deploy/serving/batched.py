@@ -11,12 +11,13 @@ sequence).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from train_deploy.export.runtime import Detokenizer
+from train_deploy.export.runtime import HeldText
 from train_deploy.serving.admission import Lane, Ticket
 from train_deploy.serving.batching import Batcher, Job, Sampling, TokenLogprob
 
@@ -61,44 +62,35 @@ async def _follow_all(jobs: list[Job], queue: asyncio.Queue, ticket: Ticket, pie
 
 async def _follow(i: int, job: Job, jobs: list[Job], queue: asyncio.Queue, ticket: Ticket, pieces: _Pieces) -> None:
     """``job``'s tokens as events on ``queue``; a token that leaves a character incomplete comes with the one that
-    completes it, or at the end with the text decoding gives (as ``LanguageModel.generate_stream``)."""
-    held: list[TokenEvent] = []
+    completes it, or at the end with the text decoding gives (``runtime.HeldText``)."""
     count = 0
     async for token in job.stream():
         logprob = job.logprobs[count] if job.top_logprobs is not None else None
         count += 1
-        held.append(TokenEvent(i, token, pieces.add(i, token), logprob))
-        if not pieces.pending(i):
-            for event in held:
-                queue.put_nowait(event)
-            held.clear()
+        for event in pieces.add(i, token, functools.partial(TokenEvent, i, token, logprob=logprob)):
+            queue.put_nowait(event)
         if ticket.cancelled:
             for each in jobs:
                 each.cancel()
-    if held:
-        for event in held[:-1]:
-            queue.put_nowait(event)
-        queue.put_nowait(dataclasses.replace(held[-1], text=pieces.flush(i)))
+    for event in pieces.end(i):
+        queue.put_nowait(event)
 
 
 class _Pieces:
-    """The text each new token adds to its prompt's output (``runtime.Detokenizer``: a few tokens decoded per
-    token, not the whole output; empty while a character's bytes are incomplete)."""
+    """Each prompt's token events with the text each token adds to its output (``runtime.HeldText``: a few tokens
+    decoded per token, not the whole output); no text without a tokenizer (the caller decodes at the end)."""
 
     def __init__(self, tokenizer: Any | None, prompts: int, lane: Lane) -> None:
         self.lane = lane
         self.running_since: float | None = None
         """When the request's first token came: from then on it runs in the batch, no longer waits in the lane."""
-        self.texts = [Detokenizer(tokenizer.decode) for _ in range(prompts)] if tokenizer is not None else None
+        self.texts = [HeldText(tokenizer.decode) for _ in range(prompts)] if tokenizer is not None else None
 
-    def add(self, i: int, token: int) -> str:
+    def add(self, i: int, token: int, event: Callable[[str], TokenEvent]) -> list[TokenEvent]:
         if self.running_since is None:
             self.running_since = time.monotonic()
             self.lane.started()
-        return self.texts[i].add(token) if self.texts is not None else ""
+        return self.texts[i].add(token, event) if self.texts is not None else [event("")]
 
-    def pending(self, i: int) -> bool:
-        return self.texts is not None and self.texts[i].pending
-
-    def flush(self, i: int) -> str:
-        return self.texts[i].flush() if self.texts is not None else ""
+    def end(self, i: int) -> list[TokenEvent]:
+        return self.texts[i].end() if self.texts is not None else []

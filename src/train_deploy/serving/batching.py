@@ -34,7 +34,14 @@ from typing import Any
 
 import numpy as np
 
-from train_deploy.export.runtime import LanguageModel, greedy_tokens, log_softmax, sample_token, shifted_start
+from train_deploy.export.runtime import (
+    LanguageModel,
+    greedy_tokens,
+    is_greedy,
+    log_softmax,
+    sample_token,
+    shifted_start,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +134,7 @@ class Job:
 
     @property
     def greedy(self) -> bool:
-        return self.sampling.temperature <= 0 or self.sampling.top_k == 1
+        return is_greedy(self.sampling.temperature, self.sampling.top_k)
 
     def _pick(self, logits: np.ndarray) -> int:
         s = self.sampling
